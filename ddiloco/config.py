@@ -1,0 +1,393 @@
+"""Run configuration: a tree of dataclasses, recipes, YAML files and `--set a.b=c` overrides.
+
+Design choices:
+- torchtitan style: nested `@dataclass(kw_only=True, slots=True)`, a docstring under every field, checks
+  in `__post_init__`/`validate()`; a recipe is a function returning a config, derived recipes mutate a base.
+- An optional feature is on when its sub-config is present (`diloco.grace: null` turns the grace window off).
+- Every error names the key and says what to change; unknown keys get a "did you mean" suggestion.
+- The config travels as JSON (`config.json` at the run root); YAML is only an input format.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CODECS = ("fp32", "bf16", "int8", "int4", "int2")
+MERGES = ("rda", "mean")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message says which key and what to change."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    preset: str = "tiny"
+    """Model size preset from `ddiloco.model.PRESETS` (tiny, small, 125m, 350m, 1b)."""
+    n_layer: int | None = None
+    """Override the preset's number of transformer blocks."""
+    n_head: int | None = None
+    """Override the preset's number of attention heads."""
+    n_embd: int | None = None
+    """Override the preset's embedding width."""
+    seq_len: int = 128
+    """Training context length in tokens (also the model's block size)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    source: str = "synthetic"
+    """`synthetic` (built-in generated corpus, no download) or a path: .txt/.md file, directory, or .jsonl."""
+    tokenizer: str = "byte"
+    """`byte` (256 bytes + specials) or `bpe` (byte-level BPE trained locally on the corpus)."""
+    vocab_size: int | None = None
+    """BPE vocabulary size (only with tokenizer=bpe)."""
+    jsonl_field: str = "text"
+    """Field holding the text in JSONL inputs."""
+    synthetic_docs: int = 60000
+    """Number of documents the synthetic generator writes."""
+    synthetic_entities: int = 64
+    """Entities in the synthetic world (facts to memorise)."""
+    val_fraction: float = 0.02
+    """Fraction of tokens held out (from the end) for validation."""
+    num_shards: int | None = None
+    """Disjoint training shards; default one per learner. Learner i reads shard i mod num_shards."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    batch_size: int = 16
+    """Sequences per inner step per learner."""
+    lr: float = 3e-3
+    """Inner AdamW peak learning rate."""
+    warmup_steps: int = 20
+    """Linear warm-up of the inner learning rate."""
+    weight_decay: float = 0.1
+    """AdamW weight decay (2-D tensors only)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    device: str = "auto"
+    """`auto` (CUDA when present), `cpu` or `cuda`."""
+    threads: int = 1
+    """torch intra-op threads per learner process on CPU."""
+    checkpoint_every_s: float = 20.0
+    """Seconds between learner checkpoints (params, AdamW state, data cursor) in the store."""
+    heartbeat_every_s: float = 1.0
+    """Seconds between learner heartbeats (liveness and token accounting)."""
+    poll_every_s: float = 0.05
+    """Seconds between the learner's polls of the syncer's status object."""
+
+
+@dataclass(kw_only=True, slots=True)
+class GraceConfig:
+    gamma: float = 1.0
+    """Scale γ of the adaptive window clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap)."""
+    cap_seconds: float = 2.0
+    """Upper bound of the grace window in seconds."""
+    ema: float = 0.2
+    """Smoothing factor of the EMAs ξ (step time, time to quorum, merge+publish time)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DilocoConfig:
+    learners: int = 4
+    """M: number of learners the run is provisioned for (more may join mid-run)."""
+    quorum: int = 1
+    """K: minimum number of learner answers before a round may merge."""
+    fragments: int = 4
+    """P: number of parameter fragments, synced round-robin."""
+    sync_every: int = 16
+    """H: inner steps between two syncs of the same fragment (a round opens every H/P learner steps)."""
+    overlap: int = 2
+    """τ: maximum number of rounds in flight."""
+    grace: GraceConfig | None = field(default_factory=GraceConfig)
+    """Adaptive grace window after quorum; null merges as soon as K learners answered."""
+    outer_lr: float = 0.7
+    """Outer Nesterov SGD learning rate."""
+    outer_momentum: float = 0.9
+    """Outer Nesterov SGD momentum."""
+    merge: str = "rda"
+    """`rda` (radial-directional averaging) or `mean` (token-weighted mean) for non-embedding tensors."""
+    token_weighting: bool = True
+    """Weight learners by c_tokens²/c_steps; false weighs every answer equally."""
+    codec: str = "fp32"
+    """Upload codec of deltas: fp32, bf16, int8, int4, int2 (blockwise absmax, block 128)."""
+    global_dtype: str = "fp32"
+    """dtype of published global fragments: fp32 or bf16."""
+    mixing: float = 0.0
+    """α: on a new global version, local ← α·local + (1−α)·global (0 = overwrite)."""
+    token_budget: int = 2_000_000
+    """Stop when this many tokens are merged (averaged over fragments)."""
+    round_timeout_s: float = 120.0
+    """A round with fewer than K answers after this long is abandoned (no learner alive); it reopens later."""
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalConfig:
+    val_batches: int = 16
+    """Validation batches (batch_size × seq_len tokens each) for validation loss."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    run_id: str = ""
+    """Run identifier (one run = one store prefix); generated when empty."""
+    seed: int = 0
+    """Seed for model init, data order and the synthetic corpus."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The GPT being trained."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Corpus, tokenizer and shards."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Inner (learner) training."""
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    """Decoupled DiLoCo: learners, quorum, fragments, merge, compression, budget."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation settings."""
+
+    def validate(self) -> RunConfig:
+        """Check consistency across sections; raise ConfigError saying what to change."""
+        d, t, m, data = self.diloco, self.train, self.model, self.data
+        _check(d.learners >= 1, "diloco.learners must be ≥ 1")
+        _check(1 <= d.quorum <= d.learners, f"diloco.quorum={d.quorum} must be between 1 and diloco.learners={d.learners}")
+        _check(d.fragments >= 1, "diloco.fragments must be ≥ 1")
+        _check(1 <= d.overlap <= d.fragments, f"diloco.overlap={d.overlap} must be between 1 and diloco.fragments={d.fragments}")
+        _check(d.sync_every >= 1, "diloco.sync_every must be ≥ 1")
+        _check(d.merge in MERGES, f"diloco.merge={d.merge!r}: choose one of {', '.join(MERGES)}")
+        _check(d.codec in CODECS, f"diloco.codec={d.codec!r}: choose one of {', '.join(CODECS)}")
+        _check(d.global_dtype in ("fp32", "bf16"), f"diloco.global_dtype={d.global_dtype!r}: choose fp32 or bf16")
+        _check(0.0 <= d.mixing < 1.0, f"diloco.mixing={d.mixing} must be in [0, 1)")
+        _check(d.outer_lr > 0 and 0 <= d.outer_momentum < 1, "diloco.outer_lr must be > 0 and diloco.outer_momentum in [0, 1)")
+        _check(d.token_budget > 0, "diloco.token_budget must be > 0")
+        _check(d.round_timeout_s > 0, "diloco.round_timeout_s must be > 0")
+        if d.grace is not None:
+            _check(d.grace.gamma >= 0 and d.grace.cap_seconds >= 0, "diloco.grace.gamma and cap_seconds must be ≥ 0")
+            _check(0 < d.grace.ema <= 1, "diloco.grace.ema must be in (0, 1]")
+        _check(t.batch_size >= 1 and t.lr > 0, "train.batch_size must be ≥ 1 and train.lr > 0")
+        _check(t.device in ("auto", "cpu", "cuda"), f"train.device={t.device!r}: choose auto, cpu or cuda")
+        _check(t.threads >= 1, "train.threads must be ≥ 1")
+        _check(t.warmup_steps >= 0 and t.grad_clip >= 0, "train.warmup_steps and train.grad_clip must be ≥ 0")
+        _check(m.seq_len >= 8, "model.seq_len must be ≥ 8")
+        _check(data.tokenizer in ("byte", "bpe"), f"data.tokenizer={data.tokenizer!r}: choose byte or bpe")
+        if data.tokenizer == "bpe":
+            _check(data.vocab_size is not None and data.vocab_size >= 300, "data.tokenizer=bpe needs data.vocab_size ≥ 300")
+        else:
+            _check(data.vocab_size is None, "data.vocab_size only applies to data.tokenizer=bpe; remove it or set data.tokenizer=bpe")
+        _check(0 < data.val_fraction < 0.5, "data.val_fraction must be in (0, 0.5)")
+        _check(data.num_shards is None or data.num_shards >= 1, "data.num_shards must be ≥ 1")
+        _check(data.synthetic_docs >= 100 and data.synthetic_entities >= 4, "data.synthetic_docs ≥ 100 and data.synthetic_entities ≥ 4")
+        _check(self.eval.val_batches >= 1, "eval.val_batches must be ≥ 1")
+        return self
+
+    @property
+    def num_shards(self) -> int:
+        return self.data.num_shards or self.diloco.learners
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        cfg = cls()
+        apply_dict(cfg, d)
+        return cfg.validate()
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Recipes: functions returning a config; derived ones mutate a base.
+
+
+def tiny_cpu() -> RunConfig:
+    """Default: 4 learners, K=1, a tiny GPT on the synthetic corpus; finishes in minutes on 2 cores."""
+    return RunConfig()
+
+
+def sync_diloco() -> RunConfig:
+    """Synchronous DiLoCo: every round waits for all M learners (K=M), one fragment (P=1), large H."""
+    cfg = tiny_cpu()
+    cfg.diloco.quorum = cfg.diloco.learners
+    cfg.diloco.fragments = 1
+    cfg.diloco.overlap = 1
+    cfg.diloco.sync_every = 50
+    cfg.diloco.grace = None
+    return cfg
+
+
+def small_gpu() -> RunConfig:
+    """One GPU per learner, the 125M preset, BPE tokenizer, int4 uploads."""
+    cfg = tiny_cpu()
+    cfg.model.preset, cfg.model.seq_len = "125m", 1024
+    cfg.data.tokenizer, cfg.data.vocab_size = "bpe", 8192
+    cfg.train.batch_size, cfg.train.lr, cfg.train.warmup_steps = 32, 6e-4, 200
+    cfg.train.device = "cuda"
+    cfg.diloco.fragments, cfg.diloco.sync_every, cfg.diloco.codec = 12, 100, "int4"
+    cfg.diloco.token_budget = 2_000_000_000
+    return cfg
+
+
+def paper_like() -> RunConfig:
+    """The paper's settings: P = H = 24, τ = 2, M = 8, K = 1 with grace, RDA, int4, bf16 globals."""
+    cfg = small_gpu()
+    cfg.model.preset = "350m"
+    cfg.diloco.learners, cfg.diloco.fragments, cfg.diloco.sync_every = 8, 24, 24
+    cfg.diloco.global_dtype = "bf16"
+    cfg.diloco.token_budget = 20_000_000_000
+    return cfg
+
+
+RECIPES: dict[str, typing.Callable[[], RunConfig]] = {
+    "tiny-cpu": tiny_cpu,
+    "sync-diloco": sync_diloco,
+    "small-gpu": small_gpu,
+    "paper-like": paper_like,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading: recipe → YAML file → --set overrides → validate.
+
+
+def load_config(
+    recipe: str | None = None, config_file: str | Path | None = None, overrides: typing.Sequence[str] = ()
+) -> RunConfig:
+    """Build a validated config from a recipe name, an optional YAML file and `a.b=c` overrides."""
+    name = recipe or "tiny-cpu"
+    if name not in RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
+    cfg = RECIPES[name]()
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} not found; pass an existing YAML file to --config")
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"config file {str(path)!r} must be a YAML mapping of sections (model:, diloco:, ...)")
+        if "recipe" in doc:
+            if recipe is None:
+                base = doc["recipe"]
+                if base not in RECIPES:
+                    raise ConfigError(f"{path}: unknown recipe {base!r}; choose one of {', '.join(RECIPES)}")
+                cfg = RECIPES[base]()
+            doc = {k: v for k, v in doc.items() if k != "recipe"}
+        apply_dict(cfg, doc)
+    for item in overrides:
+        apply_override(cfg, item)
+    return cfg.validate()
+
+
+def apply_override(cfg: RunConfig, item: str) -> None:
+    """Apply one `a.b.c=value` override; the value is parsed as a YAML scalar (`null`, `true`, `3`, `1e-3`)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. diloco.quorum=2")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.strip().split(".")
+    nested: Any = value
+    for part in reversed(parts):
+        nested = {part: nested}
+    apply_dict(cfg, nested)
+
+
+def apply_dict(obj: Any, values: dict[str, Any], path: str = "") -> None:
+    """Recursively set dataclass fields from a dict, checking names and types."""
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    hints = typing.get_type_hints(type(obj))
+    for key, value in values.items():
+        full = f"{path}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean {path + close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown config key {full!r}{hint} (valid keys: {', '.join(path + f for f in fields)})")
+        hint_t = hints[key]
+        sub_t = _dataclass_type(hint_t)
+        if sub_t is not None:
+            if value is None:
+                if not _is_optional(hint_t):
+                    raise ConfigError(f"{full} cannot be null")
+                setattr(obj, key, None)
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"{full} is a section; give it as a mapping or set {full}.<key>=value")
+            current = getattr(obj, key)
+            if current is None:
+                current = sub_t()
+                setattr(obj, key, current)
+            apply_dict(current, value, full + ".")
+        else:
+            setattr(obj, key, _coerce(value, hint_t, full))
+
+
+def _dataclass_type(t: Any) -> type | None:
+    for cand in typing.get_args(t) or (t,):
+        if dataclasses.is_dataclass(cand):
+            return cand
+    return None
+
+
+def _is_optional(t: Any) -> bool:
+    return type(None) in typing.get_args(t)
+
+
+def _coerce(value: Any, t: Any, name: str) -> Any:
+    args = typing.get_args(t)
+    if isinstance(t, types.UnionType) or typing.get_origin(t) is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        for cand in args:
+            if cand is type(None):
+                continue
+            try:
+                return _coerce(value, cand, name)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{name}={value!r} has the wrong type; expected {t}")
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}={value!r} must be true or false")
+    if t is int:
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            raise ConfigError(f"{name}={value!r} must be an integer")
+        return int(value)
+    if t is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name}={value!r} must be a number")
+        return float(value)
+    if t is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}={value!r} must be a string")
+        return value
+    return copy.deepcopy(value)

@@ -1,0 +1,157 @@
+"""The global model in the store: fragment layout, published versions, and assembling a full model.
+
+Design choices:
+- The layout (which tensor is in which fragment, shapes, embedding-like names, model config) is written
+  once by `prepare` next to global version 0, so learners and the syncer agree on it without talking.
+- A global version is a write-once payload `global/{p}/v{n}`; the small `latest.json` pointer is written
+  after it. Readers verify run id, kind, fragment, version, names and shapes before using a payload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ddiloco import wire
+from ddiloco.fragments import Fragment, partition
+from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
+from ddiloco.store import NotFound, Store
+
+log = logging.getLogger(__name__)
+
+MAX_FRAGMENT_BYTES = 16 << 30
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class Layout:
+    fragments: list[Fragment]
+    shapes: dict[str, list[int]]
+    embedding_names: frozenset[str]
+    model: dict[str, Any]
+
+    @property
+    def num_fragments(self) -> int:
+        return len(self.fragments)
+
+    def fragment_bytes(self) -> list[int]:
+        return [f.numel * 4 for f in self.fragments]
+
+    def gpt_config(self) -> GPTConfig:
+        return GPTConfig(**self.model)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fragments": [{"fragment_id": f.fragment_id, "names": list(f.names), "numel": f.numel} for f in self.fragments],
+            "shapes": self.shapes,
+            "embedding_names": sorted(self.embedding_names),
+            "model": self.model,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Layout:
+        return cls(
+            fragments=[Fragment(f["fragment_id"], tuple(f["names"]), f["numel"]) for f in d["fragments"]],
+            shapes={k: list(v) for k, v in d["shapes"].items()},
+            embedding_names=frozenset(d["embedding_names"]),
+            model=d["model"],
+        )
+
+
+def model_config_from_run(cfg: Any, vocab_size: int) -> GPTConfig:
+    m = cfg.model
+    return gpt_config(m.preset, vocab_size=vocab_size, block_size=m.seq_len, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd)
+
+
+def make_layout(model: GPT, num_fragments: int) -> Layout:
+    numels = {n: p.numel() for n, p in model.named_parameters()}
+    return Layout(
+        fragments=partition(numels, num_fragments),
+        shapes={n: list(p.shape) for n, p in model.named_parameters()},
+        embedding_names=frozenset(model.embedding_names()),
+        model=dataclasses.asdict(model.config) if dataclasses.is_dataclass(model.config) else dict(model.config),
+    )
+
+
+def read_layout(store: Store) -> Layout:
+    return Layout.from_json(store.get_json(wire.LAYOUT))
+
+
+def build_model(layout: Layout, seed: int = 0) -> GPT:
+    return init_model(layout.gpt_config(), seed)
+
+
+def publish_global(
+    store: Store, run_id: str, p: int, version: int, tensors: dict[str, torch.Tensor], dtype: str, extra: dict | None = None
+) -> int:
+    """Write global version `version` of fragment p, then its latest pointer. Returns bytes written."""
+    tdtype = _DTYPES[dtype]
+    blob = wire.pack(
+        {n: t.detach().to(tdtype) for n, t in tensors.items()},
+        {"run_id": run_id, "kind": "global", "fragment_id": p, "version": version, **(extra or {})},
+    )
+    store.put(wire.global_key(p, version), blob)
+    store.put_json(wire.global_latest_key(p), {"version": version, "key": wire.global_key(p, version)})
+    return len(blob)
+
+
+def latest_version(store: Store, p: int) -> int | None:
+    d = store.get_json_or_none(wire.global_latest_key(p))
+    return None if d is None else int(d["version"])
+
+
+def read_global(store: Store, run_id: str, layout: Layout, p: int, version: int) -> dict[str, torch.Tensor]:
+    """Read and verify global version `version` of fragment p; tensors come back as fp32."""
+    blob = store.get(wire.global_key(p, version), max_bytes=MAX_FRAGMENT_BYTES)
+    payload = wire.unpack(blob, expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version})
+    frag = layout.fragments[p]
+    if set(payload.tensors) != set(frag.names):
+        raise wire.PayloadError("wrong_shape", f"global v{version} of fragment {p} has the wrong tensor names")
+    out = {}
+    for name, t in payload.tensors.items():
+        if list(t.shape) != layout.shapes[name]:
+            raise wire.PayloadError("wrong_shape", f"global tensor {name} has shape {list(t.shape)}")
+        out[name] = t.float()
+    return out
+
+
+def write_initial_globals(store: Store, run_id: str, model: GPT, layout: Layout, dtype: str) -> None:
+    """Global version 0 of every fragment, from the seeded init. Written once, before any learner starts."""
+    store.put_json(wire.LAYOUT, layout.to_json())
+    params = dict(model.named_parameters())
+    for frag in layout.fragments:
+        if latest_version(store, frag.fragment_id) is not None:
+            continue
+        publish_global(store, run_id, frag.fragment_id, 0, {n: params[n] for n in frag.names}, dtype)
+
+
+def load_latest_model(store: Store, run_id: str, layout: Layout) -> tuple[GPT, list[int]]:
+    """Assemble the newest global version of every fragment into a model (for evaluation)."""
+    model = build_model(layout)
+    params = dict(model.named_parameters())
+    versions = []
+    with torch.no_grad():
+        for frag in layout.fragments:
+            v = latest_version(store, frag.fragment_id)
+            if v is None:
+                raise NotFound(f"fragment {frag.fragment_id} has no global version; run `ddiloco prepare` first")
+            for n, t in read_global(store, run_id, layout, frag.fragment_id, v).items():
+                params[n].copy_(t)
+            versions.append(v)
+    return model, versions
+
+
+def load_final_model(store: Store, run_id: str, layout: Layout) -> GPT:
+    model = build_model(layout)
+    payload = wire.unpack(store.get(wire.FINAL_MODEL, max_bytes=MAX_FRAGMENT_BYTES * 4), expect={"run_id": run_id, "kind": "final"})
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, p in params.items():
+            if n not in payload.tensors or payload.tensors[n].shape != p.shape:
+                raise wire.PayloadError("wrong_shape", f"final model is missing or mis-shapes {n}")
+            p.copy_(payload.tensors[n].float())
+    return model

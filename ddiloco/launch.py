@@ -1,0 +1,173 @@
+"""`ddiloco run`: the local orchestrator. Same roles and store protocol as the cluster; only who starts the
+processes (here: this module, with a restart policy like an Argo retry) and the store URL differ.
+
+Design choices:
+- Every role is a real OS process (`python -m ddiloco.cli learner|syncer`), so killing one is a real kill.
+- The orchestrator only watches: it reads the syncer's status object for progress and restarts processes
+  that die (delay with exponential backoff, a cap on restarts), and it never touches training state.
+- Logs of each process go to `{workdir}/{run_id}.logs/`, outside the store prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddiloco import wire
+from ddiloco.config import RunConfig
+from ddiloco.evaluate import validation_loss
+from ddiloco.globalmodel import build_model, load_final_model, read_layout
+from ddiloco.prepare import load_tokens, prepare
+from ddiloco.store import Store, open_store
+from ddiloco.summary import build_summary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class RestartPolicy:
+    delay_s: float = 1.0
+    """Delay before the first restart (like Argo's retryStrategy backoff.duration)."""
+    factor: float = 2.0
+    """Backoff factor between restarts of the same role."""
+    max_delay_s: float = 10.0
+    """Upper bound of the restart delay."""
+    max_restarts: int = 5
+    """Restarts allowed per role before the run gives that role up."""
+
+
+@dataclass(slots=True)
+class Proc:
+    role: str
+    learner_id: int | None
+    popen: subprocess.Popen | None = None
+    restarts: int = 0
+    restart_at: float | None = None
+    exit_codes: list[int] = field(default_factory=list)
+
+
+def new_run_id() -> str:
+    return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+class LocalRun:
+    def __init__(self, cfg: RunConfig, workdir: str | Path, *, policy: RestartPolicy | None = None, extra_env: dict[str, str] | None = None) -> None:
+        if not cfg.run_id:
+            cfg.run_id = new_run_id()
+        self.cfg = cfg
+        self.root = Path(workdir).resolve() / cfg.run_id
+        self.url = f"file://{self.root}"
+        self.logdir = Path(workdir).resolve() / f"{cfg.run_id}.logs"
+        self.store: Store = open_store(self.url)
+        self.policy = policy or RestartPolicy()
+        self.extra_env = extra_env or {}
+        self.procs: list[Proc] = []
+        self.restart_log: list[dict[str, Any]] = []
+        self.t0 = time.time()
+
+    # --- processes ------------------------------------------------------------------------------------------
+    def _argv(self, proc: Proc) -> list[str]:
+        argv = [sys.executable, "-m", "ddiloco.cli", proc.role, "--store", self.url]
+        if proc.learner_id is not None:
+            argv += ["--learner-id", str(proc.learner_id)]
+        return argv
+
+    def spawn(self, proc: Proc) -> None:
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        name = proc.role if proc.learner_id is None else f"learner-{proc.learner_id}"
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.cfg.train.threads), **self.extra_env}
+        with open(self.logdir / f"{name}.log", "ab") as out:
+            proc.popen = subprocess.Popen(self._argv(proc), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc.restart_at = None
+        log.debug("started %s (pid %d)", name, proc.popen.pid)
+
+    def add_learner(self, learner_id: int) -> Proc:
+        proc = Proc("learner", learner_id)
+        self.spawn(proc)
+        self.procs.append(proc)
+        return proc
+
+    def supervise(self, now: float, done: bool) -> None:
+        """Restart processes that died (non-zero exit) unless the run is done; like Argo's retry policy."""
+        for proc in self.procs:
+            if proc.popen is not None and proc.popen.poll() is not None:
+                code = proc.popen.returncode
+                proc.exit_codes.append(code)
+                proc.popen = None
+                if code != 0 and not done:
+                    if proc.restarts >= self.policy.max_restarts:
+                        log.error("%s %s exited with %d and has no restarts left", proc.role, proc.learner_id, code)
+                        continue
+                    delay = min(self.policy.delay_s * self.policy.factor**proc.restarts, self.policy.max_delay_s)
+                    proc.restart_at = now + delay
+                    log.warning("%s %s exited with %d; restarting in %.1fs", proc.role, proc.learner_id if proc.learner_id is not None else "", code, delay)
+            if proc.popen is None and proc.restart_at is not None and now >= proc.restart_at and not done:
+                proc.restarts += 1
+                self.restart_log.append({"time": time.time() - self.t0, "role": proc.role, "learner_id": proc.learner_id, "restart": proc.restarts})
+                self.spawn(proc)
+
+    def running(self) -> list[Proc]:
+        return [p for p in self.procs if p.popen is not None and p.popen.poll() is None]
+
+    def stop_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for proc in self.running():
+            log.warning("%s %s did not exit after done; terminating", proc.role, proc.learner_id)
+            proc.popen.kill()
+            proc.popen.wait()
+
+    # --- the run --------------------------------------------------------------------------------------------
+    def evaluate_model(self, model) -> float:
+        cfg = self.cfg
+        val = load_tokens(self.store, wire.VAL, cfg.run_id)
+        return validation_loss(model, val, batch_size=cfg.train.batch_size, seq_len=cfg.model.seq_len, max_batches=cfg.eval.val_batches)
+
+    def run(self, on_progress: Callable[[dict[str, Any]], None] | None = None, timeout: float | None = None) -> dict[str, Any]:
+        cfg = self.cfg
+        prepare(self.store, cfg)
+        layout = read_layout(self.store)
+        initial = self.evaluate_model(build_model(layout, cfg.seed))
+        log.info("run %s: initial validation loss %.4f; starting syncer and %d learners", cfg.run_id, initial, cfg.diloco.learners)
+        self.procs.append(Proc("syncer", None))
+        self.spawn(self.procs[0])
+        for i in range(cfg.diloco.learners):
+            self.add_learner(i)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        status: dict[str, Any] = {}
+        try:
+            while True:
+                done = self.store.exists(wire.DONE)
+                self.supervise(time.monotonic(), done)
+                status = self.store.get_json_or_none(wire.STATUS) or status
+                if on_progress is not None:
+                    on_progress({**status, "elapsed": time.time() - self.t0, "processes": len(self.running())})
+                if done:
+                    break
+                if not self.running() and not any(p.restart_at for p in self.procs):
+                    raise RuntimeError(f"every process exited before the run finished; see the logs in {self.logdir}")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"run did not finish within {timeout}s; see the logs in {self.logdir}")
+                time.sleep(0.5)
+            self.stop_all(timeout=60)
+        finally:
+            for proc in self.running():
+                proc.popen.kill()
+            self.store.put_json(wire.LAUNCHER_EVENTS, {"restarts": self.restart_log, "chaos_events": []})
+        final = self.evaluate_model(load_final_model(self.store, cfg.run_id, layout))
+        summary = build_summary(self.store, {"initial_val_loss": initial, "final_val_loss": final})
+        self.store.put_json(wire.SUMMARY, summary)
+        return summary
+
+    @property
+    def summary_path(self) -> Path:
+        return self.root / wire.SUMMARY

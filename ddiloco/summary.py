@@ -1,0 +1,135 @@
+"""The run summary, computed from the store alone (DESIGN §6), so any run can be audited after the fact.
+
+Design choices:
+- Two independent books are kept and compared: the syncer's ledger (tokens of every merged answer, per
+  fragment) and the learners' reports (per incarnation: processed = merged + discarded + outstanding, per
+  fragment). An answer still pending in a dead learner's last report is settled here from the round
+  records. `ledger_balanced` is true only when both books agree on merged tokens for every fragment.
+- Goodput = Σ over learner incarnations of the inner-step seconds whose tokens were merged (averaged over
+  fragments) / (M × wall time from the first learner start to `done`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ddiloco import wire
+from ddiloco.store import Store
+
+
+def read_reports(store: Store) -> list[dict[str, Any]]:
+    return [store.get_json(k) for k in store.list("learners/") if k.endswith("/report.json")]
+
+
+def read_round_records(store: Store) -> list[dict[str, Any]]:
+    return [store.get_json(k) for k in store.list("syncer/rounds/")]
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    cfg = store.get_json(wire.CONFIG)
+    meta = store.get_json(wire.DATA_META)
+    layout = store.get_json(wire.LAYOUT)
+    state = store.get_json_or_none(wire.SYNCER_STATE) or {}
+    done = store.get_json_or_none(wire.DONE)
+    events = store.get_json_or_none(wire.LAUNCHER_EVENTS) or {}
+    reports = read_reports(store)
+    records = read_round_records(store)
+    P = len(layout["fragments"])
+    M = cfg["diloco"]["learners"]
+    by_round = {r["round"]: r for r in records}
+
+    processed = merged_l = discarded = outstanding = 0
+    merged_seconds = 0.0
+    learner_merged_per_frag = [0] * P
+    per_learner: dict[str, dict[str, Any]] = {}
+    for rep in reports:
+        contributor = wire.contributor(rep["learner_id"], rep["incarnation"])
+        alive = done is None and not rep.get("final")
+        processed += rep["tokens_processed"]
+        for p_str, f in rep["fragments"].items():
+            p = int(p_str)
+            m_tok, m_sec = f["merged_tokens"], f["merged_seconds"]
+            pend = f.get("pending")
+            credited = 0
+            if pend is not None:
+                rec = by_round.get(pend["round"])
+                if rec is not None and contributor in rec["contributors"]:
+                    credited = pend["tokens"]
+                    m_sec += pend["seconds"]
+            m_tok += credited
+            learner_merged_per_frag[p] += m_tok
+            merged_l += m_tok
+            merged_seconds += m_sec
+            rest = f["c_tokens"] - credited
+            if alive:
+                outstanding += rest
+                discarded += f["discarded_tokens"]
+            else:
+                discarded += f["discarded_tokens"] + rest
+        lid = str(rep["learner_id"])
+        entry = per_learner.setdefault(lid, {"incarnations": 0, "tokens": 0, "inner_steps": 0})
+        entry["incarnations"] += 1
+        entry["tokens"] += rep["tokens_processed"]
+        entry["inner_steps"] += rep["inner_step"] if rep["incarnation"] == 0 else 0
+
+    syncer_per_frag = [led["merged_tokens"] for led in state.get("ledger", [{"merged_tokens": 0}] * P)]
+    starts = [r["started_at"] for r in reports]
+    end = done["time"] if done else max((r["time"] for r in reports), default=None)
+    wall = (end - min(starts)) if (starts and end) else None
+    versions = state.get("versions", [0] * P)
+    contiguous = all(
+        sorted(r["version"] for r in records if r["fragment_id"] == p) == list(range(1, versions[p] + 1)) for p in range(P)
+    )
+    step_times = [r["step_time_ema"] for r in reports if r.get("step_time_ema")]
+    summary: dict[str, Any] = {
+        "run_id": cfg["run_id"],
+        "status": "done" if done else "running",
+        "wall_seconds": wall,
+        "learners": M,
+        "quorum": cfg["diloco"]["quorum"],
+        "num_fragments": P,
+        "sync_every": cfg["diloco"]["sync_every"],
+        "overlap": cfg["diloco"]["overlap"],
+        "codec": cfg["diloco"]["codec"],
+        "token_budget": cfg["diloco"]["token_budget"],
+        "model_params": meta["model_params"],
+        "fragment_bytes": [f["numel"] * 4 for f in layout["fragments"]],
+        "tokens_processed": processed,
+        "tokens_merged": sum(syncer_per_frag) / P,
+        "tokens_discarded": discarded / P,
+        "tokens_outstanding": outstanding / P,
+        "tokens_merged_per_fragment": syncer_per_frag,
+        "tokens_merged_by_learners_per_fragment": learner_merged_per_frag,
+        "ledger_balanced": syncer_per_frag == learner_merged_per_frag
+        and processed * P == merged_l + discarded + outstanding,
+        "rounds": state.get("rounds_merged", 0),
+        "rounds_abandoned": state.get("rounds_abandoned", 0),
+        "global_versions": versions,
+        "global_versions_contiguous": contiguous,
+        "incarnations": {k: v["incarnations"] for k, v in sorted(per_learner.items())},
+        "tokens_per_learner": {k: v["tokens"] for k, v in sorted(per_learner.items())},
+        "chaos_events": events.get("chaos_events", []),
+        "restarts": events.get("restarts", []),
+        "rejected_updates": state.get("rejected", {}),
+        "bytes_uploaded": sum(r["bytes_up"] for r in reports),
+        "bytes_downloaded": sum(r["bytes_down"] for r in reports),
+        "bytes_published": state.get("bytes_published", 0),
+        "goodput": (merged_seconds / P) / (M * wall) if wall else None,
+        "learner_step_seconds": _mean(step_times),
+        "mean_quorum": _mean([r["quorum"] for r in records]),
+        "mean_grace_seconds": _mean([r["grace_s"] for r in records]),
+        "mean_time_to_quorum_seconds": _mean([r["time_to_quorum"] for r in records]),
+        "mean_staleness": _mean([c["staleness"] for r in records for c in r["contributors"].values()]),
+        "entropy_floor": meta.get("entropy_floor"),
+        "initial_val_loss": None,
+        "final_val_loss": None,
+        "sft_val_loss": None,
+        "task_accuracy": None,
+    }
+    summary.update(extra or {})
+    return summary

@@ -1,0 +1,393 @@
+"""The syncer: a CPU-only loop that opens rounds, collects learner answers, merges and publishes fragments.
+
+Design choices:
+- Syncer-clocked rounds go round-robin over fragments (p = s mod P). A round opens every (H/P)·ξ_step
+  seconds (ξ_step: median step-time EMA of the live learners), at most τ rounds in flight, never two for
+  the same fragment.
+- A round merges once K answers arrived and the adaptive grace window
+  clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap) has passed (or every live learner answered).
+- Answers are parsed and validated as they arrive, so a merge only does arithmetic. Anything malformed,
+  foreign, non-finite, mis-shaped or with impossible counters is rejected and counted by reason; it never
+  touches the global model.
+- Persist order per merge: outer momentum → round record → global payload + latest pointer → status →
+  state. A restarted syncer that finds a newer global than its state adopts it (and its round record), so
+  it never publishes a version twice and never loses a merged one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ddiloco import wire
+from ddiloco.compression import decode
+from ddiloco.globalmodel import latest_version, publish_global, read_global, read_layout
+from ddiloco.outer import OuterNesterov, merge_with_stats, token_weight
+from ddiloco.prepare import load_run_config
+from ddiloco.store import NotFound, Store, StoreError
+
+log = logging.getLogger(__name__)
+
+LIVE_TIMEOUT_S = 10.0
+DEFAULT_STEP_S = 0.05
+KEEP_VERSIONS = 4
+
+
+@dataclass(slots=True)
+class Answer:
+    contributor: str
+    header: dict[str, Any]
+    delta: dict[str, torch.Tensor]  # fp32, relative to the learner's base version
+
+
+@dataclass(slots=True)
+class Round:
+    round: int
+    fragment_id: int
+    opened_at: float
+    opened_wall: float
+    quorum_at: float | None = None
+    grace_s: float = 0.0
+    seen: set[str] = field(default_factory=set)
+    answers: dict[str, Answer] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+class Syncer:
+    def __init__(self, store: Store, *, clock=time.monotonic, wall=time.time, poll_s: float = 0.02) -> None:
+        self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
+        self.cfg = load_run_config(store)
+        self.run_id = self.cfg.run_id
+        self.layout = read_layout(store)
+        d = self.cfg.diloco
+        self.P = self.layout.num_fragments
+        self.tokens_per_step = self.cfg.train.batch_size * self.cfg.model.seq_len
+        self.globals: list[dict[str, torch.Tensor]] = []
+        self.recent: list[dict[int, dict[str, torch.Tensor]]] = [{} for _ in range(self.P)]
+        self.versions = [0] * self.P
+        self.outer = [OuterNesterov(lr=d.outer_lr, momentum=d.outer_momentum) for _ in range(self.P)]
+        self.ledger = [{"merged_tokens": 0, "merged_answers": 0, "merged_steps": 0} for _ in range(self.P)]
+        self.rejected: Counter[str] = Counter()
+        self.open: dict[int, Round] = {}
+        self.next_round = 0
+        self.rounds_merged = 0
+        self.rounds_abandoned = 0
+        self.merged_recent: deque[dict[str, Any]] = deque(maxlen=8 * self.P + 16)
+        self.xi_quorum = 0.0
+        self.xi_sync = 0.0
+        self.last_open = -math.inf
+        self.learners: dict[int, dict[str, Any]] = {}
+        self._next_refresh = 0.0
+        self.bytes_published = 0
+        self.incarnation = 0
+        self.started_wall = wall()
+        self._restore()
+
+    # --- state ------------------------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        state = self.store.get_json_or_none(wire.SYNCER_STATE)
+        if state is not None:
+            if state.get("run_id") != self.run_id:
+                raise ValueError(f"{wire.SYNCER_STATE} belongs to run {state.get('run_id')!r}, not {self.run_id!r}")
+            self.incarnation = int(state["incarnation"]) + 1
+            self.versions = [int(v) for v in state["versions"]]
+            self.ledger = state["ledger"]
+            self.rejected = Counter(state["rejected"])
+            self.next_round = int(state["next_round"])
+            self.rounds_merged, self.rounds_abandoned = int(state["rounds_merged"]), int(state["rounds_abandoned"])
+            self.merged_recent.extend(state["merged_recent"])
+            self.xi_quorum, self.xi_sync = float(state["xi_quorum"]), float(state["xi_sync"])
+            self.started_wall = float(state["started_wall"])
+            for r in state.get("open_rounds", []):  # resume collecting; answers are re-read from the store
+                self.open[r["round"]] = Round(r["round"], r["fragment_id"], self.clock(), r["opened_wall"])
+        # A merge whose state write did not happen: adopt the newer published version and its ledger entry.
+        for p in range(self.P):
+            latest = latest_version(self.store, p)
+            if latest is None:
+                raise NotFound(f"fragment {p} has no global version 0; run `ddiloco prepare` first")
+            if latest > self.versions[p]:
+                self._adopt_unrecorded(p, latest)
+        self.globals = [read_global(self.store, self.run_id, self.layout, p, v) for p, v in enumerate(self.versions)]
+        for p, v in enumerate(self.versions):
+            self.recent[p][v] = {n: t.clone() for n, t in self.globals[p].items()}
+            if v > 0:
+                payload = wire.unpack(self.store.get(wire.momentum_key(p, v)), expect={"run_id": self.run_id, "kind": "momentum"})
+                self.outer[p].load_state_dict(payload.tensors)
+        if state is not None:
+            log.info("syncer incarnation %d resumed run %s at round %d, versions %s", self.incarnation, self.run_id, self.next_round, self.versions)
+
+    def _adopt_unrecorded(self, p: int, latest: int) -> None:
+        for key in self.store.list("syncer/rounds/"):
+            rec = self.store.get_json(key)
+            if rec["fragment_id"] == p and self.versions[p] < rec["version"] <= latest:
+                self._account(rec)
+                self.next_round = max(self.next_round, rec["round"] + 1)
+                self.open.pop(rec["round"], None)
+        log.warning("syncer: adopting fragment %d version %d published before the last state write", p, latest)
+        self.versions[p] = latest
+
+    def _account(self, rec: dict[str, Any]) -> None:
+        led = self.ledger[rec["fragment_id"]]
+        for c in rec["contributors"].values():
+            led["merged_tokens"] += c["c_tokens"]
+            led["merged_steps"] += c["c_steps"]
+            led["merged_answers"] += 1
+        self.rounds_merged += 1
+        self.merged_recent.append(
+            {"round": rec["round"], "fragment_id": rec["fragment_id"], "version": rec["version"], "contributors": {k: v["c_tokens"] for k, v in rec["contributors"].items()}}
+        )
+
+    def _save_state(self) -> None:
+        self.store.put_json(
+            wire.SYNCER_STATE,
+            {
+                "run_id": self.run_id, "incarnation": self.incarnation, "versions": self.versions, "ledger": self.ledger,
+                "rejected": dict(self.rejected), "next_round": self.next_round, "rounds_merged": self.rounds_merged,
+                "rounds_abandoned": self.rounds_abandoned, "merged_recent": list(self.merged_recent),
+                "xi_quorum": self.xi_quorum, "xi_sync": self.xi_sync, "started_wall": self.started_wall,
+                "open_rounds": [{"round": r.round, "fragment_id": r.fragment_id, "opened_wall": r.opened_wall} for r in self.open.values()],
+                "bytes_published": self.bytes_published,
+            },
+        )  # fmt: skip
+
+    def tokens_merged(self) -> float:
+        return sum(led["merged_tokens"] for led in self.ledger) / self.P
+
+    def publish_status(self, done: bool = False) -> None:
+        live = self.live_learners()
+        self.store.put_json(
+            wire.STATUS,
+            {
+                "run_id": self.run_id, "time": self.wall(), "syncer_incarnation": self.incarnation, "done": done,
+                "next_round": self.next_round, "versions": {str(p): v for p, v in enumerate(self.versions)},
+                "open_rounds": [{"round": r.round, "fragment_id": r.fragment_id, "opened_at": r.opened_wall} for r in self.open.values()],
+                "merged": list(self.merged_recent), "tokens_merged": self.tokens_merged(),
+                "token_budget": self.cfg.diloco.token_budget, "rounds_merged": self.rounds_merged,
+                "live_learners": len(live), "loss": statistics.mean([r["loss_ema"] for r in live if r.get("loss_ema") is not None] or [math.nan]),
+                "rejected": dict(self.rejected),
+            },
+        )  # fmt: skip
+
+    # --- learners ---------------------------------------------------------------------------------------------
+    def refresh_learners(self) -> None:
+        newest: dict[int, str] = {}
+        for key in self.store.list("learners/"):
+            if key.endswith("/report.json"):
+                lid = int(key.split("/")[1])
+                newest[lid] = max(newest.get(lid, key), key)
+        for lid, key in newest.items():
+            try:
+                self.learners[lid] = self.store.get_json(key)
+            except StoreError as e:
+                log.debug("report %s unreadable (%s)", key, e)
+
+    def live_learners(self) -> list[dict[str, Any]]:
+        now = self.wall()
+        return [r for r in self.learners.values() if not r.get("final") and now - r["time"] < LIVE_TIMEOUT_S]
+
+    def xi_step(self) -> float:
+        times = [r["step_time_ema"] for r in self.live_learners() if r.get("step_time_ema")]
+        return statistics.median(times) if times else DEFAULT_STEP_S
+
+    def grace_window(self) -> float:
+        g = self.cfg.diloco.grace
+        if g is None:
+            return 0.0
+        raw = g.gamma * (self.cfg.diloco.overlap * self.xi_step() - self.xi_quorum - self.xi_sync)
+        return min(max(raw, 0.0), g.cap_seconds)
+
+    def _ema(self, old: float, new: float) -> float:
+        a = self.cfg.diloco.grace.ema if self.cfg.diloco.grace is not None else 0.2
+        return new if old == 0.0 else (1 - a) * old + a * new
+
+    # --- rounds -----------------------------------------------------------------------------------------------
+    def maybe_open_round(self, now: float) -> None:
+        d = self.cfg.diloco
+        if len(self.open) >= d.overlap or not self.live_learners():
+            return
+        interval = (d.sync_every / self.P) * self.xi_step()
+        p = self.next_round % self.P
+        if now - self.last_open < interval or any(r.fragment_id == p for r in self.open.values()):
+            return
+        self.open[self.next_round] = Round(self.next_round, p, now, self.wall())
+        self.next_round += 1
+        self.last_open = now
+        self.publish_status()
+
+    def collect(self, rnd: Round) -> None:
+        prefix = wire.update_prefix(rnd.fragment_id, rnd.round)
+        for key in self.store.list(prefix):
+            name = key[len(prefix) :]
+            if name in rnd.seen:
+                continue
+            rnd.seen.add(name)
+            try:
+                ans = self._load_answer(rnd, key)
+            except wire.PayloadError as e:
+                self.rejected[e.reason] += 1
+                rnd.rejected[name] = e.reason
+                log.warning("syncer: rejected %s (%s)", key, e)
+                continue
+            except NotFound:
+                continue
+            if ans.contributor in rnd.answers:
+                self.rejected["duplicate"] += 1
+                continue
+            rnd.answers[ans.contributor] = ans
+
+    def _load_answer(self, rnd: Round, key: str) -> Answer:
+        frag = self.layout.fragments[rnd.fragment_id]
+        limit = 2 * sum(4 * self.layout_numel(n) for n in frag.names) + (1 << 20)
+        try:
+            blob = self.store.get(key, max_bytes=limit)
+        except StoreError as e:
+            if type(e).__name__ == "ObjectTooLarge":
+                raise wire.PayloadError("too_large", str(e)) from None
+            raise
+        h = wire.unpack(blob, expect={"run_id": self.run_id, "kind": "update", "fragment_id": rnd.fragment_id, "round": rnd.round})
+        meta = h.meta
+        steps, tokens = meta.get("c_steps"), meta.get("c_tokens")
+        if not (isinstance(steps, int) and isinstance(tokens, int) and steps >= 1 and 0 < tokens <= steps * self.tokens_per_step):
+            raise wire.PayloadError("bad_counters", f"c_steps={steps} c_tokens={tokens} (≤ {self.tokens_per_step} tokens per step)")
+        base = meta.get("base_version")
+        if not isinstance(base, int) or not 0 <= base <= self.versions[rnd.fragment_id]:
+            raise wire.PayloadError("bad_base", f"base_version {base!r} is not a published version")
+        codec = meta.get("codec")
+        delta: dict[str, torch.Tensor] = {}
+        for name in frag.names:
+            parts = {k.rsplit("/", 1)[1]: t for k, t in h.tensors.items() if k.rsplit("/", 1)[0] == name}
+            try:
+                d = decode(parts, codec, self.layout.shapes[name])
+            except ValueError as e:
+                raise wire.PayloadError("wrong_shape", f"{name}: {e}") from None
+            if not torch.isfinite(d).all():
+                raise wire.PayloadError("non_finite", f"{name} has NaN/Inf")
+            delta[name] = d
+        expected = {f"{n}/{part}" for n in frag.names for part in ("data", "q", "scale")}
+        if not set(h.tensors) <= expected:
+            raise wire.PayloadError("wrong_shape", "payload has tensors outside the fragment")
+        return Answer(wire.contributor(meta["learner_id"], meta["incarnation"]), meta, delta)
+
+    def layout_numel(self, name: str) -> int:
+        return math.prod(self.layout.shapes[name])
+
+    def _base(self, p: int, version: int) -> dict[str, torch.Tensor]:
+        if version not in self.recent[p]:
+            self.recent[p][version] = read_global(self.store, self.run_id, self.layout, p, version)
+        return self.recent[p][version]
+
+    def progress(self, rnd: Round, now: float) -> None:
+        self.collect(rnd)
+        d = self.cfg.diloco
+        if rnd.quorum_at is None:
+            if len(rnd.answers) >= d.quorum:
+                rnd.quorum_at = now
+                self.xi_quorum = self._ema(self.xi_quorum, now - rnd.opened_at)
+                rnd.grace_s = self.grace_window()
+            elif now - rnd.opened_at > d.round_timeout_s:
+                log.warning("syncer: round %d (fragment %d) abandoned: %d of %d answers", rnd.round, rnd.fragment_id, len(rnd.answers), d.quorum)
+                self.rounds_abandoned += 1
+                del self.open[rnd.round]
+                self.store.delete_prefix(wire.update_prefix(rnd.fragment_id, rnd.round))
+                self.publish_status()
+            return
+        live = {wire.contributor(r["learner_id"], r["incarnation"]) for r in self.live_learners()}
+        if now >= rnd.quorum_at + rnd.grace_s or live <= set(rnd.answers):
+            self.merge(rnd, now)
+
+    def merge(self, rnd: Round, now: float) -> None:
+        p, d = rnd.fragment_id, self.cfg.diloco
+        theta = self.globals[p]
+        outer_grads, weights, contributors = [], [], {}
+        for c, ans in sorted(rnd.answers.items()):
+            base = self._base(p, ans.header["base_version"])
+            outer_grads.append({n: theta[n] - base[n] - ans.delta[n] for n in theta})  # Δ_m = Θ_p − θ_m
+            w = token_weight(ans.header["c_tokens"], ans.header["c_steps"]) if d.token_weighting else 1.0
+            weights.append(w)
+            contributors[c] = {
+                "c_tokens": ans.header["c_tokens"], "c_steps": ans.header["c_steps"], "c_seconds": ans.header["c_seconds"],
+                "base_version": ans.header["base_version"], "staleness": self.versions[p] - ans.header["base_version"], "weight": w,
+            }  # fmt: skip
+        merged, stats = merge_with_stats(outer_grads, weights, embedding_names=self.layout.embedding_names, method=d.merge)
+        self.outer[p].step(theta, merged)
+        version = self.versions[p] + 1
+        rec = {
+            "round": rnd.round, "fragment_id": p, "version": version, "opened_at": rnd.opened_wall,
+            "time_to_quorum": (rnd.quorum_at or now) - rnd.opened_at, "grace_s": rnd.grace_s, "merged_at": self.wall(),
+            "quorum": len(contributors), "contributors": contributors, "rejected": rnd.rejected,
+            "merged_norm": stats["merged_norm"], "mean_delta_norm": stats["mean_delta_norm"], "ratio": stats["ratio"],
+        }  # fmt: skip
+        self.store.put(wire.momentum_key(p, version), wire.pack(self.outer[p].state_dict(), {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version}))
+        self.store.put_json(wire.round_record_key(rnd.round), rec)
+        self.bytes_published += publish_global(self.store, self.run_id, p, version, theta, d.global_dtype, {"round": rnd.round})
+        if d.global_dtype == "bf16":  # learners see the rounded values; keep the syncer's copy identical
+            for n in theta:
+                theta[n].copy_(theta[n].to(torch.bfloat16).float())
+        self.versions[p] = version
+        self.recent[p][version] = {n: t.clone() for n, t in theta.items()}
+        for v in sorted(self.recent[p])[:-KEEP_VERSIONS]:
+            del self.recent[p][v]
+        self._account(rec)
+        del self.open[rnd.round]
+        self.xi_sync = self._ema(self.xi_sync, self.clock() - now)
+        self.publish_status()
+        self._save_state()
+        self.store.delete_prefix(wire.update_prefix(p, rnd.round))
+        log.debug("syncer: round %d fragment %d -> v%d from %d answers", rnd.round, p, version, len(contributors))
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One pass of the loop; returns True when the run is finished."""
+        now = self.clock()
+        if now >= self._next_refresh:
+            self.refresh_learners()
+            self._next_refresh = now + 0.5
+        if self.tokens_merged() >= self.cfg.diloco.token_budget:
+            self.finish()
+            return True
+        self.maybe_open_round(now)
+        for rnd in list(self.open.values()):
+            self.progress(rnd, self.clock())
+        return False
+
+    def run(self, max_seconds: float | None = None) -> None:
+        if self.store.exists(wire.DONE):
+            log.info("syncer: run %s is already done", self.run_id)
+            return
+        self.publish_status()
+        self._save_state()
+        deadline = None if max_seconds is None else self.clock() + max_seconds
+        last_log = self.clock()
+        while True:
+            try:
+                if self.step():
+                    return
+            except StoreError as e:  # unreachable store: nothing half-merged was published; try again
+                log.warning("syncer: store error (%s); retrying", e)
+                time.sleep(1.0)
+            if deadline is not None and self.clock() > deadline:
+                log.warning("syncer: stopping after max_seconds=%s without reaching the token budget", max_seconds)
+                return
+            if self.clock() - last_log > 10:
+                last_log = self.clock()
+                log.info("syncer: %d/%d tokens merged, %d rounds, %d live learners", self.tokens_merged(), self.cfg.diloco.token_budget, self.rounds_merged, len(self.live_learners()))
+            time.sleep(self.poll_s)
+
+    def finish(self) -> None:
+        for rnd in list(self.open.values()):
+            self.store.delete_prefix(wire.update_prefix(rnd.fragment_id, rnd.round))
+        self.open.clear()
+        final = {n: t for g in self.globals for n, t in g.items()}
+        self.store.put(wire.FINAL_MODEL, wire.pack(final, {"run_id": self.run_id, "kind": "final", "versions": self.versions}))
+        self.store.put_json(wire.FINAL_META, {"versions": self.versions, "model": self.layout.model, "tokens_merged": self.tokens_merged()})
+        self._save_state()
+        self.store.put_json(wire.DONE, {"time": self.wall(), "tokens_merged": self.tokens_merged(), "rounds_merged": self.rounds_merged})
+        self.publish_status(done=True)
+        log.info("syncer: done — %d tokens merged in %d rounds; versions %s", self.tokens_merged(), self.rounds_merged, self.versions)

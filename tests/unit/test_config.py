@@ -1,0 +1,84 @@
+import json
+
+import pytest
+
+from ddiloco.config import RECIPES, ConfigError, RunConfig, load_config
+
+
+def test_default_recipe_is_tiny_cpu_and_valid():
+    cfg = load_config()
+    assert cfg.diloco.learners == 4 and cfg.diloco.quorum == 1
+    assert cfg.model.preset == "tiny" and cfg.train.device == "auto"
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_validates_and_round_trips_json(name):
+    cfg = load_config(name)
+    again = RunConfig.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg
+
+
+def test_sync_diloco_is_k_equals_m_one_fragment():
+    cfg = load_config("sync-diloco")
+    assert cfg.diloco.quorum == cfg.diloco.learners and cfg.diloco.fragments == 1 and cfg.diloco.grace is None
+
+
+def test_set_overrides_parse_yaml_scalars():
+    cfg = load_config(overrides=["diloco.quorum=2", "train.lr=1e-3", "diloco.token_weighting=false", "diloco.grace=null"])
+    assert cfg.diloco.quorum == 2 and cfg.train.lr == 1e-3 and cfg.diloco.token_weighting is False
+    assert cfg.diloco.grace is None
+
+
+def test_optional_section_is_created_when_a_key_is_set():
+    cfg = load_config("sync-diloco", overrides=["diloco.grace.cap_seconds=3"])
+    assert cfg.diloco.grace is not None and cfg.diloco.grace.cap_seconds == 3.0
+
+
+def test_unknown_key_suggests_the_right_one():
+    with pytest.raises(ConfigError, match=r"unknown config key 'diloco.quorom'.*did you mean 'diloco.quorum'"):
+        load_config(overrides=["diloco.quorom=2"])
+
+
+def test_wrong_type_is_rejected():
+    with pytest.raises(ConfigError, match="diloco.learners.*integer"):
+        load_config(overrides=["diloco.learners=two"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("diloco.quorum=9", "diloco.quorum=9 must be between 1 and diloco.learners=4"),
+        ("diloco.overlap=9", "diloco.overlap"),
+        ("diloco.codec=int3", "choose one of fp32, bf16, int8, int4, int2"),
+        ("diloco.merge=median", "choose one of rda, mean"),
+        ("data.vocab_size=512", "only applies to data.tokenizer=bpe"),
+        ("diloco.mixing=1.0", "diloco.mixing"),
+        ("model=3", "is a section"),
+    ],
+)
+def test_inconsistent_combinations_say_what_to_change(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_config(overrides=[override])
+
+
+def test_yaml_file_with_recipe_and_errors(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("recipe: sync-diloco\ndiloco:\n  token_budget: 1000\n")
+    cfg = load_config(config_file=f)
+    assert cfg.diloco.fragments == 1 and cfg.diloco.token_budget == 1000
+    f.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must be a YAML mapping"):
+        load_config(config_file=f)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(config_file=tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="unknown recipe"):
+        load_config("nope")
+
+
+def test_committed_config_files_load():
+    from pathlib import Path
+
+    files = sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml"))
+    assert files, "configs/ should hold the recipes as YAML"
+    for f in files:
+        load_config(config_file=f)
