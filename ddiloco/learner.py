@@ -189,6 +189,8 @@ class Learner:
             self.learner_id, self.incarnation, self.run_id, versions, self.device,
         )  # fmt: skip
         self._put_report()
+        self._next_report = time.monotonic() + self.cfg.train.heartbeat_every_s
+        self._next_ckpt = time.monotonic() + self.cfg.train.checkpoint_every_s
 
     # --- fragments in and out ---------------------------------------------------------------------------------
     def _apply(self, p: int, version: int, tensors: dict[str, torch.Tensor], initial: bool = False, status: dict | None = None) -> None:
@@ -352,33 +354,40 @@ class Learner:
         self.step_time_ema = dt if self.step_time_ema is None else 0.9 * self.step_time_ema + 0.1 * dt
         return loss
 
+    def tick(self) -> bool:
+        """One iteration of the loop at a step boundary; False once the syncer says the run is done."""
+        status = self.poller.latest
+        if status is not None:
+            if status.get("done"):
+                return False
+            self._sync_fragments(status)
+            self._answer_rounds(status)
+        self.step()
+        now = time.monotonic()
+        t = self.cfg.train
+        if now >= self._next_report:
+            self._report_async()
+            self.uploads = [f for f in self.uploads if not f.done()]
+            self._next_report = now + t.heartbeat_every_s
+        if now >= self._next_ckpt:
+            self._checkpoint_async()
+            self._next_ckpt = now + t.checkpoint_every_s
+        return True
+
     def run(self, max_steps: int | None = None, wait_timeout: float | None = None) -> str:
         """Train until the syncer says done (or max_steps); returns the exit reason."""
         self.start(wait_timeout)
-        t = self.cfg.train
-        next_report = time.monotonic() + t.heartbeat_every_s
-        next_ckpt = time.monotonic() + t.checkpoint_every_s
         reason = "max_steps"
         steps = 0
         try:
             while max_steps is None or steps < max_steps:
-                status = self.poller.latest
-                if status is not None:
-                    if status.get("done"):
-                        reason = "done"
-                        break
-                    self._sync_fragments(status)
-                    self._answer_rounds(status)
-                self.step()
+                if not self.tick():
+                    reason = "done"
+                    break
                 steps += 1
-                now = time.monotonic()
-                if now >= next_report:
-                    self._report_async()
-                    self.uploads = [f for f in self.uploads if not f.done()]
-                    next_report = now + t.heartbeat_every_s
-                if now >= next_ckpt:
-                    self._checkpoint_async()
-                    next_ckpt = now + t.checkpoint_every_s
+        except BaseException:
+            reason = "error"
+            raise
         finally:
             self._finish(reason)
         return reason

@@ -1,0 +1,43 @@
+"""Shared test helpers: a tiny run config and an in-process driver for learners + syncer."""
+
+from __future__ import annotations
+
+from ddiloco.config import RunConfig, load_config
+
+TINY = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "model.seq_len=32",
+    "train.batch_size=4",
+    "train.heartbeat_every_s=0.2",
+    "train.warmup_steps=2",
+    "data.synthetic_docs=600",
+    "data.synthetic_entities=8",
+    "diloco.learners=2",
+    "diloco.fragments=2",
+    "diloco.sync_every=4",
+    "diloco.token_budget=12000",
+    "eval.val_batches=2",
+]
+
+
+def tiny_config(run_id: str, *overrides: str, recipe: str | None = None) -> RunConfig:
+    cfg = load_config(recipe, None, [*TINY, *overrides])
+    cfg.run_id = run_id
+    return cfg
+
+
+def drive(syncer, learners, max_iters: int = 20000) -> int:
+    """Interleave syncer passes and learner steps in one thread until the syncer finishes."""
+    for i in range(max_iters):
+        if syncer.step():
+            for learner in learners:
+                learner.poller.poll_once()
+                assert learner.tick() is False
+                learner._finish("done")
+            return i
+        for learner in learners:
+            learner.poller.poll_once()
+            learner.tick()
+    raise AssertionError("the run did not finish")

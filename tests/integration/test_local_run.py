@@ -1,0 +1,56 @@
+"""End to end with real processes: `ddiloco run`'s orchestrator starts a syncer and learner processes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ddiloco import wire
+from ddiloco.launch import LocalRun
+from ddiloco.store import open_store
+from tests._harness import tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_local_run_with_real_processes(tmp_path):
+    cfg = tiny_config("e2e", "diloco.learners=3", "diloco.fragments=3", "diloco.token_budget=60000")
+    run = LocalRun(cfg, tmp_path)
+    s = run.run(timeout=240)
+    assert s["status"] == "done"
+    assert s["ledger_balanced"], (s["tokens_merged_per_fragment"], s["tokens_merged_by_learners_per_fragment"])
+    assert s["tokens_outstanding"] == 0 and s["tokens_merged"] >= 60000
+    assert s["global_versions_contiguous"]
+    assert s["incarnations"] == {"0": 1, "1": 1, "2": 1}
+    assert s["final_val_loss"] < s["initial_val_loss"]
+    assert 0 < s["goodput"] <= 1
+    assert json.loads(run.summary_path.read_text())["run_id"] == "e2e"
+    assert not open_store(run.url).list("updates/"), "merged and abandoned rounds are garbage-collected"
+
+
+def test_cli_run_prints_summary_path_last(tmp_path):
+    args = [sys.executable, "-m", "ddiloco.cli", "run", "--workdir", str(tmp_path), "--run-id", "cli"]
+    sets = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.seq_len=32", "train.batch_size=4",
+            "data.synthetic_docs=600", "data.synthetic_entities=8", "diloco.learners=2", "diloco.fragments=2",
+            "diloco.token_budget=8000", "eval.val_batches=2"]  # fmt: skip
+    for item in sets:
+        args += ["--set", item]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    path = out.stdout.strip().splitlines()[-1]
+    assert path.endswith("cli/summary.json")
+    s = json.loads(open(path).read())
+    assert s["status"] == "done" and s["ledger_balanced"]
+    assert "val loss" in out.stderr
+
+
+def test_cli_rejects_bad_config_in_one_line(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "ddiloco.cli", "run", "--workdir", str(tmp_path), "--set", "diloco.quorom=2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("error: unknown config key 'diloco.quorom'; did you mean 'diloco.quorum'?")
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / wire.DONE).exists()
