@@ -37,7 +37,12 @@ def plain_tokens_per_s(store, cfg, steps: int, state: dict) -> float:
         state["model"] = build_model(layout, cfg.seed)
         t = cfg.train
         state["opt"] = configure_optimizer(state["model"], t.lr, t.weight_decay, (t.beta1, t.beta2))
-        state["loader"] = ShardLoader(load_tokens(store, wire.shard_key(0), cfg.run_id), batch_size=t.batch_size, seq_len=cfg.model.seq_len, seed=1)
+        state["loader"] = ShardLoader(
+            load_tokens(store, wire.shard_key(0), cfg.run_id),
+            batch_size=t.batch_size,
+            seq_len=cfg.model.seq_len,
+            seed=1,
+        )
         state["step"] = 0
     model, opt, loader, t = state["model"], state["opt"], state["loader"], cfg.train
     t0 = time.perf_counter()
@@ -63,7 +68,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = load_config(args.recipe, None, [*args.overrides, "diloco.token_budget=1000000000000", "diloco.learners=1"])
+    cfg = load_config(
+        args.recipe, None, [*args.overrides, "diloco.token_budget=1000000000000", "diloco.learners=1"]
+    )
     cfg.run_id = "bench"
     with tempfile.TemporaryDirectory() as tmp:
         url = f"file://{tmp}/bench"

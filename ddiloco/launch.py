@@ -59,16 +59,25 @@ def new_run_id() -> str:
 
 
 class LocalRun:
-    def __init__(self, cfg: RunConfig, workdir: str | Path, *, policy: RestartPolicy | None = None, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        workdir: str | Path,
+        *,
+        store_root: str | None = None,
+        policy: RestartPolicy | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        """`store_root` (e.g. s3://bucket/runs) holds the run prefix; default a file:// store in workdir."""
         if not cfg.run_id:
             cfg.run_id = new_run_id()
         self.cfg = cfg
-        self.root = Path(workdir).resolve() / cfg.run_id
-        self.url = f"file://{self.root}"
+        base = store_root.rstrip("/") if store_root else f"file://{Path(workdir).resolve()}"
+        self.url = f"{base}/{cfg.run_id}"
         self.logdir = Path(workdir).resolve() / f"{cfg.run_id}.logs"
-        self.store: Store = open_store(self.url)
-        self.policy = policy or RestartPolicy()
         self.extra_env = extra_env or {}
+        self.store: Store = open_store(self.url, env={**os.environ, **self.extra_env})
+        self.policy = policy or RestartPolicy()
         self.procs: list[Proc] = []
         self.restart_log: list[dict[str, Any]] = []
         self.t0 = time.time()
@@ -85,7 +94,9 @@ class LocalRun:
         name = proc.role if proc.learner_id is None else f"learner-{proc.learner_id}"
         env = {**os.environ, "OMP_NUM_THREADS": str(self.cfg.train.threads), **self.extra_env}
         with open(self.logdir / f"{name}.log", "ab") as out:
-            proc.popen = subprocess.Popen(self._argv(proc), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc.popen = subprocess.Popen(
+                self._argv(proc), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         proc.restart_at = None
         log.debug("started %s (pid %d)", name, proc.popen.pid)
 
@@ -104,14 +115,31 @@ class LocalRun:
                 proc.popen = None
                 if code != 0 and not done:
                     if proc.restarts >= self.policy.max_restarts:
-                        log.error("%s %s exited with %d and has no restarts left", proc.role, proc.learner_id, code)
+                        log.error(
+                            "%s %s exited with %d and has no restarts left", proc.role, proc.learner_id, code
+                        )
                         continue
-                    delay = min(self.policy.delay_s * self.policy.factor**proc.restarts, self.policy.max_delay_s)
+                    delay = min(
+                        self.policy.delay_s * self.policy.factor**proc.restarts, self.policy.max_delay_s
+                    )
                     proc.restart_at = now + delay
-                    log.warning("%s %s exited with %d; restarting in %.1fs", proc.role, proc.learner_id if proc.learner_id is not None else "", code, delay)
+                    log.warning(
+                        "%s %s exited with %d; restarting in %.1fs",
+                        proc.role,
+                        proc.learner_id if proc.learner_id is not None else "",
+                        code,
+                        delay,
+                    )
             if proc.popen is None and proc.restart_at is not None and now >= proc.restart_at and not done:
                 proc.restarts += 1
-                self.restart_log.append({"time": time.time() - self.t0, "role": proc.role, "learner_id": proc.learner_id, "restart": proc.restarts})
+                self.restart_log.append(
+                    {
+                        "time": time.time() - self.t0,
+                        "role": proc.role,
+                        "learner_id": proc.learner_id,
+                        "restart": proc.restarts,
+                    }
+                )
                 self.spawn(proc)
 
     def running(self) -> list[Proc]:
@@ -130,14 +158,27 @@ class LocalRun:
     def evaluate_model(self, model) -> float:
         cfg = self.cfg
         val = load_tokens(self.store, wire.VAL, cfg.run_id)
-        return validation_loss(model, val, batch_size=cfg.train.batch_size, seq_len=cfg.model.seq_len, max_batches=cfg.eval.val_batches)
+        return validation_loss(
+            model,
+            val,
+            batch_size=cfg.train.batch_size,
+            seq_len=cfg.model.seq_len,
+            max_batches=cfg.eval.val_batches,
+        )
 
-    def run(self, on_progress: Callable[[dict[str, Any]], None] | None = None, timeout: float | None = None) -> dict[str, Any]:
+    def run(
+        self, on_progress: Callable[[dict[str, Any]], None] | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
         cfg = self.cfg
         prepare(self.store, cfg)
         layout = read_layout(self.store)
         initial = self.evaluate_model(build_model(layout, cfg.seed))
-        log.info("run %s: initial validation loss %.4f; starting syncer and %d learners", cfg.run_id, initial, cfg.diloco.learners)
+        log.info(
+            "run %s: initial validation loss %.4f; starting syncer and %d learners",
+            cfg.run_id,
+            initial,
+            cfg.diloco.learners,
+        )
         self.procs.append(Proc("syncer", None))
         self.spawn(self.procs[0])
         for i in range(cfg.diloco.learners):
@@ -150,15 +191,21 @@ class LocalRun:
                 self.supervise(time.monotonic(), done)
                 status = self.store.get_json_or_none(wire.STATUS) or status
                 if on_progress is not None:
-                    on_progress({**status, "elapsed": time.time() - self.t0, "processes": len(self.running())})
+                    on_progress(
+                        {**status, "elapsed": time.time() - self.t0, "processes": len(self.running())}
+                    )
                 if done:
                     break
                 if not self.running() and not any(p.restart_at for p in self.procs):
-                    raise RuntimeError(f"every process exited before the run finished; see the logs in {self.logdir}")
+                    raise RuntimeError(
+                        f"every process exited before the run finished; see the logs in {self.logdir}"
+                    )
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"run did not finish within {timeout}s; see the logs in {self.logdir}")
                 time.sleep(0.5)
             self.stop_all(timeout=60)
+            # Answers uploaded while the syncer was finishing are garbage once every process is gone.
+            self.store.delete_prefix("updates/")
         finally:
             for proc in self.running():
                 proc.popen.kill()
@@ -169,5 +216,7 @@ class LocalRun:
         return summary
 
     @property
-    def summary_path(self) -> Path:
-        return self.root / wire.SUMMARY
+    def summary_location(self) -> str:
+        """Where summary.json is: a local path for file:// runs, else its URL."""
+        url = f"{self.url}/{wire.SUMMARY}"
+        return url[len("file://") :] if url.startswith("file://") else url

@@ -83,7 +83,8 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     wall = (end - min(starts)) if (starts and end) else None
     versions = state.get("versions", [0] * P)
     contiguous = all(
-        sorted(r["version"] for r in records if r["fragment_id"] == p) == list(range(1, versions[p] + 1)) for p in range(P)
+        sorted(r["version"] for r in records if r["fragment_id"] == p) == list(range(1, versions[p] + 1))
+        for p in range(P)
     )
     step_times = [r["step_time_ema"] for r in reports if r.get("step_time_ema")]
     summary: dict[str, Any] = {
@@ -119,6 +120,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "bytes_uploaded": sum(r["bytes_up"] for r in reports),
         "bytes_downloaded": sum(r["bytes_down"] for r in reports),
         "bytes_published": state.get("bytes_published", 0),
+        "late_answers": state.get("late_answers", 0),
         "goodput": (merged_seconds / P) / (M * wall) if wall else None,
         "learner_step_seconds": _mean(step_times),
         "mean_quorum": _mean([r["quorum"] for r in records]),

@@ -86,6 +86,7 @@ class Syncer:
         self.learners: dict[int, dict[str, Any]] = {}
         self._next_refresh = 0.0
         self.bytes_published = 0
+        self.late_answers = 0
         self.incarnation = 0
         self.started_wall = wall()
         self._restore()
@@ -95,15 +96,24 @@ class Syncer:
         state = self.store.get_json_or_none(wire.SYNCER_STATE)
         if state is not None:
             if state.get("run_id") != self.run_id:
-                raise ValueError(f"{wire.SYNCER_STATE} belongs to run {state.get('run_id')!r}, not {self.run_id!r}")
+                raise ValueError(
+                    f"{wire.SYNCER_STATE} belongs to run {state.get('run_id')!r}, not {self.run_id!r}"
+                )
             self.incarnation = int(state["incarnation"]) + 1
             self.versions = [int(v) for v in state["versions"]]
             self.ledger = state["ledger"]
             self.rejected = Counter(state["rejected"])
             self.next_round = int(state["next_round"])
-            self.rounds_merged, self.rounds_abandoned = int(state["rounds_merged"]), int(state["rounds_abandoned"])
+            self.rounds_merged, self.rounds_abandoned = (
+                int(state["rounds_merged"]),
+                int(state["rounds_abandoned"]),
+            )
             self.merged_recent.extend(state["merged_recent"])
             self.xi_quorum, self.xi_sync = float(state["xi_quorum"]), float(state["xi_sync"])
+            self.bytes_published, self.late_answers = (
+                int(state["bytes_published"]),
+                int(state["late_answers"]),
+            )
             self.started_wall = float(state["started_wall"])
             for r in state.get("open_rounds", []):  # resume collecting; answers are re-read from the store
                 self.open[r["round"]] = Round(r["round"], r["fragment_id"], self.clock(), r["opened_wall"])
@@ -114,14 +124,25 @@ class Syncer:
                 raise NotFound(f"fragment {p} has no global version 0; run `ddiloco prepare` first")
             if latest > self.versions[p]:
                 self._adopt_unrecorded(p, latest)
-        self.globals = [read_global(self.store, self.run_id, self.layout, p, v) for p, v in enumerate(self.versions)]
+        self.globals = [
+            read_global(self.store, self.run_id, self.layout, p, v) for p, v in enumerate(self.versions)
+        ]
         for p, v in enumerate(self.versions):
             self.recent[p][v] = {n: t.clone() for n, t in self.globals[p].items()}
             if v > 0:
-                payload = wire.unpack(self.store.get(wire.momentum_key(p, v)), expect={"run_id": self.run_id, "kind": "momentum"})
+                payload = wire.unpack(
+                    self.store.get(wire.momentum_key(p, v)),
+                    expect={"run_id": self.run_id, "kind": "momentum"},
+                )
                 self.outer[p].load_state_dict(payload.tensors)
         if state is not None:
-            log.info("syncer incarnation %d resumed run %s at round %d, versions %s", self.incarnation, self.run_id, self.next_round, self.versions)
+            log.info(
+                "syncer incarnation %d resumed run %s at round %d, versions %s",
+                self.incarnation,
+                self.run_id,
+                self.next_round,
+                self.versions,
+            )
 
     def _adopt_unrecorded(self, p: int, latest: int) -> None:
         for key in self.store.list("syncer/rounds/"):
@@ -130,7 +151,9 @@ class Syncer:
                 self._account(rec)
                 self.next_round = max(self.next_round, rec["round"] + 1)
                 self.open.pop(rec["round"], None)
-        log.warning("syncer: adopting fragment %d version %d published before the last state write", p, latest)
+        log.warning(
+            "syncer: adopting fragment %d version %d published before the last state write", p, latest
+        )
         self.versions[p] = latest
 
     def _account(self, rec: dict[str, Any]) -> None:
@@ -141,7 +164,12 @@ class Syncer:
             led["merged_answers"] += 1
         self.rounds_merged += 1
         self.merged_recent.append(
-            {"round": rec["round"], "fragment_id": rec["fragment_id"], "version": rec["version"], "contributors": {k: v["c_tokens"] for k, v in rec["contributors"].items()}}
+            {
+                "round": rec["round"],
+                "fragment_id": rec["fragment_id"],
+                "version": rec["version"],
+                "contributors": {k: v["c_tokens"] for k, v in rec["contributors"].items()},
+            }
         )
 
     def _save_state(self) -> None:
@@ -153,7 +181,7 @@ class Syncer:
                 "rounds_abandoned": self.rounds_abandoned, "merged_recent": list(self.merged_recent),
                 "xi_quorum": self.xi_quorum, "xi_sync": self.xi_sync, "started_wall": self.started_wall,
                 "open_rounds": [{"round": r.round, "fragment_id": r.fragment_id, "opened_wall": r.opened_wall} for r in self.open.values()],
-                "bytes_published": self.bytes_published,
+                "bytes_published": self.bytes_published, "late_answers": self.late_answers,
             },
         )  # fmt: skip
 
@@ -251,11 +279,27 @@ class Syncer:
             if type(e).__name__ == "ObjectTooLarge":
                 raise wire.PayloadError("too_large", str(e)) from None
             raise
-        h = wire.unpack(blob, expect={"run_id": self.run_id, "kind": "update", "fragment_id": rnd.fragment_id, "round": rnd.round})
+        h = wire.unpack(
+            blob,
+            expect={
+                "run_id": self.run_id,
+                "kind": "update",
+                "fragment_id": rnd.fragment_id,
+                "round": rnd.round,
+            },
+        )
         meta = h.meta
         steps, tokens = meta.get("c_steps"), meta.get("c_tokens")
-        if not (isinstance(steps, int) and isinstance(tokens, int) and steps >= 1 and 0 < tokens <= steps * self.tokens_per_step):
-            raise wire.PayloadError("bad_counters", f"c_steps={steps} c_tokens={tokens} (≤ {self.tokens_per_step} tokens per step)")
+        if not (
+            isinstance(steps, int)
+            and isinstance(tokens, int)
+            and steps >= 1
+            and 0 < tokens <= steps * self.tokens_per_step
+        ):
+            raise wire.PayloadError(
+                "bad_counters",
+                f"c_steps={steps} c_tokens={tokens} (≤ {self.tokens_per_step} tokens per step)",
+            )
         base = meta.get("base_version")
         if not isinstance(base, int) or not 0 <= base <= self.versions[rnd.fragment_id]:
             raise wire.PayloadError("bad_base", f"base_version {base!r} is not a published version")
@@ -292,7 +336,13 @@ class Syncer:
                 self.xi_quorum = self._ema(self.xi_quorum, now - rnd.opened_at)
                 rnd.grace_s = self.grace_window()
             elif now - rnd.opened_at > d.round_timeout_s:
-                log.warning("syncer: round %d (fragment %d) abandoned: %d of %d answers", rnd.round, rnd.fragment_id, len(rnd.answers), d.quorum)
+                log.warning(
+                    "syncer: round %d (fragment %d) abandoned: %d of %d answers",
+                    rnd.round,
+                    rnd.fragment_id,
+                    len(rnd.answers),
+                    d.quorum,
+                )
                 self.rounds_abandoned += 1
                 del self.open[rnd.round]
                 self.store.delete_prefix(wire.update_prefix(rnd.fragment_id, rnd.round))
@@ -315,7 +365,9 @@ class Syncer:
                 "c_tokens": ans.header["c_tokens"], "c_steps": ans.header["c_steps"], "c_seconds": ans.header["c_seconds"],
                 "base_version": ans.header["base_version"], "staleness": self.versions[p] - ans.header["base_version"], "weight": w,
             }  # fmt: skip
-        merged, stats = merge_with_stats(outer_grads, weights, embedding_names=self.layout.embedding_names, method=d.merge)
+        merged, stats = merge_with_stats(
+            outer_grads, weights, embedding_names=self.layout.embedding_names, method=d.merge
+        )
         self.outer[p].step(theta, merged)
         version = self.versions[p] + 1
         rec = {
@@ -324,9 +376,17 @@ class Syncer:
             "quorum": len(contributors), "contributors": contributors, "rejected": rnd.rejected,
             "merged_norm": stats["merged_norm"], "mean_delta_norm": stats["mean_delta_norm"], "ratio": stats["ratio"],
         }  # fmt: skip
-        self.store.put(wire.momentum_key(p, version), wire.pack(self.outer[p].state_dict(), {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version}))
+        self.store.put(
+            wire.momentum_key(p, version),
+            wire.pack(
+                self.outer[p].state_dict(),
+                {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version},
+            ),
+        )
         self.store.put_json(wire.round_record_key(rnd.round), rec)
-        self.bytes_published += publish_global(self.store, self.run_id, p, version, theta, d.global_dtype, {"round": rnd.round})
+        self.bytes_published += publish_global(
+            self.store, self.run_id, p, version, theta, d.global_dtype, {"round": rnd.round}
+        )
         if d.global_dtype == "bf16":  # learners see the rounded values; keep the syncer's copy identical
             for n in theta:
                 theta[n].copy_(theta[n].to(torch.bfloat16).float())
@@ -340,7 +400,19 @@ class Syncer:
         self.publish_status()
         self._save_state()
         self.store.delete_prefix(wire.update_prefix(p, rnd.round))
-        log.debug("syncer: round %d fragment %d -> v%d from %d answers", rnd.round, p, version, len(contributors))
+        self._sweep_late(p)
+        log.debug(
+            "syncer: round %d fragment %d -> v%d from %d answers", rnd.round, p, version, len(contributors)
+        )
+
+    def _sweep_late(self, p: int) -> None:
+        """Delete answers that arrived after their round closed (their learners count them as discarded)."""
+        open_rounds = {r.round for r in self.open.values() if r.fragment_id == p}
+        for key in self.store.list(f"updates/{p:03d}/"):
+            round_ = int(key.split("/")[2])
+            if round_ not in open_rounds:
+                self.late_answers += 1
+                self.store.delete(key)
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -373,21 +445,44 @@ class Syncer:
                 log.warning("syncer: store error (%s); retrying", e)
                 time.sleep(1.0)
             if deadline is not None and self.clock() > deadline:
-                log.warning("syncer: stopping after max_seconds=%s without reaching the token budget", max_seconds)
+                log.warning(
+                    "syncer: stopping after max_seconds=%s without reaching the token budget", max_seconds
+                )
                 return
             if self.clock() - last_log > 10:
                 last_log = self.clock()
-                log.info("syncer: %d/%d tokens merged, %d rounds, %d live learners", self.tokens_merged(), self.cfg.diloco.token_budget, self.rounds_merged, len(self.live_learners()))
+                log.info(
+                    "syncer: %d/%d tokens merged, %d rounds, %d live learners",
+                    self.tokens_merged(),
+                    self.cfg.diloco.token_budget,
+                    self.rounds_merged,
+                    len(self.live_learners()),
+                )
             time.sleep(self.poll_s)
 
     def finish(self) -> None:
         for rnd in list(self.open.values()):
             self.store.delete_prefix(wire.update_prefix(rnd.fragment_id, rnd.round))
         self.open.clear()
+        self.store.delete_prefix("updates/")
         final = {n: t for g in self.globals for n, t in g.items()}
-        self.store.put(wire.FINAL_MODEL, wire.pack(final, {"run_id": self.run_id, "kind": "final", "versions": self.versions}))
-        self.store.put_json(wire.FINAL_META, {"versions": self.versions, "model": self.layout.model, "tokens_merged": self.tokens_merged()})
+        self.store.put(
+            wire.FINAL_MODEL,
+            wire.pack(final, {"run_id": self.run_id, "kind": "final", "versions": self.versions}),
+        )
+        self.store.put_json(
+            wire.FINAL_META,
+            {"versions": self.versions, "model": self.layout.model, "tokens_merged": self.tokens_merged()},
+        )
         self._save_state()
-        self.store.put_json(wire.DONE, {"time": self.wall(), "tokens_merged": self.tokens_merged(), "rounds_merged": self.rounds_merged})
+        self.store.put_json(
+            wire.DONE,
+            {"time": self.wall(), "tokens_merged": self.tokens_merged(), "rounds_merged": self.rounds_merged},
+        )
         self.publish_status(done=True)
-        log.info("syncer: done — %d tokens merged in %d rounds; versions %s", self.tokens_merged(), self.rounds_merged, self.versions)
+        log.info(
+            "syncer: done — %d tokens merged in %d rounds; versions %s",
+            self.tokens_merged(),
+            self.rounds_merged,
+            self.versions,
+        )

@@ -29,7 +29,10 @@ def test_run_reaches_budget_with_balanced_ledger_and_contiguous_versions():
     s = build_summary(store)
     assert s["status"] == "done"
     assert s["tokens_merged"] >= cfg.diloco.token_budget
-    assert s["ledger_balanced"], (s["tokens_merged_per_fragment"], s["tokens_merged_by_learners_per_fragment"])
+    assert s["ledger_balanced"], (
+        s["tokens_merged_per_fragment"],
+        s["tokens_merged_by_learners_per_fragment"],
+    )
     assert s["tokens_outstanding"] == 0
     assert s["tokens_processed"] == s["tokens_merged"] + s["tokens_discarded"]
     assert s["global_versions_contiguous"] and min(s["global_versions"]) >= 1

@@ -19,13 +19,16 @@ def test_local_run_with_real_processes(tmp_path):
     run = LocalRun(cfg, tmp_path)
     s = run.run(timeout=240)
     assert s["status"] == "done"
-    assert s["ledger_balanced"], (s["tokens_merged_per_fragment"], s["tokens_merged_by_learners_per_fragment"])
+    assert s["ledger_balanced"], (
+        s["tokens_merged_per_fragment"],
+        s["tokens_merged_by_learners_per_fragment"],
+    )
     assert s["tokens_outstanding"] == 0 and s["tokens_merged"] >= 60000
     assert s["global_versions_contiguous"]
     assert s["incarnations"] == {"0": 1, "1": 1, "2": 1}
     assert s["final_val_loss"] < s["initial_val_loss"]
     assert 0 < s["goodput"] <= 1
-    assert json.loads(run.summary_path.read_text())["run_id"] == "e2e"
+    assert json.loads(open(run.summary_location).read())["run_id"] == "e2e"
     assert not open_store(run.url).list("updates/"), "merged and abandoned rounds are garbage-collected"
 
 
@@ -51,6 +54,8 @@ def test_cli_rejects_bad_config_in_one_line(tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2
-    assert out.stderr.strip().startswith("error: unknown config key 'diloco.quorom'; did you mean 'diloco.quorum'?")
+    assert out.stderr.strip().startswith(
+        "error: unknown config key 'diloco.quorom'; did you mean 'diloco.quorum'?"
+    )
     assert "Traceback" not in out.stderr
     assert not (tmp_path / wire.DONE).exists()

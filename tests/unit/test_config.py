@@ -24,7 +24,9 @@ def test_sync_diloco_is_k_equals_m_one_fragment():
 
 
 def test_set_overrides_parse_yaml_scalars():
-    cfg = load_config(overrides=["diloco.quorum=2", "train.lr=1e-3", "diloco.token_weighting=false", "diloco.grace=null"])
+    cfg = load_config(
+        overrides=["diloco.quorum=2", "train.lr=1e-3", "diloco.token_weighting=false", "diloco.grace=null"]
+    )
     assert cfg.diloco.quorum == 2 and cfg.train.lr == 1e-3 and cfg.diloco.token_weighting is False
     assert cfg.diloco.grace is None
 
@@ -35,7 +37,9 @@ def test_optional_section_is_created_when_a_key_is_set():
 
 
 def test_unknown_key_suggests_the_right_one():
-    with pytest.raises(ConfigError, match=r"unknown config key 'diloco.quorom'.*did you mean 'diloco.quorum'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'diloco.quorom'.*did you mean 'diloco.quorum'"
+    ):
         load_config(overrides=["diloco.quorom=2"])
 
 

@@ -5,7 +5,11 @@ from ddiloco import wire
 
 
 def _payload():
-    tensors = {"a": torch.randn(3, 4), "b/q": torch.arange(10, dtype=torch.uint8), "c": torch.randn(5).to(torch.bfloat16)}
+    tensors = {
+        "a": torch.randn(3, 4),
+        "b/q": torch.arange(10, dtype=torch.uint8),
+        "c": torch.randn(5).to(torch.bfloat16),
+    }
     return tensors, wire.pack(tensors, {"run_id": "r1", "kind": "update", "fragment_id": 2})
 
 

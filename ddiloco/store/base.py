@@ -1,0 +1,247 @@
+"""The Store protocol every backend implements, its errors, key rules and I/O counters.
+
+Design choices:
+- Keys are '/'-separated relative paths with a small character set, so the same key is a valid file path, a
+  valid S3 object name and a valid Prometheus-safe label; anything else is a programming error (ValueError).
+- The public methods live here and do validation, prefixing and counting once; a backend implements five
+  raw operations (`_put`, `_get`, `_exists`, `_list`, `_delete`) on *full* keys relative to its own root.
+  That is what makes `child()` cheap: a child is a shallow copy with a longer prefix, sharing the backend's
+  connection and the same `StoreStats` object.
+- `list(prefix)` matches whole path segments: `list("updates/3")` returns keys under `updates/3/`, never
+  `updates/30/...`. Keys are returned relative to the store (not to the prefix), sorted.
+- Errors a caller can act on are distinct types: `NotFound` (absent key), `StoreUnavailable` (transient,
+  retries exhausted: keep going and try later), `StoreConfigError` (the user must fix something; the message
+  is one line saying what), `ObjectTooLarge` (refuse to read an oversized, likely hostile, object).
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import dataclasses
+import json
+import logging
+import re
+import threading
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "NotFound",
+    "ObjectTooLarge",
+    "Store",
+    "StoreConfigError",
+    "StoreError",
+    "StoreStats",
+    "StoreUnavailable",
+    "TEMP_NAME_RE",
+    "validate_key",
+    "validate_prefix",
+]
+
+
+class StoreError(Exception):
+    """Any failure of a store operation."""
+
+
+class NotFound(StoreError):
+    """The key does not exist."""
+
+
+class StoreUnavailable(StoreError):
+    """A transient failure persisted after all retries; the caller should carry on and try again later."""
+
+
+class ObjectTooLarge(StoreError):
+    """The object is larger than the caller's `max_bytes`; its body was not read."""
+
+
+class StoreConfigError(StoreError):
+    """Misconfiguration the user must fix (URL, credentials, bucket, permissions); the message says how."""
+
+
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9._=-]+")
+# Temp files of FileStore (`.{name}.tmp-{pid}-{tid}-{hex}`); keys may not look like them so that listing
+# can skip them without ever hiding a real key.
+TEMP_NAME_RE = re.compile(r"\..*\.tmp-\d+-\d+-[0-9a-f]+")
+
+
+def validate_key(key: str) -> str:
+    """Return `key` if it is a valid store key, else raise ValueError saying what is wrong."""
+    if not isinstance(key, str):
+        raise ValueError(f"store key must be a str, got {type(key).__name__}: {key!r}")
+    if not key:
+        raise ValueError("store key must not be empty")
+    if key.startswith("/"):
+        raise ValueError(f"store key {key!r} must be relative (no leading '/')")
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            raise ValueError(f"store key {key!r} has an empty, '.' or '..' segment")
+        if not _SEGMENT_RE.fullmatch(segment):
+            raise ValueError(f"store key {key!r}: segment {segment!r} may only contain [A-Za-z0-9._=-]")
+        if TEMP_NAME_RE.fullmatch(segment):
+            raise ValueError(f"store key {key!r}: segment {segment!r} looks like a temp file name")
+    return key
+
+
+def validate_prefix(prefix: str) -> str:
+    """Normalize a listing prefix: '' (everything) or a valid key, a trailing '/' allowed; returns it without '/'."""
+    if prefix == "":
+        return ""
+    stripped = prefix[:-1] if prefix.endswith("/") else prefix
+    validate_key(stripped)
+    return stripped
+
+
+@dataclasses.dataclass
+class StoreStats:
+    """Thread-safe I/O counters of a store and all its children."""
+
+    bytes_written: int = 0
+    bytes_read: int = 0
+    puts: int = 0
+    gets: int = 0
+    lists: int = 0
+    deletes: int = 0
+    heads: int = 0
+    retries: int = 0
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")
+            }
+
+
+class Store(abc.ABC):
+    """A flat key -> bytes namespace rooted at `url`; see the module docstring for the rules."""
+
+    url: str
+    stats: StoreStats
+
+    def __init__(self, url: str, *, prefix: str = "", stats: StoreStats | None = None) -> None:
+        self._prefix = validate_prefix(prefix)
+        self.url = url
+        self.stats = stats if stats is not None else StoreStats()
+
+    # ---- raw backend operations on full keys (relative to the backend root, prefix already applied) ----
+
+    @abc.abstractmethod
+    def _put(self, full_key: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def _get(self, full_key: str, max_bytes: int | None) -> bytes:
+        """Return the object; raise NotFound, or ObjectTooLarge before reading a body over max_bytes."""
+
+    @abc.abstractmethod
+    def _exists(self, full_key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def _list(self, full_prefix: str) -> list[str]:
+        """All full keys strictly under directory `full_prefix` ('' = everything), any order."""
+
+    @abc.abstractmethod
+    def _delete(self, full_key: str) -> None:
+        """Delete the object; do nothing if it does not exist."""
+
+    def check(self) -> None:
+        """Fail fast with StoreConfigError if the store cannot be used (missing bucket, bad credentials...)."""
+        return None  # nothing to check for in-process stores
+
+    # ---- public API ----
+
+    def _full(self, key: str) -> str:
+        validate_key(key)
+        return f"{self._prefix}/{key}" if self._prefix else key
+
+    def _full_prefix(self, prefix: str) -> str:
+        prefix = validate_prefix(prefix)
+        return "/".join(p for p in (self._prefix, prefix) if p)
+
+    def _relative(self, full_key: str) -> str:
+        return full_key[len(self._prefix) + 1 :] if self._prefix else full_key
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write the object atomically: a reader sees the previous object, the whole new one, or nothing."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"store put({key!r}) needs bytes, got {type(data).__name__}")
+        data = bytes(data)
+        self._put(self._full(key), data)
+        self.stats.add(puts=1, bytes_written=len(data))
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """Read the object; NotFound if absent, ObjectTooLarge (body unread) if larger than max_bytes."""
+        full = self._full(key)
+        self.stats.add(gets=1)
+        data = self._get(full, max_bytes)
+        self.stats.add(bytes_read=len(data))
+        return data
+
+    def exists(self, key: str) -> bool:
+        full = self._full(key)
+        self.stats.add(heads=1)
+        return self._exists(full)
+
+    def list(self, prefix: str = "") -> list[str]:
+        """All keys under `prefix` (whole segments, recursive), relative to this store, sorted."""
+        full_prefix = self._full_prefix(prefix)
+        self.stats.add(lists=1)
+        return sorted(self._relative(k) for k in self._list(full_prefix))
+
+    def delete(self, key: str) -> None:
+        """Delete the object; deleting a missing key is not an error."""
+        full = self._full(key)
+        self.stats.add(deletes=1)
+        self._delete(full)
+
+    # ---- helpers ----
+
+    def get_or_none(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        try:
+            return self.get(key, max_bytes=max_bytes)
+        except NotFound:
+            return None
+
+    def put_json(self, key: str, obj: Any) -> None:
+        self.put(key, json.dumps(obj, ensure_ascii=False).encode("utf-8"))
+
+    def get_json(self, key: str, *, max_bytes: int = 1 << 20) -> Any:
+        """Read and parse a JSON object; NotFound if absent, StoreError naming the key if it is not JSON."""
+        data = self.get(key, max_bytes=max_bytes)
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise StoreError(f"corrupt JSON object {self.url}/{key}: {exc}") from exc
+
+    def get_json_or_none(self, key: str, *, max_bytes: int = 1 << 20) -> Any | None:
+        try:
+            return self.get_json(key, max_bytes=max_bytes)
+        except NotFound:
+            return None
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under `prefix` ('' = everything in this store); return how many were deleted."""
+        keys = self.list(prefix)
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+    def child(self, prefix: str) -> Store:
+        """A store rooted at `{url}/{prefix}`: same backend, same connection, same stats."""
+        prefix = validate_prefix(prefix)
+        if not prefix:
+            raise ValueError("child() needs a non-empty prefix")
+        clone = copy.copy(self)
+        clone._prefix = "/".join(p for p in (self._prefix, prefix) if p)
+        clone.url = f"{self.url}/{prefix}"
+        return clone
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

@@ -1,0 +1,234 @@
+"""Directory-backed store: `file:///abs/dir` (or a plain path). Several processes may share one directory.
+
+Design choices:
+- Atomic put: write `.{name}.tmp-{pid}-{tid}-{hex}` in the target's directory, then `os.replace` it over
+  the target. Readers see the old object, the whole new one, or nothing; temp names are unique per
+  process, thread and call, so concurrent writers never share a temp file, and `list` never shows them.
+- fsync is off by default: a lost write after a machine crash is equivalent to a learner dying before it
+  wrote, which the protocol already tolerates; turn it on for a store that must survive power loss.
+- Deleting a key prunes the directories it leaves empty, so a deleted `a/b/c` does not block a later `a/b`
+  (as on S3). A writer racing with that pruning recreates the directory and tries again.
+- Errors: EIO/ESTALE/EAGAIN/... (network file systems) are retried under the RetryPolicy and end as
+  StoreUnavailable; EACCES/EROFS become StoreConfigError; anything else OSError becomes StoreError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from ddiloco.store.base import (
+    TEMP_NAME_RE,
+    NotFound,
+    ObjectTooLarge,
+    Store,
+    StoreConfigError,
+    StoreError,
+    validate_key,
+)
+from ddiloco.store.retry import RetryPolicy, call_with_retry
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FileStore"]
+
+T = TypeVar("T")
+
+_TRANSIENT_ERRNOS = frozenset(
+    {errno.EIO, errno.EAGAIN, errno.EBUSY, errno.ESTALE, errno.ETIMEDOUT, errno.ECONNRESET, errno.ENOLCK}
+)
+_RACE_ATTEMPTS = 8  # how often put re-creates a directory that a concurrent delete pruned
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
+
+
+class FileStore(Store):
+    """A store in a local (or shared, e.g. NFS/PVC) directory."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        prefix: str = "",
+        *,
+        fsync: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        root_path = Path(root).expanduser().absolute()
+        self._root = root_path
+        self._fsync = fsync
+        self._retry = retry if retry is not None else RetryPolicy()
+        url = root_path.as_uri() + (f"/{prefix.strip('/')}" if prefix.strip("/") else "")
+        super().__init__(url, prefix=prefix)
+        self._io("create directory", root_path, lambda: root_path.mkdir(parents=True, exist_ok=True))
+
+    @property
+    def root(self) -> Path:
+        """The backend directory (without this store's prefix)."""
+        return self._root
+
+    # ---- plumbing ----
+
+    def _io(self, what: str, path: Path, fn: Callable[[], T]) -> T:
+        """Run a file operation: retry transient errno, translate the rest into store errors."""
+
+        def on_retry(attempt: int, exc: BaseException, delay: float) -> None:
+            self.stats.add(retries=1)
+            logger.warning("%s %s: %s; retry %d in %.2fs", what, path, exc, attempt, delay)
+
+        try:
+            return call_with_retry(
+                fn, self._retry, is_transient=_is_transient, on_retry=on_retry, what=f"{what} {path}"
+            )
+        except OSError as exc:
+            if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise StoreConfigError(
+                    f"permission denied: cannot {what} {path} ({exc.strerror}); make the directory writable "
+                    f"by this user or point --store elsewhere"
+                ) from exc
+            raise StoreError(f"cannot {what} {path}: {exc}") from exc
+
+    def _path(self, full_key: str) -> Path:
+        return self._root.joinpath(*full_key.split("/"))
+
+    def _fsync_dir(self, directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ---- raw operations ----
+
+    def _put(self, full_key: str, data: bytes) -> None:
+        path = self._path(full_key)
+        self._io("write", path, lambda: self._put_once(full_key, path, data))
+
+    def _put_once(self, full_key: str, path: Path, data: bytes) -> None:
+        for _ in range(_RACE_ATTEMPTS):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError) as exc:
+                raise StoreError(f"cannot put {self._where(full_key)}: a parent of it is an object") from exc
+            tmp = (
+                path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}"
+            )
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            except FileNotFoundError:
+                continue  # a concurrent delete pruned the directory between mkdir and open
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    if self._fsync:
+                        f.flush()
+                        os.fsync(f.fileno())
+                self._replace(full_key, tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            if self._fsync:
+                self._fsync_dir(path.parent)
+            return
+        raise StoreError(f"cannot put {self._where(full_key)}: its directory keeps disappearing")
+
+    def _replace(self, full_key: str, tmp: Path, path: Path) -> None:
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:
+            # An empty directory left by a crashed writer or racing put: the key itself wins.
+            try:
+                os.rmdir(path)
+            except OSError as exc:
+                raise StoreError(f"cannot put {self._where(full_key)}: it is a prefix of other keys") from exc
+            os.replace(tmp, path)
+
+    def _get(self, full_key: str, max_bytes: int | None) -> bytes:
+        path = self._path(full_key)
+        return self._io("read", path, lambda: self._get_once(full_key, path, max_bytes))
+
+    def _get_once(self, full_key: str, path: Path, max_bytes: int | None) -> bytes:
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed below; open errors are mapped first
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise NotFound(f"no object {self._where(full_key)}") from exc
+        with f:
+            if max_bytes is not None:
+                size = os.fstat(f.fileno()).st_size
+                if size > max_bytes:
+                    raise ObjectTooLarge(
+                        f"object {self._where(full_key)} has {size} bytes > max_bytes {max_bytes}"
+                    )
+            return f.read()
+
+    def _exists(self, full_key: str) -> bool:
+        path = self._path(full_key)
+        return self._io("stat", path, lambda: path.is_file())
+
+    def _list(self, full_prefix: str) -> list[str]:
+        base = self._path(full_prefix) if full_prefix else self._root
+        return self._io("list", base, lambda: self._walk(base, full_prefix))
+
+    def _walk(self, base: Path, full_prefix: str) -> list[str]:
+        keys: list[str] = []
+        stack = [(str(base), full_prefix)]
+        while stack:
+            directory, rel = stack.pop()
+            try:
+                entries = list(os.scandir(directory))
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # absent prefix, a prefix that is an object, or pruned while we walked
+            for entry in entries:
+                if TEMP_NAME_RE.fullmatch(entry.name):
+                    continue
+                key = f"{rel}/{entry.name}" if rel else entry.name
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((entry.path, key))
+                        continue
+                    if not entry.is_file():
+                        continue
+                except FileNotFoundError:
+                    continue
+                try:
+                    validate_key(key)
+                except ValueError:
+                    logger.debug("ignoring %s: not a valid store key", entry.path)
+                    continue
+                keys.append(key)
+        return keys
+
+    def _delete(self, full_key: str) -> None:
+        path = self._path(full_key)
+        self._io("delete", path, lambda: self._delete_once(path))
+
+    def _delete_once(self, path: Path) -> None:
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return
+        directory = path.parent
+        while directory != self._root and self._root in directory.parents:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break  # not empty (or already gone): stop pruning
+            directory = directory.parent
+
+    def check(self) -> None:
+        if not os.access(self._root, os.W_OK | os.X_OK):
+            raise StoreConfigError(
+                f"store directory {self._root} is not writable: fix its permissions or point --store elsewhere"
+            )
+
+    def _where(self, full_key: str) -> str:
+        return f"{self._root.as_uri()}/{full_key}"

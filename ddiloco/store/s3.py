@@ -1,0 +1,412 @@
+"""S3 store over the minio SDK: `s3://bucket[/prefix]`, endpoint and credentials from the environment.
+
+Design choices:
+- Our RetryPolicy is the only retry layer: the urllib3 pool has `retries=False` and short timeouts, so a
+  dead endpoint turns into StoreUnavailable within the policy's deadline instead of minio's default
+  five retries of five-minute timeouts.
+- Objects up to 5 GiB go up in one PUT (no multipart): a PUT is atomic and a retry simply re-sends it.
+- `get(max_bytes=...)` issues one GET and checks Content-Length before reading the body (and reads at most
+  max_bytes + 1 bytes when the length is absent), so a hostile object costs one round trip, not a download.
+- The bucket is checked once, lazily, on first use (shared with child stores): a missing bucket or rejected
+  credentials become StoreConfigError saying what to set, instead of a NotFound on every key.
+- Transient: connection errors, timeouts, truncated bodies, HTTP 5xx/429 and the SlowDown/RequestTimeout/
+  InternalError family. Everything else fails at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import certifi
+import urllib3
+from minio import Minio
+from minio.deleteobjects import DeleteObject
+from minio.error import InvalidResponseError, MinioException, S3Error, ServerError
+from minio.helpers import MAX_PART_SIZE, check_bucket_name
+
+from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreConfigError, StoreError, validate_key
+from ddiloco.store.retry import RetryPolicy, call_with_retry
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["S3Settings", "S3Store"]
+
+T = TypeVar("T")
+
+ENDPOINT_VARS = ("DDILOCO_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT")
+CREDENTIAL_VARS = (
+    ("DDILOCO_S3_ACCESS_KEY", "DDILOCO_S3_SECRET_KEY"),
+    ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+    ("MINIO_ACCESS_KEY", "MINIO_SECRET_KEY"),
+)
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "OperationAborted",
+        "XMinioServerNotInitialized",
+    }
+)
+_AUTH_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AllAccessDisabled",
+        "InvalidToken",
+        "ExpiredToken",
+        "AuthorizationHeaderMalformed",
+    }
+)
+_DELETE_BATCH = 1000  # DeleteObjects limit
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class S3Settings:
+    """Where and how to reach the S3 endpoint."""
+
+    endpoint: str
+    """host:port (no scheme)."""
+    access_key: str
+    secret_key: str = dataclasses.field(repr=False)
+    session_token: str | None = dataclasses.field(default=None, repr=False)
+    secure: bool = False
+    region: str | None = None
+    ca_bundle: str | None = None
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    credentials_from: str = "arguments"
+    """Which variable the credentials came from, for error messages."""
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"{'https' if self.secure else 'http'}://{self.endpoint}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:
+        """Read the endpoint, credentials and TLS settings; StoreConfigError names what is missing."""
+        env = os.environ if env is None else env
+        raw = next((env[v].strip() for v in ENDPOINT_VARS if env.get(v, "").strip()), "")
+        if not raw:
+            raise StoreConfigError(
+                "no S3 endpoint configured: set DDILOCO_S3_ENDPOINT (host:port or http(s)://host:port; "
+                "AWS_ENDPOINT_URL and S3_ENDPOINT are also read)"
+            )
+        endpoint, secure = _parse_endpoint(raw, _truthy(env.get("DDILOCO_S3_SECURE")))
+        for access_var, secret_var in CREDENTIAL_VARS:
+            access = env.get(access_var, "").strip()
+            if not access:
+                continue
+            secret = env.get(secret_var, "").strip()
+            if not secret:
+                raise StoreConfigError(f"{access_var} is set but {secret_var} is not: set both")
+            break
+        else:
+            raise StoreConfigError(
+                "no S3 credentials configured: set DDILOCO_S3_ACCESS_KEY and DDILOCO_S3_SECRET_KEY "
+                "(or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+            )
+        ca_bundle = env.get("DDILOCO_S3_CA_BUNDLE") or None
+        if ca_bundle is not None and not os.path.isfile(ca_bundle):
+            raise StoreConfigError(
+                f"DDILOCO_S3_CA_BUNDLE={ca_bundle} is not a file: point it at a PEM CA bundle"
+            )
+        return cls(
+            endpoint=endpoint,
+            access_key=access,
+            secret_key=secret,
+            session_token=env.get("AWS_SESSION_TOKEN") or None,
+            secure=secure,
+            region=env.get("DDILOCO_S3_REGION") or env.get("AWS_REGION") or None,
+            ca_bundle=ca_bundle,
+            credentials_from=access_var,
+        )
+
+
+def _bad_endpoint(raw: str, why: str = "") -> StoreConfigError:
+    return StoreConfigError(
+        f"bad S3 endpoint {raw!r}{f' ({why})' if why else ''}: use host:port or http(s)://host:port (no path) "
+        f"in DDILOCO_S3_ENDPOINT"
+    )
+
+
+def _parse_endpoint(raw: str, secure_flag: bool) -> tuple[str, bool]:
+    if "://" not in raw:
+        return raw.rstrip("/"), secure_flag
+    try:
+        parts = urlsplit(raw)
+        _ = parts.port  # raises ValueError on a bad port
+    except ValueError as exc:
+        raise _bad_endpoint(raw, str(exc)) from exc
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise _bad_endpoint(raw)
+    if secure_flag and parts.scheme == "http":
+        logger.warning("DDILOCO_S3_SECURE is set but the endpoint %s says http://: using plain http", raw)
+    return parts.netloc, parts.scheme == "https"
+
+
+def _status(exc: BaseException) -> int | None:
+    if isinstance(exc, S3Error):
+        return exc.response.status if exc.response is not None else None
+    if isinstance(exc, ServerError):
+        return exc.status_code
+    if isinstance(exc, InvalidResponseError):
+        return getattr(exc, "_code", None)
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed S3 call is worth retrying."""
+    if isinstance(exc, (urllib3.exceptions.SSLError, urllib3.exceptions.LocationValueError)):
+        return False  # certificate problems and unparsable hosts do not fix themselves
+    if isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, S3Error) and exc.code in _TRANSIENT_CODES:
+        return True
+    status = _status(exc)
+    return status is not None and (status >= 500 or status == 429)
+
+
+@dataclasses.dataclass
+class _Connection:
+    """State shared by an S3Store and its children."""
+
+    client: Minio
+    http: urllib3.PoolManager
+    settings: S3Settings
+    bucket: str
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    bucket_ok: bool = False
+
+
+class S3Store(Store):
+    """Objects in `bucket` under an optional prefix, over any S3-compatible endpoint."""
+
+    def __init__(
+        self, bucket: str, prefix: str = "", *, settings: S3Settings, retry: RetryPolicy | None = None
+    ) -> None:
+        try:
+            check_bucket_name(bucket)
+        except ValueError as exc:
+            raise StoreConfigError(f"invalid S3 bucket name {bucket!r} in the store URL: {exc}") from exc
+        prefix = prefix.strip("/")
+        super().__init__(f"s3://{bucket}" + (f"/{prefix}" if prefix else ""), prefix=prefix)
+        http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=settings.connect_timeout, read=settings.read_timeout),
+            maxsize=16,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=settings.ca_bundle or os.environ.get("SSL_CERT_FILE") or certifi.where(),
+            retries=False,
+        )
+        try:
+            client = Minio(
+                settings.endpoint,
+                access_key=settings.access_key,
+                secret_key=settings.secret_key,
+                session_token=settings.session_token,
+                secure=settings.secure,
+                region=settings.region,
+                http_client=http,
+            )
+        except ValueError as exc:
+            raise _bad_endpoint(settings.endpoint, str(exc)) from exc
+        self._conn = _Connection(client=client, http=http, settings=settings, bucket=bucket)
+        self._retry = retry if retry is not None else RetryPolicy()
+
+    @classmethod
+    def from_env(
+        cls,
+        bucket: str,
+        prefix: str = "",
+        *,
+        retry: RetryPolicy | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> S3Store:
+        return cls(bucket, prefix, settings=S3Settings.from_env(env), retry=retry)
+
+    @property
+    def bucket(self) -> str:
+        return self._conn.bucket
+
+    # ---- plumbing ----
+
+    def _call(self, what: str, fn: Callable[[], T], *, check_bucket: bool = True) -> T:
+        """Run one S3 operation under the retry policy and translate its errors."""
+        if check_bucket:
+            self.check()
+
+        def on_retry(attempt: int, exc: BaseException, delay: float) -> None:
+            self.stats.add(retries=1)
+            logger.warning("S3 %s on %s: %s; retry %d in %.2fs", what, self._endpoint, exc, attempt, delay)
+
+        try:
+            return call_with_retry(
+                fn,
+                self._retry,
+                is_transient=is_transient,
+                on_retry=on_retry,
+                what=f"S3 {what} on {self._endpoint}",
+            )
+        except S3Error as exc:
+            raise self._translate(exc, what) from exc
+        except urllib3.exceptions.SSLError as exc:
+            raise StoreConfigError(
+                f"TLS to {self._endpoint} failed ({exc}): set DDILOCO_S3_CA_BUNDLE to the CA certificate "
+                f"or fix DDILOCO_S3_ENDPOINT's scheme"
+            ) from exc
+        except urllib3.exceptions.LocationValueError as exc:
+            raise _bad_endpoint(self._conn.settings.endpoint, str(exc)) from exc
+        except MinioException as exc:
+            raise StoreError(f"S3 {what} on {self._endpoint} failed: {exc}") from exc
+
+    @property
+    def _endpoint(self) -> str:
+        return self._conn.settings.endpoint_url
+
+    def _translate(self, exc: S3Error, what: str) -> StoreError:
+        bucket = self._conn.bucket
+        if exc.code == "NoSuchBucket":
+            return self._missing_bucket()
+        if exc.code in _AUTH_CODES:
+            source = self._conn.settings.credentials_from
+            return StoreConfigError(
+                f"S3 {self._endpoint} refused {what} on bucket '{bucket}' ({exc.code}) with the key from "
+                f"{source}: set DDILOCO_S3_ACCESS_KEY / DDILOCO_S3_SECRET_KEY to a key with read/write "
+                f"access to the bucket"
+            )
+        return StoreError(f"S3 {what} on {self._endpoint}/{bucket} failed: {exc.code}: {exc.message}")
+
+    def _missing_bucket(self) -> StoreConfigError:
+        bucket = self._conn.bucket
+        return StoreConfigError(
+            f"bucket '{bucket}' does not exist on {self._endpoint}: create it (mc mb ALIAS/{bucket}) "
+            f"or set --store to an existing bucket"
+        )
+
+    def check(self) -> None:
+        """Verify once (shared with children) that the bucket exists and the credentials are accepted."""
+        conn = self._conn
+        if conn.bucket_ok:
+            return
+        with conn.lock:
+            if conn.bucket_ok:
+                return
+            if not self._call(
+                "bucket check", lambda: conn.client.bucket_exists(conn.bucket), check_bucket=False
+            ):
+                raise self._missing_bucket()
+            conn.bucket_ok = True
+
+    # ---- raw operations ----
+
+    def _put(self, full_key: str, data: bytes) -> None:
+        conn = self._conn
+
+        def once() -> None:
+            conn.client.put_object(
+                conn.bucket, full_key, io.BytesIO(data), len(data), part_size=MAX_PART_SIZE
+            )
+
+        self._call(f"put {full_key}", once)
+
+    def _get(self, full_key: str, max_bytes: int | None) -> bytes:
+        conn = self._conn
+
+        def once() -> bytes:
+            try:
+                resp = conn.client.get_object(conn.bucket, full_key)
+            except S3Error as exc:
+                if exc.code == "NoSuchKey":
+                    raise NotFound(f"no object s3://{conn.bucket}/{full_key}") from exc
+                raise
+            try:
+                if max_bytes is None:
+                    return resp.read()
+                length = resp.headers.get("Content-Length")
+                if length is not None and int(length) > max_bytes:
+                    raise ObjectTooLarge(
+                        f"object s3://{conn.bucket}/{full_key} has {length} bytes > max_bytes {max_bytes}"
+                    )
+                data = resp.read(max_bytes + 1)
+                if len(data) > max_bytes:
+                    raise ObjectTooLarge(
+                        f"object s3://{conn.bucket}/{full_key} exceeds max_bytes {max_bytes}"
+                    )
+                return data
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return self._call(f"get {full_key}", once)
+
+    def _exists(self, full_key: str) -> bool:
+        conn = self._conn
+
+        def once() -> bool:
+            try:
+                conn.client.stat_object(conn.bucket, full_key)
+            except S3Error as exc:
+                if exc.code in ("NoSuchKey", "NoSuchObject"):
+                    return False
+                raise
+            return True
+
+        return self._call(f"stat {full_key}", once)
+
+    def _list(self, full_prefix: str) -> list[str]:
+        conn = self._conn
+        s3_prefix = f"{full_prefix}/" if full_prefix else ""
+
+        def once() -> list[str]:
+            names = (
+                o.object_name for o in conn.client.list_objects(conn.bucket, prefix=s3_prefix, recursive=True)
+            )
+            return [n for n in names if n is not None and _is_key(n)]
+
+        return self._call(f"list {s3_prefix or '/'}", once)
+
+    def _delete(self, full_key: str) -> None:
+        conn = self._conn
+        self._call(f"delete {full_key}", lambda: conn.client.remove_object(conn.bucket, full_key))
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under `prefix` with batched DeleteObjects calls; return how many."""
+        keys = self.list(prefix)
+        full_keys = [self._full(k) for k in keys]
+        conn = self._conn
+        for start in range(0, len(full_keys), _DELETE_BATCH):
+            batch = full_keys[start : start + _DELETE_BATCH]
+
+            def once(batch: list[str] = batch) -> None:
+                errors = list(conn.client.remove_objects(conn.bucket, [DeleteObject(k) for k in batch]))
+                if errors:
+                    first = errors[0]
+                    raise StoreError(
+                        f"S3 delete of {len(errors)} object(s) under {self.url}/{prefix} failed, first: "
+                        f"{first.name}: {first.code} {first.message}"
+                    )
+
+            self._call(f"delete {len(batch)} objects", once)
+        self.stats.add(deletes=len(keys))
+        return len(keys)
+
+
+def _is_key(name: str) -> bool:
+    try:
+        validate_key(name)
+    except ValueError:
+        return False  # directory markers and foreign objects that could never be read back by key
+    return True

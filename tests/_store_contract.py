@@ -1,0 +1,220 @@
+"""The behaviour every Store backend must show, as plain functions of an empty store.
+
+tests/unit/test_store.py runs them on memory:// and file://, tests/integration/test_s3_store.py on s3://.
+Each function gets a fresh, empty store and must leave nothing behind that another one could see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable
+
+import pytest
+
+from ddiloco.store import NotFound, ObjectTooLarge, Store, StoreError
+
+ContractCheck = Callable[[Store], None]
+
+
+def put_get_roundtrip(store: Store) -> None:
+    payload = os.urandom(3 * 1024 + 7)
+    store.put("updates/0/3/learner-0-1", payload)
+    assert store.get("updates/0/3/learner-0-1") == payload
+    store.put("all-bytes", bytes(range(256)))
+    assert store.get("all-bytes") == bytes(range(256))
+    store.put("empty", b"")
+    assert store.get("empty") == b""
+    store.put("from-bytearray", bytearray(b"abc"))
+    store.put("from-memoryview", memoryview(b"xyz"))
+    assert store.get("from-bytearray") == b"abc" and store.get("from-memoryview") == b"xyz"
+    with pytest.raises(TypeError):
+        store.put("text", "not bytes")  # type: ignore[arg-type]
+
+
+def pointer_overwrite(store: Store) -> None:
+    for version in range(5):
+        store.put_json("global/7/latest", {"version": version, "key": f"global/7/v{version}"})
+        assert store.get_json("global/7/latest") == {"version": version, "key": f"global/7/v{version}"}
+    store.put("global/7/latest", b"short")
+    assert store.get("global/7/latest") == b"short"
+    assert store.list("global/7") == ["global/7/latest"]
+
+
+def json_roundtrip(store: Store) -> None:
+    obj = {"run_id": "r-1", "names": ["α", "β"], "nested": {"x": 1.5, "ok": True, "none": None}}
+    store.put_json("config.json", obj)
+    assert store.get_json("config.json") == obj
+    assert json.loads(store.get("config.json").decode("utf-8")) == obj
+    assert store.get_json_or_none("config.json") == obj
+
+
+def missing_keys(store: Store) -> None:
+    with pytest.raises(NotFound):
+        store.get("nope")
+    with pytest.raises(NotFound):
+        store.get("no/such/deep/key", max_bytes=10)
+    with pytest.raises(NotFound):
+        store.get_json("nope.json")
+    assert store.get_or_none("nope") is None
+    assert store.get_json_or_none("nope.json") is None
+    store.put("dir/leaf", b"1")
+    with pytest.raises(NotFound):
+        store.get("dir")  # a prefix of other keys is not an object
+    assert not store.exists("dir")
+
+
+def exists_tracks_put_and_delete(store: Store) -> None:
+    assert not store.exists("learners/3/heartbeat")
+    store.put("learners/3/heartbeat", b"{}")
+    assert store.exists("learners/3/heartbeat")
+    store.delete("learners/3/heartbeat")
+    assert not store.exists("learners/3/heartbeat")
+
+
+def list_sorted_and_scoped(store: Store) -> None:
+    keys = [
+        "updates/3/12/l1-0",
+        "updates/3/12/l0-0",
+        "updates/3/2/l0-0",
+        "updates/30/1/l0-0",
+        "updates/3x",
+        "global/3/v1",
+        "done",
+    ]
+    for key in random.Random(0).sample(keys, len(keys)):
+        store.put(key, key.encode())
+    assert store.list() == sorted(keys)
+    assert store.list("") == sorted(keys)
+    under = ["updates/3/12/l0-0", "updates/3/12/l1-0", "updates/3/2/l0-0"]
+    assert store.list("updates/3") == under  # whole segments: not updates/30 or updates/3x
+    assert store.list("updates/3/") == under
+    assert store.list("updates/3/12") == ["updates/3/12/l0-0", "updates/3/12/l1-0"]
+    assert store.list("nothing/here") == []
+    assert store.list("done") == []  # an object is not a prefix of itself
+
+
+def delete_is_idempotent(store: Store) -> None:
+    store.delete("never/existed")
+    store.put("a/b", b"1")
+    store.delete("a/b")
+    store.delete("a/b")
+    assert store.list() == []
+    store.put("a", b"2")  # the prefix a/ left by a/b does not block the key a
+    assert store.get("a") == b"2"
+
+
+def delete_prefix_counts(store: Store) -> None:
+    for i in range(12):
+        store.put(f"rounds/{i}/open", b"x")
+    store.put("rounds-keep", b"k")
+    store.put("syncer/state", b"s")
+    assert store.delete_prefix("rounds") == 12
+    assert store.list() == ["rounds-keep", "syncer/state"]
+    assert store.delete_prefix("rounds") == 0
+    assert store.delete_prefix("") == 2
+    assert store.list() == []
+
+
+def child_stores(store: Store) -> None:
+    run = store.child("run-1")
+    assert run.url == store.url + "/run-1"
+    assert run.stats is store.stats
+    run.put("config.json", b"{}")
+    assert store.get("run-1/config.json") == b"{}"
+    assert run.list() == ["config.json"]
+    deep = run.child("learners/2/")
+    deep.put("heartbeat", b"hb")
+    assert deep.url == store.url + "/run-1/learners/2"
+    assert run.list() == ["config.json", "learners/2/heartbeat"]
+    assert store.list("run-1/learners") == ["run-1/learners/2/heartbeat"]
+    assert deep.exists("heartbeat") and not deep.exists("config.json")
+    store.put("run-10/other", b"o")
+    assert run.list() == ["config.json", "learners/2/heartbeat"]  # run-10 is not inside run-1
+    assert run.delete_prefix("") == 2
+    assert store.list() == ["run-10/other"]
+    with pytest.raises(ValueError):
+        store.child("")
+    with pytest.raises(ValueError):
+        store.child("../escape")
+
+
+def corrupt_json_names_key(store: Store) -> None:
+    store.put("syncer/state.json", b'{"truncated": ')
+    with pytest.raises(StoreError, match="syncer/state.json") as info:
+        store.get_json("syncer/state.json")
+    assert not isinstance(info.value, NotFound)
+    store.put("binary.json", b"\xff\xfe\x00")
+    with pytest.raises(StoreError, match="binary.json"):
+        store.get_json_or_none("binary.json")
+
+
+def max_bytes_enforced(store: Store) -> None:
+    store.put("blob", b"x" * 100)
+    assert store.get("blob", max_bytes=100) == b"x" * 100
+    assert store.get("blob", max_bytes=1 << 30) == b"x" * 100
+    with pytest.raises(ObjectTooLarge):
+        store.get("blob", max_bytes=99)
+    with pytest.raises(ObjectTooLarge):
+        store.get_or_none("blob", max_bytes=10)
+    store.put_json("big.json", {"pad": "y" * 2000})
+    with pytest.raises(ObjectTooLarge):
+        store.get_json("big.json", max_bytes=1000)
+    assert store.get_json("big.json")["pad"] == "y" * 2000
+
+
+BAD_KEYS = ["", "/abs", "a//b", "a/./b", "../up", "a/..", "trailing/", "sp ace", "star*", "ü", "a\\b", "q?x"]
+
+
+def keys_are_validated(store: Store) -> None:
+    for key in BAD_KEYS:
+        with pytest.raises(ValueError):
+            store.put(key, b"x")
+        with pytest.raises(ValueError):
+            store.get(key)
+        with pytest.raises(ValueError):
+            store.exists(key)
+        with pytest.raises(ValueError):
+            store.delete(key)
+    for prefix in ["/abs", "a//b", "../x", "sp ace"]:
+        with pytest.raises(ValueError):
+            store.list(prefix)
+    for key in ["A-z_0.9=x", "global/12/v0000003", "updates/0/1/learner-0-2.safetensors"]:
+        store.put(key, b"ok")
+        assert store.get(key) == b"ok"
+    assert store.list() == sorted(["A-z_0.9=x", "global/12/v0000003", "updates/0/1/learner-0-2.safetensors"])
+
+
+def stats_count_io(store: Store) -> None:
+    before = store.stats.snapshot()
+    store.put("s/one", b"0123456789")
+    store.put("s/two", b"abc")
+    store.get("s/one")
+    store.get_or_none("s/missing")
+    store.list("s")
+    store.exists("s/one")
+    store.delete("s/one")
+    after = store.stats.snapshot()
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["puts"] == 2 and delta["bytes_written"] == 13
+    assert delta["gets"] == 2 and delta["bytes_read"] == 10
+    assert delta["lists"] == 1 and delta["heads"] == 1 and delta["deletes"] == 1
+    assert set(after) >= {"bytes_written", "bytes_read", "puts", "gets", "lists", "retries"}
+
+
+CONTRACT: list[ContractCheck] = [
+    put_get_roundtrip,
+    pointer_overwrite,
+    json_roundtrip,
+    missing_keys,
+    exists_tracks_put_and_delete,
+    list_sorted_and_scoped,
+    delete_is_idempotent,
+    delete_prefix_counts,
+    child_stores,
+    corrupt_json_names_key,
+    max_bytes_enforced,
+    keys_are_validated,
+    stats_count_io,
+]

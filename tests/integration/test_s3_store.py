@@ -1,0 +1,193 @@
+"""S3Store against a real SeaweedFS server (tests/_seaweed.py): the store contract, errors, outages."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import urllib3
+from minio import Minio
+
+from ddiloco.store import ObjectTooLarge, RetryPolicy, Store, StoreConfigError, StoreUnavailable, open_store
+from ddiloco.store.s3 import S3Store
+from tests._seaweed import SeaweedServer, seaweed_server
+from tests._store_contract import CONTRACT, ContractCheck
+
+pytestmark = pytest.mark.s3
+
+FAST = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, deadline=3.0)
+
+
+@pytest.fixture
+def store(s3_server: SeaweedServer) -> Store:
+    """An empty store: a fresh prefix in the session's bucket."""
+    return open_store(s3_server.url(f"t-{uuid.uuid4().hex[:12]}"), env=s3_server.env(), retry=FAST)
+
+
+def _raw_client(server: SeaweedServer) -> Minio:
+    return Minio(server.endpoint.removeprefix("http://"), server.access_key, server.secret_key, secure=False)
+
+
+@pytest.mark.parametrize("check", CONTRACT, ids=lambda c: c.__name__)
+def test_contract(store: Store, check: ContractCheck) -> None:
+    check(store)
+
+
+def test_url_prefix_maps_to_object_names(s3_server: SeaweedServer) -> None:
+    run = f"pfx-{uuid.uuid4().hex[:8]}"
+    store = open_store(s3_server.url(f"{run}/sub"), env=s3_server.env())
+    assert isinstance(store, S3Store) and store.url == f"s3://{s3_server.bucket}/{run}/sub"
+    store.child("run-1").put("global/0/latest", b"{}")
+    names = [
+        o.object_name
+        for o in _raw_client(s3_server).list_objects(s3_server.bucket, f"{run}/", recursive=True)
+    ]
+    assert names == [f"{run}/sub/run-1/global/0/latest"]
+
+
+def test_object_larger_than_multipart_threshold_goes_up_in_one_put(store: Store) -> None:
+    payload = os.urandom(6 * 1024 * 1024 + 1)  # minio would split this into multipart by default
+    store.put("global/0/v1", payload)
+    assert store.get("global/0/v1") == payload
+    assert store.get("global/0/v1", max_bytes=len(payload)) == payload
+
+
+def test_threads_share_one_store(store: Store) -> None:
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for i in range(10):
+                store.put(f"w{n}/{i}", f"{n}-{i}".encode())
+                assert store.get(f"w{n}/{i}") == f"{n}-{i}".encode()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(store.list()) == 40
+
+
+def test_aws_style_environment_is_accepted(s3_server: SeaweedServer) -> None:
+    env = {
+        "AWS_ENDPOINT_URL": s3_server.endpoint,
+        "AWS_ACCESS_KEY_ID": s3_server.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+    }
+    store = open_store(s3_server.url(f"aws-{uuid.uuid4().hex[:8]}"), env=env)
+    store.put("k", b"v")
+    assert store.get("k") == b"v"
+
+
+def test_missing_bucket_is_a_config_error_saying_what_to_do(s3_server: SeaweedServer) -> None:
+    store = open_store("s3://no-such-bucket-ddiloco/run", env=s3_server.env(), retry=FAST)
+    for op in (lambda: store.put("k", b"v"), lambda: store.get("k"), store.list, store.check):
+        with pytest.raises(StoreConfigError) as info:
+            op()
+        message = str(info.value)
+        assert "bucket 'no-such-bucket-ddiloco' does not exist" in message
+        assert s3_server.endpoint in message and "mc mb" in message and "\n" not in message
+    assert store.stats.retries == 0
+
+
+@pytest.mark.parametrize("which", ["wrong-secret", "unknown-key"])
+def test_wrong_credentials_are_a_config_error(s3_server: SeaweedServer, which: str) -> None:
+    env = s3_server.env()
+    if which == "wrong-secret":
+        env["DDILOCO_S3_SECRET_KEY"] = "not-the-secret"
+    else:
+        env["DDILOCO_S3_ACCESS_KEY"] = "nobody"
+    store = open_store(s3_server.url("auth"), env=env, retry=FAST)
+    with pytest.raises(StoreConfigError, match="DDILOCO_S3_ACCESS_KEY") as info:
+        store.put("k", b"v")
+    assert "refused" in str(info.value)
+    assert store.stats.retries == 0
+
+
+def test_anonymous_requests_are_refused(s3_server: SeaweedServer) -> None:
+    # Proves the server really enforces auth, so the credential tests above mean something.
+    with pytest.raises(urllib.error.HTTPError) as info:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        opener.open(f"{s3_server.endpoint}/{s3_server.bucket}?list-type=2", timeout=5)
+    assert info.value.code == 403
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_closed_port_becomes_unavailable_quickly(s3_server: SeaweedServer) -> None:
+    env = s3_server.env() | {"DDILOCO_S3_ENDPOINT": f"127.0.0.1:{_closed_port()}"}
+    store = open_store("s3://bucket/run", env=env, retry=FAST)
+    start = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="3 attempt") as info:
+        store.get("global/0/latest")
+    assert time.monotonic() - start < 5.0
+    assert isinstance(info.value.__cause__, urllib3.exceptions.HTTPError)
+    assert store.stats.retries == FAST.max_attempts - 1
+
+
+def test_server_restart_is_survived_by_retries(tmp_path: Path) -> None:
+    with seaweed_server(tmp_path) as server:
+        store = open_store(
+            server.url("restart"),
+            env=server.env(),
+            retry=RetryPolicy(max_attempts=100, deadline=45, max_delay=1.0),
+        )
+        store.put("global/0/latest", b'{"version": 1}')
+        server.kill()
+        with pytest.raises(StoreUnavailable):
+            open_store(server.url("restart"), env=server.env(), retry=FAST).get("global/0/latest")
+
+        restarted = threading.Event()
+
+        def bring_back() -> None:
+            time.sleep(0.5)
+            server.start()
+            restarted.set()
+
+        thread = threading.Thread(target=bring_back)
+        thread.start()
+        try:
+            assert store.get("global/0/latest") == b'{"version": 1}'  # blocks in retries until it is back
+            store.put("global/0/latest", b'{"version": 2}')
+        finally:
+            thread.join()
+        assert restarted.is_set()
+        assert store.stats.retries >= 1
+        assert (
+            _raw_client(server).get_object(server.bucket, "restart/global/0/latest").read()
+            == b'{"version": 2}'
+        )
+
+
+def test_get_max_bytes_does_not_download_the_body(store: Store) -> None:
+    store.put("huge", b"z" * (4 * 1024 * 1024))
+    before = store.stats.snapshot()["bytes_read"]
+    with pytest.raises(ObjectTooLarge, match="4194304 bytes"):
+        store.get("huge", max_bytes=1024)
+    assert store.stats.snapshot()["bytes_read"] == before
+    assert store.get("huge", max_bytes=4 * 1024 * 1024) == b"z" * (4 * 1024 * 1024)  # connection still fine
+
+
+def test_list_skips_objects_that_are_not_keys(store: Store, s3_server: SeaweedServer) -> None:
+    prefix = store.url.removeprefix(f"s3://{s3_server.bucket}/")
+    client = _raw_client(s3_server)
+    for name in ("with space", "dir/", "ok/ü"):
+        client.put_object(s3_server.bucket, f"{prefix}/{name}", io.BytesIO(b"1"), 1)
+    store.put("ok/key", b"2")
+    assert store.list() == ["ok/key"]
