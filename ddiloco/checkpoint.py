@@ -33,7 +33,9 @@ def optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dic
     return out
 
 
-def load_optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]) -> None:
+def load_optimizer_tensors(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]
+) -> None:
     params = dict(model.named_parameters())
     for key, value in tensors.items():
         if not key.startswith("opt/"):
@@ -47,7 +49,9 @@ def load_optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer, t
             state[field] = value.to(torch.float32).reshape(())
         else:
             if value.shape != p.shape:
-                raise ValueError(f"optimizer state {key} has shape {tuple(value.shape)}, parameter has {tuple(p.shape)}")
+                raise ValueError(
+                    f"optimizer state {key} has shape {tuple(value.shape)}, parameter has {tuple(p.shape)}"
+                )
             state[field] = value.to(device=p.device, dtype=p.dtype)
 
 
@@ -62,7 +66,10 @@ def save_learner_checkpoint(
     tensors = {f"param/{n}": p.detach() for n, p in model.named_parameters()}
     tensors.update(optimizer_tensors(model, opt))
     key = wire.ckpt_key(learner_id, step)
-    store.put(key, wire.pack(tensors, {**meta, "kind": "learner_ckpt", "learner_id": learner_id, "inner_step": step}))
+    store.put(
+        key,
+        wire.pack(tensors, {**meta, "kind": "learner_ckpt", "learner_id": learner_id, "inner_step": step}),
+    )
     previous = store.get_json_or_none(wire.ckpt_latest_key(learner_id))
     store.put_json(wire.ckpt_latest_key(learner_id), {"key": key, "inner_step": step})
     if previous and previous.get("key") not in (None, key):
@@ -81,7 +88,11 @@ def load_learner_checkpoint(
     try:
         blob = store.get(pointer["key"], max_bytes=MAX_CKPT_BYTES)
     except NotFound:
-        log.warning("learner %d: checkpoint pointer names a missing object %s; starting fresh", learner_id, pointer["key"])
+        log.warning(
+            "learner %d: checkpoint pointer names a missing object %s; starting fresh",
+            learner_id,
+            pointer["key"],
+        )
         return None
     payload = wire.unpack(blob, expect={"run_id": run_id, "kind": "learner_ckpt", "learner_id": learner_id})
     params = dict(model.named_parameters())

@@ -163,19 +163,33 @@ class RunConfig:
         """Check consistency across sections; raise ConfigError saying what to change."""
         d, t, m, data = self.diloco, self.train, self.model, self.data
         _check(d.learners >= 1, "diloco.learners must be ≥ 1")
-        _check(1 <= d.quorum <= d.learners, f"diloco.quorum={d.quorum} must be between 1 and diloco.learners={d.learners}")
+        _check(
+            1 <= d.quorum <= d.learners,
+            f"diloco.quorum={d.quorum} must be between 1 and diloco.learners={d.learners}",
+        )
         _check(d.fragments >= 1, "diloco.fragments must be ≥ 1")
-        _check(1 <= d.overlap <= d.fragments, f"diloco.overlap={d.overlap} must be between 1 and diloco.fragments={d.fragments}")
+        _check(
+            1 <= d.overlap <= d.fragments,
+            f"diloco.overlap={d.overlap} must be between 1 and diloco.fragments={d.fragments}",
+        )
         _check(d.sync_every >= 1, "diloco.sync_every must be ≥ 1")
         _check(d.merge in MERGES, f"diloco.merge={d.merge!r}: choose one of {', '.join(MERGES)}")
         _check(d.codec in CODECS, f"diloco.codec={d.codec!r}: choose one of {', '.join(CODECS)}")
-        _check(d.global_dtype in ("fp32", "bf16"), f"diloco.global_dtype={d.global_dtype!r}: choose fp32 or bf16")
+        _check(
+            d.global_dtype in ("fp32", "bf16"), f"diloco.global_dtype={d.global_dtype!r}: choose fp32 or bf16"
+        )
         _check(0.0 <= d.mixing < 1.0, f"diloco.mixing={d.mixing} must be in [0, 1)")
-        _check(d.outer_lr > 0 and 0 <= d.outer_momentum < 1, "diloco.outer_lr must be > 0 and diloco.outer_momentum in [0, 1)")
+        _check(
+            d.outer_lr > 0 and 0 <= d.outer_momentum < 1,
+            "diloco.outer_lr must be > 0 and diloco.outer_momentum in [0, 1)",
+        )
         _check(d.token_budget > 0, "diloco.token_budget must be > 0")
         _check(d.round_timeout_s > 0, "diloco.round_timeout_s must be > 0")
         if d.grace is not None:
-            _check(d.grace.gamma >= 0 and d.grace.cap_seconds >= 0, "diloco.grace.gamma and cap_seconds must be ≥ 0")
+            _check(
+                d.grace.gamma >= 0 and d.grace.cap_seconds >= 0,
+                "diloco.grace.gamma and cap_seconds must be ≥ 0",
+            )
             _check(0 < d.grace.ema <= 1, "diloco.grace.ema must be in (0, 1]")
         _check(t.batch_size >= 1 and t.lr > 0, "train.batch_size must be ≥ 1 and train.lr > 0")
         _check(t.device in ("auto", "cpu", "cuda"), f"train.device={t.device!r}: choose auto, cpu or cuda")
@@ -184,12 +198,21 @@ class RunConfig:
         _check(m.seq_len >= 8, "model.seq_len must be ≥ 8")
         _check(data.tokenizer in ("byte", "bpe"), f"data.tokenizer={data.tokenizer!r}: choose byte or bpe")
         if data.tokenizer == "bpe":
-            _check(data.vocab_size is not None and data.vocab_size >= 300, "data.tokenizer=bpe needs data.vocab_size ≥ 300")
+            _check(
+                data.vocab_size is not None and data.vocab_size >= 300,
+                "data.tokenizer=bpe needs data.vocab_size ≥ 300",
+            )
         else:
-            _check(data.vocab_size is None, "data.vocab_size only applies to data.tokenizer=bpe; remove it or set data.tokenizer=bpe")
+            _check(
+                data.vocab_size is None,
+                "data.vocab_size only applies to data.tokenizer=bpe; remove it or set data.tokenizer=bpe",
+            )
         _check(0 < data.val_fraction < 0.5, "data.val_fraction must be in (0, 0.5)")
         _check(data.num_shards is None or data.num_shards >= 1, "data.num_shards must be ≥ 1")
-        _check(data.synthetic_docs >= 100 and data.synthetic_entities >= 4, "data.synthetic_docs ≥ 100 and data.synthetic_entities ≥ 4")
+        _check(
+            data.synthetic_docs >= 100 and data.synthetic_entities >= 4,
+            "data.synthetic_docs ≥ 100 and data.synthetic_entities ≥ 4",
+        )
         _check(self.eval.val_batches >= 1, "eval.val_batches must be ≥ 1")
         return self
 
@@ -286,7 +309,9 @@ def load_config(
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
         if not isinstance(doc, dict):
-            raise ConfigError(f"config file {str(path)!r} must be a YAML mapping of sections (model:, diloco:, ...)")
+            raise ConfigError(
+                f"config file {str(path)!r} must be a YAML mapping of sections (model:, diloco:, ...)"
+            )
         if "recipe" in doc:
             if recipe is None:
                 base = doc["recipe"]
@@ -325,7 +350,9 @@ def apply_dict(obj: Any, values: dict[str, Any], path: str = "") -> None:
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f"; did you mean {path + close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {full!r}{hint} (valid keys: {', '.join(path + f for f in fields)})")
+            raise ConfigError(
+                f"unknown config key {full!r}{hint} (valid keys: {', '.join(path + f for f in fields)})"
+            )
         hint_t = hints[key]
         sub_t = _dataclass_type(hint_t)
         if sub_t is not None:

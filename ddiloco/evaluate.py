@@ -15,7 +15,9 @@ from ddiloco.model import GPT
 
 
 @torch.no_grad()
-def validation_loss(model: GPT, val_tokens: torch.Tensor, *, batch_size: int, seq_len: int, max_batches: int) -> float:
+def validation_loss(
+    model: GPT, val_tokens: torch.Tensor, *, batch_size: int, seq_len: int, max_batches: int
+) -> float:
     """Mean token cross-entropy (nats) over the first `max_batches` validation windows."""
     model.eval()
     device = next(model.parameters()).device

@@ -46,7 +46,10 @@ class Layout:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "fragments": [{"fragment_id": f.fragment_id, "names": list(f.names), "numel": f.numel} for f in self.fragments],
+            "fragments": [
+                {"fragment_id": f.fragment_id, "names": list(f.names), "numel": f.numel}
+                for f in self.fragments
+            ],
             "shapes": self.shapes,
             "embedding_names": sorted(self.embedding_names),
             "model": self.model,
@@ -64,7 +67,14 @@ class Layout:
 
 def model_config_from_run(cfg: Any, vocab_size: int) -> GPTConfig:
     m = cfg.model
-    return gpt_config(m.preset, vocab_size=vocab_size, block_size=m.seq_len, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd)
+    return gpt_config(
+        m.preset,
+        vocab_size=vocab_size,
+        block_size=m.seq_len,
+        n_layer=m.n_layer,
+        n_head=m.n_head,
+        n_embd=m.n_embd,
+    )
 
 
 def make_layout(model: GPT, num_fragments: int) -> Layout:
@@ -73,7 +83,9 @@ def make_layout(model: GPT, num_fragments: int) -> Layout:
         fragments=partition(numels, num_fragments),
         shapes={n: list(p.shape) for n, p in model.named_parameters()},
         embedding_names=frozenset(model.embedding_names()),
-        model=dataclasses.asdict(model.config) if dataclasses.is_dataclass(model.config) else dict(model.config),
+        model=dataclasses.asdict(model.config)
+        if dataclasses.is_dataclass(model.config)
+        else dict(model.config),
     )
 
 
@@ -86,7 +98,13 @@ def build_model(layout: Layout, seed: int = 0) -> GPT:
 
 
 def publish_global(
-    store: Store, run_id: str, p: int, version: int, tensors: dict[str, torch.Tensor], dtype: str, extra: dict | None = None
+    store: Store,
+    run_id: str,
+    p: int,
+    version: int,
+    tensors: dict[str, torch.Tensor],
+    dtype: str,
+    extra: dict | None = None,
 ) -> int:
     """Write global version `version` of fragment p, then its latest pointer. Returns bytes written."""
     tdtype = _DTYPES[dtype]
@@ -107,10 +125,14 @@ def latest_version(store: Store, p: int) -> int | None:
 def read_global(store: Store, run_id: str, layout: Layout, p: int, version: int) -> dict[str, torch.Tensor]:
     """Read and verify global version `version` of fragment p; tensors come back as fp32."""
     blob = store.get(wire.global_key(p, version), max_bytes=MAX_FRAGMENT_BYTES)
-    payload = wire.unpack(blob, expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version})
+    payload = wire.unpack(
+        blob, expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version}
+    )
     frag = layout.fragments[p]
     if set(payload.tensors) != set(frag.names):
-        raise wire.PayloadError("wrong_shape", f"global v{version} of fragment {p} has the wrong tensor names")
+        raise wire.PayloadError(
+            "wrong_shape", f"global v{version} of fragment {p} has the wrong tensor names"
+        )
     out = {}
     for name, t in payload.tensors.items():
         if list(t.shape) != layout.shapes[name]:
@@ -138,7 +160,9 @@ def load_latest_model(store: Store, run_id: str, layout: Layout) -> tuple[GPT, l
         for frag in layout.fragments:
             v = latest_version(store, frag.fragment_id)
             if v is None:
-                raise NotFound(f"fragment {frag.fragment_id} has no global version; run `ddiloco prepare` first")
+                raise NotFound(
+                    f"fragment {frag.fragment_id} has no global version; run `ddiloco prepare` first"
+                )
             for n, t in read_global(store, run_id, layout, frag.fragment_id, v).items():
                 params[n].copy_(t)
             versions.append(v)
@@ -147,7 +171,10 @@ def load_latest_model(store: Store, run_id: str, layout: Layout) -> tuple[GPT, l
 
 def load_final_model(store: Store, run_id: str, layout: Layout) -> GPT:
     model = build_model(layout)
-    payload = wire.unpack(store.get(wire.FINAL_MODEL, max_bytes=MAX_FRAGMENT_BYTES * 4), expect={"run_id": run_id, "kind": "final"})
+    payload = wire.unpack(
+        store.get(wire.FINAL_MODEL, max_bytes=MAX_FRAGMENT_BYTES * 4),
+        expect={"run_id": run_id, "kind": "final"},
+    )
     params = dict(model.named_parameters())
     with torch.no_grad():
         for n, p in params.items():

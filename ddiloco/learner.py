@@ -58,7 +58,14 @@ class FragmentState:
     """The answer in flight: {round, tokens, seconds, steps}; cleared when its fate is known."""
 
 
-def inner_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, lr: float, grad_clip: float) -> float:
+def inner_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    grad_clip: float,
+) -> float:
     """One AdamW step; shared by the learner, the plain-loop benchmark and the baseline."""
     for group in opt.param_groups:
         group["lr"] = lr
@@ -109,7 +116,9 @@ class StatusPoller(threading.Thread):
 
 
 class Learner:
-    def __init__(self, store: Store, learner_id: int, *, device: str | None = None, threads: int | None = None) -> None:
+    def __init__(
+        self, store: Store, learner_id: int, *, device: str | None = None, threads: int | None = None
+    ) -> None:
         self.store = store
         self.learner_id = learner_id
         self.cfg = load_run_config(store)
@@ -156,7 +165,9 @@ class Learner:
     def _next_incarnation(self) -> int:
         prev = self.store.get_json_or_none(wire.incarnation_key(self.learner_id))
         inc = 0 if prev is None else int(prev["incarnation"]) + 1
-        self.store.put_json(wire.incarnation_key(self.learner_id), {"incarnation": inc, "started_at": self.started_at})
+        self.store.put_json(
+            wire.incarnation_key(self.learner_id), {"incarnation": inc, "started_at": self.started_at}
+        )
         return inc
 
     def _wait_for_globals(self, timeout: float | None) -> list[int]:
@@ -168,9 +179,13 @@ class Learner:
                 if all(v is not None for v in versions):
                     return [int(v) for v in versions]  # type: ignore[arg-type]
             except StoreUnavailable as e:
-                log.warning("learner %d: store unavailable while waiting for globals (%s)", self.learner_id, e)
+                log.warning(
+                    "learner %d: store unavailable while waiting for globals (%s)", self.learner_id, e
+                )
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError("global version 0 never appeared; is `ddiloco prepare` done for this store?")
+                raise TimeoutError(
+                    "global version 0 never appeared; is `ddiloco prepare` done for this store?"
+                )
             time.sleep(0.2)
 
     def start(self, wait_timeout: float | None = None) -> None:
@@ -193,7 +208,14 @@ class Learner:
         self._next_ckpt = time.monotonic() + self.cfg.train.checkpoint_every_s
 
     # --- fragments in and out ---------------------------------------------------------------------------------
-    def _apply(self, p: int, version: int, tensors: dict[str, torch.Tensor], initial: bool = False, status: dict | None = None) -> None:
+    def _apply(
+        self,
+        p: int,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        initial: bool = False,
+        status: dict | None = None,
+    ) -> None:
         fs = self.frags[p]
         alpha = 0.0 if initial else self.cfg.diloco.mixing
         with torch.no_grad():
@@ -205,7 +227,11 @@ class Learner:
                     self.params[name].copy_(g)
                 self.anchors[name] = g.clone()
         credited_tokens, credited_seconds = 0, 0.0
-        if fs.pending is not None and status is not None and self._credited(status, p, fs.pending["round"], version):
+        if (
+            fs.pending is not None
+            and status is not None
+            and self._credited(status, p, fs.pending["round"], version)
+        ):
             credited_tokens, credited_seconds = fs.pending["tokens"], fs.pending["seconds"]
         fs.merged_tokens += credited_tokens
         fs.merged_seconds += credited_seconds
@@ -234,7 +260,9 @@ class Learner:
             try:
                 version, tensors = fut.result()
             except StoreError as e:
-                log.warning("learner %d: download of fragment %d failed (%s); will retry", self.learner_id, p, e)
+                log.warning(
+                    "learner %d: download of fragment %d failed (%s); will retry", self.learner_id, p, e
+                )
                 continue
             if version > self.frags[p].anchor:
                 self._apply(p, version, tensors, status=status)
@@ -248,7 +276,9 @@ class Learner:
             pend = fs.pending
             if pend is not None and pend["round"] not in open_rounds and pend["round"] not in merged_rounds:
                 if pend["round"] < status.get("next_round", 0):
-                    fs.pending = None  # closed without merging us: tokens stay outstanding for the next answer
+                    fs.pending = (
+                        None  # closed without merging us: tokens stay outstanding for the next answer
+                    )
 
     def _answer_rounds(self, status: dict) -> None:
         for r in status.get("open_rounds", []):
@@ -283,7 +313,12 @@ class Learner:
         except StoreError as e:
             with self._lock:
                 self.upload_failures += 1
-            log.warning("learner %d: upload for round %d failed (%s); the tokens stay outstanding", self.learner_id, s, e)
+            log.warning(
+                "learner %d: upload for round %d failed (%s); the tokens stay outstanding",
+                self.learner_id,
+                s,
+                e,
+            )
             return
         with self._lock:
             self.bytes_up += len(blob)
@@ -312,7 +347,9 @@ class Learner:
     def _report_async(self) -> None:
         if self._report_future is None or self._report_future.done():
             report = self._report()
-            self._report_future = self.pool.submit(self.store.put_json, wire.report_key(self.learner_id, self.incarnation), report)
+            self._report_future = self.pool.submit(
+                self.store.put_json, wire.report_key(self.learner_id, self.incarnation), report
+            )
 
     def _checkpoint_async(self) -> None:
         # Snapshot on the main thread (cheap CPU clone) so the background write sees a consistent state.
@@ -321,7 +358,11 @@ class Learner:
         snap_model = build_model(self.layout)
         snap_model.load_state_dict({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
         snap_opt = configure_optimizer(snap_model, 1.0, 0.0)
-        load_optimizer_tensors(snap_model, snap_opt, {k: v.cpu().clone() for k, v in optimizer_tensors(self.model, self.opt).items()})
+        load_optimizer_tensors(
+            snap_model,
+            snap_opt,
+            {k: v.cpu().clone() for k, v in optimizer_tensors(self.model, self.opt).items()},
+        )
 
         def write() -> None:
             try:
@@ -337,10 +378,14 @@ class Learner:
         x, y = self.loader.next_batch()
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         t = self.cfg.train
-        loss = inner_step(self.model, self.opt, x, y, lr_at(self.inner_step, t.lr, t.warmup_steps), t.grad_clip)
+        loss = inner_step(
+            self.model, self.opt, x, y, lr_at(self.inner_step, t.lr, t.warmup_steps), t.grad_clip
+        )
         dt = time.perf_counter() - t0
         if not math.isfinite(loss):
-            raise FloatingPointError(f"learner {self.learner_id}: loss is {loss} at inner step {self.inner_step}; lower train.lr")
+            raise FloatingPointError(
+                f"learner {self.learner_id}: loss is {loss} at inner step {self.inner_step}; lower train.lr"
+            )
         n = x.numel()
         self.inner_step += 1
         self.tokens_processed += n

@@ -67,7 +67,10 @@ def prepare(store: Store, cfg: RunConfig) -> dict[str, Any]:
 
     store.put(wire.TOKENIZER, tok.to_json().encode())
     for i, s in enumerate(shards):
-        store.put(wire.shard_key(i), wire.pack({"tokens": s.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "shard", "shard": i}))
+        store.put(
+            wire.shard_key(i),
+            wire.pack({"tokens": s.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "shard", "shard": i}),
+        )
     store.put(wire.VAL, wire.pack({"tokens": val.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "val"}))
 
     model = init_model(model_config_from_run(cfg, tok.vocab_size), cfg.seed)
@@ -99,7 +102,9 @@ def prepare(store: Store, cfg: RunConfig) -> dict[str, Any]:
 def load_run_config(store: Store) -> RunConfig:
     d = store.get_json_or_none(wire.CONFIG)
     if d is None:
-        raise ConfigError(f"no run config at {store.url}/{wire.CONFIG}; run `ddiloco prepare --store {store.url}` first")
+        raise ConfigError(
+            f"no run config at {store.url}/{wire.CONFIG}; run `ddiloco prepare --store {store.url}` first"
+        )
     return RunConfig.from_dict(d)
 
 

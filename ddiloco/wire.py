@@ -128,7 +128,11 @@ def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> bytes:
         if t.dtype not in _DTYPES:
             raise TypeError(f"tensor {name!r} has unsupported dtype {t.dtype}")
         raw = t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
-        entries[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        entries[name] = {
+            "dtype": _DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
         chunks.append(raw)
         offset += len(raw)
     data = b"".join(chunks)
@@ -155,7 +159,10 @@ def unpack(blob: bytes, *, expect: Mapping[str, Any] | None = None) -> Payload:
     except (ValueError, KeyError, TypeError) as e:
         raise PayloadError("malformed", f"header is not a ddiloco safetensors header ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-        raise PayloadError("malformed", f"unsupported payload format {meta.get('format') if isinstance(meta, dict) else meta!r}")
+        raise PayloadError(
+            "malformed",
+            f"unsupported payload format {meta.get('format') if isinstance(meta, dict) else meta!r}",
+        )
     data = memoryview(blob)[8 + hlen :]
     if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         raise PayloadError("checksum", "SHA-256 of the data region does not match the header")
