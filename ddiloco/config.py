@@ -110,7 +110,7 @@ class DilocoConfig:
     """K: minimum number of learner answers before a round may merge."""
     fragments: int = 4
     """P: number of parameter fragments, synced round-robin."""
-    sync_every: int = 16
+    sync_every: int = 32
     """H: inner steps between two syncs of the same fragment (a round opens every H/P learner steps)."""
     overlap: int = 2
     """τ: maximum number of rounds in flight."""
@@ -130,7 +130,7 @@ class DilocoConfig:
     """dtype of published global fragments: fp32 or bf16."""
     mixing: float = 0.0
     """α: on a new global version, local ← α·local + (1−α)·global (0 = overwrite)."""
-    token_budget: int = 2_000_000
+    token_budget: int = 10_000_000
     """Stop when this many tokens are merged (averaged over fragments)."""
     round_timeout_s: float = 120.0
     """A round with fewer than K answers after this long is abandoned (no learner alive); it reopens later."""

@@ -23,6 +23,7 @@ def test_bits_per_value_counts_the_block_scales():
     assert net.bits_per_value("bf16") == 16
     assert net.bits_per_value("int8") == 8 + 16 / 128
     assert net.bits_per_value("int4") == 4 + 16 / 128
+    assert bw.Network(scale_bits=32).bits_per_value("int2") == 2 + 32 / 128
     with pytest.raises(ValueError, match="unknown dtype"):
         net.bits_per_value("fp8")
 
