@@ -60,12 +60,12 @@ def test_merge_moves_globals_towards_learners_and_publishes_each_version_once():
 
 
 def test_new_learner_starts_from_the_current_globals_not_its_init():
-    store, cfg = _prepared("eng-join", "diloco.token_budget=6000")
+    store, cfg = _prepared("eng-join", "diloco.token_budget=1000000")
     syncer = Syncer(store, poll_s=0)
     first = Learner(store, 0)
     first.start()
-    for _ in range(400):
-        syncer.step()
+    for _ in range(3000):
+        assert not syncer.step()
         first.poller.poll_once()
         first.tick()
         if min(syncer.versions) >= 2:
