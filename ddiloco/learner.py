@@ -43,6 +43,8 @@ from ddiloco.store import Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
+HISTORY_POINTS = 400
+
 
 @dataclass(slots=True)
 class FragmentState:
@@ -144,6 +146,7 @@ class Learner:
         self.busy_seconds = 0.0
         self.loss: float | None = None
         self.loss_ema: float | None = None
+        self.history: list[list[float]] = []  # [wall time, inner_step, tokens_processed, loss_ema], bounded
         self.step_time_ema: float | None = None
         self.rounds_answered = 0
         self.bytes_up = 0
@@ -335,7 +338,16 @@ class Learner:
             "loss_ema": self.loss_ema, "step_time_ema": self.step_time_ema, "rounds_answered": self.rounds_answered,
             "bytes_up": bytes_up, "bytes_down": bytes_down, "upload_failures": self.upload_failures,
             "final": final, "exit_reason": reason, "fragments": {str(p): asdict(f) for p, f in enumerate(self.frags)},
+            "history": self._sample_history(),
         }  # fmt: skip
+
+    def _sample_history(self) -> list[list[float]]:
+        """Append the current point; keep at most HISTORY_POINTS by dropping every other old point."""
+        if self.loss_ema is not None:
+            self.history.append([time.time(), self.inner_step, self.tokens_processed, self.loss_ema])
+            if len(self.history) > HISTORY_POINTS:
+                self.history = self.history[:-1:2] + self.history[-1:]
+        return list(self.history)
 
     def _put_report(self, final: bool = False, reason: str | None = None) -> None:
         report = self._report(final, reason)
