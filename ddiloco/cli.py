@@ -91,9 +91,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
+    from ddiloco.chaos import chaos_store
     from ddiloco.learner import Learner
 
-    store = open_store(args.store)
+    store = chaos_store(open_store(args.store))
     if store.exists(wire.DONE):
         log.info("run at %s is already done; learner %d exits", args.store, args.learner_id)
         return 0
@@ -104,9 +105,10 @@ def cmd_learner(args: argparse.Namespace) -> int:
 
 
 def cmd_syncer(args: argparse.Namespace) -> int:
+    from ddiloco.chaos import chaos_store
     from ddiloco.syncer import Syncer
 
-    Syncer(open_store(args.store)).run(max_seconds=args.max_seconds)
+    Syncer(chaos_store(open_store(args.store))).run(max_seconds=args.max_seconds)
     return 0
 
 

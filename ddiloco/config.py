@@ -143,6 +143,43 @@ class EvalConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class PoissonKillsConfig:
+    mean_interval_s: float = 60.0
+    """Mean seconds between random learner kills (exponential gaps)."""
+    seed: int = 0
+    """Seed of the kill times and victims."""
+    start_s: float = 10.0
+    """No random kill before this many seconds into the run."""
+    stop_s: float | None = None
+    """No random kill after this many seconds (default: one hour)."""
+    learners: list[int] | None = None
+    """Learner ids that may be hit (default: all provisioned learners)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ChaosConfig:
+    events: list[dict] = field(default_factory=list)
+    """Scheduled events, e.g. {kind: kill_learner, learner: 1, at_s: 30} or {kind: kill_learner, learner: 1,
+    at_step: 200}; kinds: kill_learner, stall_learner (at_s, duration_s), slow_learner (factor, jitter),
+    kill_syncer (at_s), store_outage (at_s, duration_s), add_learner (learner, at_s). Times count from the
+    end of `prepare`."""
+    poisson: PoissonKillsConfig | None = None
+    """Random learner kills (Poisson process); null for none."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RestartConfig:
+    delay_s: float = 1.0
+    """Delay before restarting a process that died (like Argo's retryStrategy backoff.duration)."""
+    factor: float = 2.0
+    """Backoff factor between restarts of the same process."""
+    max_delay_s: float = 10.0
+    """Upper bound of the restart delay."""
+    max_restarts: int = 10
+    """Restarts allowed per process before it is given up."""
+
+
+@dataclass(kw_only=True, slots=True)
 class RunConfig:
     run_id: str = ""
     """Run identifier (one run = one store prefix); generated when empty."""
@@ -158,6 +195,10 @@ class RunConfig:
     """Decoupled DiLoCo: learners, quorum, fragments, merge, compression, budget."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation settings."""
+    chaos: ChaosConfig | None = None
+    """Fault injection schedule; null for a run without injected faults."""
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    """How the local orchestrator restarts processes that die (the cluster uses the pipeline's retries)."""
 
     def validate(self) -> RunConfig:
         """Check consistency across sections; raise ConfigError saying what to change."""
@@ -214,6 +255,24 @@ class RunConfig:
             "data.synthetic_docs ≥ 100 and data.synthetic_entities ≥ 4",
         )
         _check(self.eval.val_batches >= 1, "eval.val_batches must be ≥ 1")
+        r = self.restart
+        _check(
+            r.delay_s >= 0 and r.factor >= 1 and r.max_restarts >= 0,
+            "restart: delay_s ≥ 0, factor ≥ 1, max_restarts ≥ 0",
+        )
+        if self.chaos is not None:
+            from ddiloco.chaos import ChaosConfigError, schedule_from_config
+
+            p = self.chaos.poisson
+            if p is not None and p.learners is not None:
+                _check(
+                    all(isinstance(i, int) and i >= 0 for i in p.learners),
+                    "chaos.poisson.learners must be learner ids",
+                )
+            try:
+                schedule_from_config(self.chaos, d.learners)
+            except ChaosConfigError as e:
+                raise ConfigError(str(e)) from None
         return self
 
     @property
@@ -417,4 +476,8 @@ def _coerce(value: Any, t: Any, name: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{name}={value!r} must be a string")
         return value
+    if typing.get_origin(t) is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}={value!r} must be a list")
+        return copy.deepcopy(value)
     return copy.deepcopy(value)

@@ -22,26 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from ddiloco import wire
+from ddiloco.chaos import LocalChaos, schedule_from_config
 from ddiloco.config import RunConfig
 from ddiloco.evaluate import validation_loss
 from ddiloco.globalmodel import build_model, load_final_model, read_layout
 from ddiloco.prepare import load_tokens, prepare
-from ddiloco.store import Store, open_store
+from ddiloco.store import Store, StoreError, open_store
 from ddiloco.summary import build_summary
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True, slots=True)
-class RestartPolicy:
-    delay_s: float = 1.0
-    """Delay before the first restart (like Argo's retryStrategy backoff.duration)."""
-    factor: float = 2.0
-    """Backoff factor between restarts of the same role."""
-    max_delay_s: float = 10.0
-    """Upper bound of the restart delay."""
-    max_restarts: int = 5
-    """Restarts allowed per role before the run gives that role up."""
 
 
 @dataclass(slots=True)
@@ -65,7 +54,6 @@ class LocalRun:
         workdir: str | Path,
         *,
         store_root: str | None = None,
-        policy: RestartPolicy | None = None,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         """`store_root` (e.g. s3://bucket/runs) holds the run prefix; default a file:// store in workdir."""
@@ -77,7 +65,8 @@ class LocalRun:
         self.logdir = Path(workdir).resolve() / f"{cfg.run_id}.logs"
         self.extra_env = extra_env or {}
         self.store: Store = open_store(self.url, env={**os.environ, **self.extra_env})
-        self.policy = policy or RestartPolicy()
+        self.policy = cfg.restart
+        self.chaos: LocalChaos | None = None
         self.procs: list[Proc] = []
         self.restart_log: list[dict[str, Any]] = []
         self.t0 = time.time()
@@ -99,6 +88,12 @@ class LocalRun:
             )
         proc.restart_at = None
         log.debug("started %s (pid %d)", name, proc.popen.pid)
+
+    def find(self, role: str, learner_id: int | None = None) -> Proc | None:
+        for proc in self.procs:
+            if proc.role == role and proc.learner_id == learner_id:
+                return proc
+        return None
 
     def add_learner(self, learner_id: int) -> Proc:
         proc = Proc("learner", learner_id)
@@ -134,7 +129,7 @@ class LocalRun:
                 proc.restarts += 1
                 self.restart_log.append(
                     {
-                        "time": time.time() - self.t0,
+                        "time_s": time.time() - self.t0,
                         "role": proc.role,
                         "learner_id": proc.learner_id,
                         "restart": proc.restarts,
@@ -170,15 +165,13 @@ class LocalRun:
         self, on_progress: Callable[[dict[str, Any]], None] | None = None, timeout: float | None = None
     ) -> dict[str, Any]:
         cfg = self.cfg
-        prepare(self.store, cfg)
+        meta = prepare(self.store, cfg)
         layout = read_layout(self.store)
-        initial = self.evaluate_model(build_model(layout, cfg.seed))
-        log.info(
-            "run %s: initial validation loss %.4f; starting syncer and %d learners",
-            cfg.run_id,
-            initial,
-            cfg.diloco.learners,
+        log.info("run %s: starting syncer and %d learners", cfg.run_id, cfg.diloco.learners)
+        self.chaos = LocalChaos(
+            schedule_from_config(cfg.chaos, cfg.diloco.learners), self, float(meta["prepared_at"])
         )
+        self.t0 = float(meta["prepared_at"])
         self.procs.append(Proc("syncer", None))
         self.spawn(self.procs[0])
         for i in range(cfg.diloco.learners):
@@ -187,9 +180,10 @@ class LocalRun:
         status: dict[str, Any] = {}
         try:
             while True:
-                done = self.store.exists(wire.DONE)
+                self.chaos.poll()
+                done = self._exists(wire.DONE)
                 self.supervise(time.monotonic(), done)
-                status = self.store.get_json_or_none(wire.STATUS) or status
+                status = self._status() or status
                 if on_progress is not None:
                     on_progress(
                         {**status, "elapsed": time.time() - self.t0, "processes": len(self.running())}
@@ -202,18 +196,37 @@ class LocalRun:
                     )
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"run did not finish within {timeout}s; see the logs in {self.logdir}")
-                time.sleep(0.5)
+                time.sleep(0.2)
+            self.chaos.release()
             self.stop_all(timeout=60)
             # Answers uploaded while the syncer was finishing are garbage once every process is gone.
             self.store.delete_prefix("updates/")
         finally:
+            self.chaos.release()
             for proc in self.running():
                 proc.popen.kill()
-            self.store.put_json(wire.LAUNCHER_EVENTS, {"restarts": self.restart_log, "chaos_events": []})
+            self.store.put_json(
+                wire.LAUNCHER_EVENTS, {"restarts": self.restart_log, "chaos_events": self.chaos.fired}
+            )
+        # Evaluated afterwards so that chaos times (counted from the end of prepare) hit running processes.
+        initial = self.evaluate_model(build_model(layout, cfg.seed))
         final = self.evaluate_model(load_final_model(self.store, cfg.run_id, layout))
         summary = build_summary(self.store, {"initial_val_loss": initial, "final_val_loss": final})
         self.store.put_json(wire.SUMMARY, summary)
         return summary
+
+    def _exists(self, key: str) -> bool:
+        try:
+            return self.store.exists(key)
+        except StoreError as e:  # the orchestrator only watches: a store hiccup is not a reason to stop
+            log.warning("store unavailable to the orchestrator (%s)", e)
+            return False
+
+    def _status(self) -> dict[str, Any] | None:
+        try:
+            return self.store.get_json_or_none(wire.STATUS)
+        except StoreError:
+            return None
 
     @property
     def summary_location(self) -> str:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from ddiloco import wire
+from ddiloco.chaos import LearnerChaos, schedule_from_config
 from ddiloco.checkpoint import (
     load_learner_checkpoint,
     load_optimizer_tensors,
@@ -131,6 +134,10 @@ class Learner:
             torch.set_num_threads(threads or t.threads)
         self.layout = read_layout(store)
         meta = store.get_json(wire.DATA_META)
+        self.chaos = LearnerChaos(
+            store, schedule_from_config(self.cfg.chaos, self.cfg.diloco.learners), learner_id,
+            float(meta.get("prepared_at", time.time())), self.cfg.seed,
+        )  # fmt: skip
         shard = learner_id % meta["num_shards"]
         self.loader = ShardLoader(
             load_tokens(store, wire.shard_key(shard), self.run_id),
@@ -154,6 +161,7 @@ class Learner:
         self.upload_failures = 0
         self.seq = 0
         self.started_at = time.time()
+        self.joined_at: float | None = None
         self.incarnation = self._next_incarnation()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -202,6 +210,7 @@ class Learner:
             self._apply(p, v, read_global(self.store, self.run_id, self.layout, p, v), initial=True)
         self.poller.poll_once() if self.store.exists(wire.STATUS) else None
         self.poller.start()
+        self.joined_at = time.time()
         log.info(
             "learner %d incarnation %d joined run %s at versions %s (device %s)",
             self.learner_id, self.incarnation, self.run_id, versions, self.device,
@@ -333,7 +342,8 @@ class Learner:
             bytes_up, bytes_down = self.bytes_up, self.bytes_down
         return {
             "run_id": self.run_id, "learner_id": self.learner_id, "incarnation": self.incarnation, "seq": self.seq,
-            "time": time.time(), "started_at": self.started_at, "inner_step": self.inner_step,
+            "time": time.time(), "started_at": self.started_at, "joined_at": self.joined_at, "inner_step": self.inner_step,
+            "host": socket.gethostname(), "pid": os.getpid(),
             "tokens_processed": self.tokens_processed, "busy_seconds": self.busy_seconds, "loss": self.loss,
             "loss_ema": self.loss_ema, "step_time_ema": self.step_time_ema, "rounds_answered": self.rounds_answered,
             "bytes_up": bytes_up, "bytes_down": bytes_down, "upload_failures": self.upload_failures,
@@ -393,6 +403,10 @@ class Learner:
         loss = inner_step(
             self.model, self.opt, x, y, lr_at(self.inner_step, t.lr, t.warmup_steps), t.grad_clip
         )
+        try:
+            self.chaos.after_step(self.inner_step + 1, time.perf_counter() - t0)
+        except StoreError as e:
+            log.warning("chaos hook skipped this step (%s)", e)
         dt = time.perf_counter() - t0
         if not math.isfinite(loss):
             raise FloatingPointError(

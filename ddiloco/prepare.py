@@ -85,6 +85,7 @@ def prepare(store: Store, cfg: RunConfig) -> dict[str, Any]:
         "val_tokens": int(val.numel()),
         "model_params": model.num_params(),
         "source": cfg.data.source,
+        "prepared_at": time.time(),
         **extra,
     }
     if cfg.data.source == "synthetic":

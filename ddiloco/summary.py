@@ -38,6 +38,8 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     done = store.get_json_or_none(wire.DONE)
     events = store.get_json_or_none(wire.LAUNCHER_EVENTS) or {}
     reports = read_reports(store)
+    fired = [store.get_json(k) for k in store.list("chaos/") if k.endswith(".json")]
+    chaos_events = sorted(events.get("chaos_events", []) + fired, key=lambda e: e.get("time_s", 0.0))
     records = read_round_records(store)
     P = len(layout["fragments"])
     M = cfg["diloco"]["learners"]
@@ -72,10 +74,14 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
             else:
                 discarded += f["discarded_tokens"] + rest
         lid = str(rep["learner_id"])
-        entry = per_learner.setdefault(lid, {"incarnations": 0, "tokens": 0, "inner_steps": 0})
-        entry["incarnations"] += 1
+        entry = per_learner.setdefault(lid, {"incarnations": 0, "tokens": 0})
         entry["tokens"] += rep["tokens_processed"]
-        entry["inner_steps"] += rep["inner_step"] if rep["incarnation"] == 0 else 0
+    for lid, entry in per_learner.items():
+        # Count started processes, not reports: one killed before its first report still was an incarnation.
+        pointer = store.get_json_or_none(wire.incarnation_key(int(lid))) or {"incarnation": -1}
+        entry["incarnations"] = max(
+            pointer["incarnation"] + 1, sum(r["learner_id"] == int(lid) for r in reports)
+        )
 
     syncer_per_frag = [led["merged_tokens"] for led in state.get("ledger", [{"merged_tokens": 0}] * P)]
     starts = [r["started_at"] for r in reports]
@@ -114,7 +120,10 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "global_versions_contiguous": contiguous,
         "incarnations": {k: v["incarnations"] for k, v in sorted(per_learner.items())},
         "tokens_per_learner": {k: v["tokens"] for k, v in sorted(per_learner.items())},
-        "chaos_events": events.get("chaos_events", []),
+        "chaos_events": chaos_events,
+        "learner_events": state.get("learner_events", []),
+        "kill_recovery": kill_recovery(chaos_events, state.get("learner_events", []), reports),
+        "learner_accounting": learner_accounting(reports, done["time"] if done else None, P),
         "restarts": events.get("restarts", []),
         "rejected_updates": state.get("rejected", {}),
         "bytes_uploaded": sum(r["bytes_up"] for r in reports),
@@ -135,3 +144,58 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     }
     summary.update(extra or {})
     return summary
+
+
+def learner_accounting(reports: list[dict[str, Any]], end: float | None, P: int) -> dict[str, dict[str, Any]]:
+    """Per learner: seconds up and training vs. provisioned, and the share of its tokens that were merged."""
+    out: dict[str, dict[str, Any]] = {}
+    for lid in sorted({r["learner_id"] for r in reports}):
+        incs = sorted((r for r in reports if r["learner_id"] == lid), key=lambda r: r["incarnation"])
+        first = min(r["started_at"] for r in incs)
+        last = end or max(r["time"] for r in incs)
+        processed = sum(r["tokens_processed"] for r in incs)
+        merged = sum(f["merged_tokens"] for r in incs for f in r["fragments"].values()) / P
+        out[str(lid)] = {
+            "incarnations": len(incs),
+            "provisioned_seconds": last - first,
+            "up_seconds": sum(r["time"] - r["started_at"] for r in incs),
+            "training_seconds": sum(r["busy_seconds"] for r in incs),
+            "merged_seconds": sum(f["merged_seconds"] for r in incs for f in r["fragments"].values()) / P,
+            "tokens_processed": processed,
+            "merged_token_share": merged / processed if processed else None,
+        }
+    return out
+
+
+def kill_recovery(
+    chaos_events: list[dict], learner_events: list[dict], reports: list[dict]
+) -> list[dict[str, Any]]:
+    """For each learner kill: seconds until the syncer noticed (`lost`) and until a new incarnation joined."""
+    out = []
+    for ev in chaos_events:
+        if (
+            ev.get("kind") != "kill_learner"
+            or "fired_at" not in ev
+            or str(ev.get("action", "")).startswith("skipped")
+        ):
+            continue
+        lid, t = ev["learner"], ev["fired_at"]
+        lost = [
+            e["time"]
+            for e in learner_events
+            if e["event"] == "lost" and e["learner"].split("-")[0] == str(lid) and e["time"] >= t
+        ]
+        joined = [
+            r["joined_at"]
+            for r in reports
+            if r["learner_id"] == lid and r.get("joined_at") and r["joined_at"] > t
+        ]
+        out.append(
+            {
+                "event": ev.get("id"),
+                "learner": lid,
+                "detect_seconds": (min(lost) - t) if lost else None,
+                "rejoin_seconds": (min(joined) - t) if joined else None,
+            }
+        )
+    return out

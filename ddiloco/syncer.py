@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import statistics
 import time
 from collections import Counter, deque
@@ -35,7 +37,6 @@ from ddiloco.store import NotFound, Store, StoreError
 
 log = logging.getLogger(__name__)
 
-LIVE_TIMEOUT_S = 10.0
 DEFAULT_STEP_S = 0.05
 KEEP_VERSIONS = 4
 
@@ -87,6 +88,8 @@ class Syncer:
         self._next_refresh = 0.0
         self.bytes_published = 0
         self.late_answers = 0
+        self.learner_events: list[dict[str, Any]] = []
+        self._live_prev: set[str] = set()
         self.incarnation = 0
         self.started_wall = wall()
         self._restore()
@@ -115,6 +118,7 @@ class Syncer:
                 int(state["late_answers"]),
             )
             self.started_wall = float(state["started_wall"])
+            self.learner_events = list(state.get("learner_events", []))
             for r in state.get("open_rounds", []):  # resume collecting; answers are re-read from the store
                 self.open[r["round"]] = Round(r["round"], r["fragment_id"], self.clock(), r["opened_wall"])
         # A merge whose state write did not happen: adopt the newer published version and its ledger entry.
@@ -182,6 +186,7 @@ class Syncer:
                 "xi_quorum": self.xi_quorum, "xi_sync": self.xi_sync, "started_wall": self.started_wall,
                 "open_rounds": [{"round": r.round, "fragment_id": r.fragment_id, "opened_wall": r.opened_wall} for r in self.open.values()],
                 "bytes_published": self.bytes_published, "late_answers": self.late_answers,
+                "learner_events": self.learner_events,
             },
         )  # fmt: skip
 
@@ -194,6 +199,7 @@ class Syncer:
             wire.STATUS,
             {
                 "run_id": self.run_id, "time": self.wall(), "syncer_incarnation": self.incarnation, "done": done,
+                "syncer_host": socket.gethostname(), "syncer_pid": os.getpid(),
                 "next_round": self.next_round, "versions": {str(p): v for p, v in enumerate(self.versions)},
                 "open_rounds": [{"round": r.round, "fragment_id": r.fragment_id, "opened_at": r.opened_wall} for r in self.open.values()],
                 "merged": list(self.merged_recent), "tokens_merged": self.tokens_merged(),
@@ -216,9 +222,18 @@ class Syncer:
             except StoreError as e:
                 log.debug("report %s unreadable (%s)", key, e)
 
-    def live_learners(self) -> list[dict[str, Any]]:
+        live = {wire.contributor(r["learner_id"], r["incarnation"]) for r in self.live_learners()}
         now = self.wall()
-        return [r for r in self.learners.values() if not r.get("final") and now - r["time"] < LIVE_TIMEOUT_S]
+        for c in sorted(live - self._live_prev):
+            self.learner_events.append({"event": "joined", "learner": c, "time": now})
+        for c in sorted(self._live_prev - live):
+            self.learner_events.append({"event": "lost", "learner": c, "time": now})
+        self._live_prev = live
+
+    def live_learners(self) -> list[dict[str, Any]]:
+        """Learners whose report is fresh (a missed heartbeat or five means dead) and not final."""
+        now, timeout = self.wall(), max(3.0, 5 * self.cfg.train.heartbeat_every_s)
+        return [r for r in self.learners.values() if not r.get("final") and now - r["time"] < timeout]
 
     def xi_step(self) -> float:
         times = [r["step_time_ema"] for r in self.live_learners() if r.get("step_time_ema")]
@@ -368,7 +383,12 @@ class Syncer:
         merged, stats = merge_with_stats(
             outer_grads, weights, embedding_names=self.layout.embedding_names, method=d.merge
         )
-        self.outer[p].step(theta, merged)
+        # Step copies: if persisting fails (store outage) the round stays open and is merged again later,
+        # and the in-memory global model and momentum must not have moved.
+        outer = OuterNesterov(lr=d.outer_lr, momentum=d.outer_momentum)
+        outer.load_state_dict({n: t.clone() for n, t in self.outer[p].state_dict().items()})
+        theta = {n: t.clone() for n, t in theta.items()}
+        outer.step(theta, merged)
         version = self.versions[p] + 1
         rec = {
             "round": rnd.round, "fragment_id": p, "version": version, "opened_at": rnd.opened_wall,
@@ -379,7 +399,7 @@ class Syncer:
         self.store.put(
             wire.momentum_key(p, version),
             wire.pack(
-                self.outer[p].state_dict(),
+                outer.state_dict(),
                 {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version},
             ),
         )
@@ -390,7 +410,7 @@ class Syncer:
         if d.global_dtype == "bf16":  # learners see the rounded values; keep the syncer's copy identical
             for n in theta:
                 theta[n].copy_(theta[n].to(torch.bfloat16).float())
-        self.versions[p] = version
+        self.globals[p], self.outer[p], self.versions[p] = theta, outer, version
         self.recent[p][version] = {n: t.clone() for n, t in theta.items()}
         for v in sorted(self.recent[p])[:-KEEP_VERSIONS]:
             del self.recent[p][v]
