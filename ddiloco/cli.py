@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
 
 from ddiloco import __version__, wire
 from ddiloco.config import RECIPES, ConfigError, load_config
+from ddiloco.metrics import push_task_metrics, serve
 from ddiloco.store import StoreError, open_store
 
 log = logging.getLogger("ddiloco")
@@ -38,6 +40,16 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port (0: any free port)",
+    )
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address to bind the metrics endpoint to")
+
+
 def _load(args: argparse.Namespace):
     cfg = load_config(args.recipe, args.config, args.overrides)
     if args.run_id:
@@ -49,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ddiloco.launch import LocalRun
 
     cfg = _load(args)
-    run = LocalRun(cfg, args.workdir, store_root=args.store)
+    run = LocalRun(cfg, args.workdir, store_root=args.store, metrics_base_port=args.metrics_port)
     tty = sys.stderr.isatty()
     last = [0.0]
 
@@ -85,7 +97,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     cfg.run_id = cfg.run_id or args.store.rstrip("/").rsplit("/", 1)[-1]
+    t0 = time.monotonic()
     meta = prepare(open_store(args.store), cfg)
+    push_task_metrics(
+        args.pushgateway, "prepare", cfg.run_id,
+        {"seconds": time.monotonic() - t0, "train_tokens": sum(meta["shard_tokens"]), "val_tokens": meta["val_tokens"]},
+    )  # fmt: skip
     print(json.dumps(meta, sort_keys=True))
     return 0
 
@@ -98,9 +115,9 @@ def cmd_learner(args: argparse.Namespace) -> int:
     if store.exists(wire.DONE):
         log.info("run at %s is already done; learner %d exits", args.store, args.learner_id)
         return 0
-    Learner(store, args.learner_id, device=args.device).run(
-        max_steps=args.max_steps, wait_timeout=args.wait_timeout
-    )
+    learner = Learner(store, args.learner_id, device=args.device)
+    serve(learner.registry, args.metrics_port, args.metrics_host)
+    learner.run(max_steps=args.max_steps, wait_timeout=args.wait_timeout)
     return 0
 
 
@@ -108,7 +125,9 @@ def cmd_syncer(args: argparse.Namespace) -> int:
     from ddiloco.chaos import chaos_store
     from ddiloco.syncer import Syncer
 
-    Syncer(chaos_store(open_store(args.store))).run(max_seconds=args.max_seconds)
+    syncer = Syncer(chaos_store(open_store(args.store)))
+    serve(syncer.registry, args.metrics_port, args.metrics_host)
+    syncer.run(max_seconds=args.max_seconds)
     return 0
 
 
@@ -164,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="store root holding the run prefix instead of --workdir, e.g. s3://bucket/runs",
     )
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    p.add_argument(
+        "--metrics-port", type=int, default=0,
+        help="first of M+1 consecutive ports for the syncer's and learners' /metrics (0: free ports, -1: off)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
@@ -171,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--store", required=True, help="run root: file:///dir/run, s3://bucket/prefix/run, memory://name"
+    )
+    p.add_argument(
+        "--pushgateway",
+        default=os.environ.get("DDILOCO_PUSHGATEWAY"),
+        help="Pushgateway URL for task metrics",
     )
     _config_args(p)
     p.set_defaults(func=cmd_prepare)
@@ -181,11 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--wait-timeout", type=float, default=None, help="seconds to wait for global version 0")
+    _metrics_args(p)
     p.set_defaults(func=cmd_learner)
 
     p = sub.add_parser("syncer", help="run the syncer until the token budget is merged")
     p.add_argument("--store", required=True)
     p.add_argument("--max-seconds", type=float, default=None)
+    _metrics_args(p)
     p.set_defaults(func=cmd_syncer)
 
     p = sub.add_parser("evaluate", help="validation loss of the final (or latest global) model")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +44,12 @@ class Proc:
     exit_codes: list[int] = field(default_factory=list)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def new_run_id() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
@@ -55,6 +62,7 @@ class LocalRun:
         *,
         store_root: str | None = None,
         extra_env: dict[str, str] | None = None,
+        metrics_base_port: int | None = 0,
     ) -> None:
         """`store_root` (e.g. s3://bucket/runs) holds the run prefix; default a file:// store in workdir."""
         if not cfg.run_id:
@@ -67,6 +75,8 @@ class LocalRun:
         self.store: Store = open_store(self.url, env={**os.environ, **self.extra_env})
         self.policy = cfg.restart
         self.chaos: LocalChaos | None = None
+        self.metrics_base_port = metrics_base_port
+        self.metrics_ports: dict[str, int] = {}
         self.procs: list[Proc] = []
         self.restart_log: list[dict[str, Any]] = []
         self.t0 = time.time()
@@ -76,7 +86,24 @@ class LocalRun:
         argv = [sys.executable, "-m", "ddiloco.cli", proc.role, "--store", self.url]
         if proc.learner_id is not None:
             argv += ["--learner-id", str(proc.learner_id)]
+        port = self._metrics_port(proc)
+        if port is not None:
+            argv += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
         return argv
+
+    def _metrics_port(self, proc: Proc) -> int | None:
+        """Each process keeps its port across restarts, so a scraper's targets stay valid."""
+        if self.metrics_base_port is None or self.metrics_base_port < 0:
+            return None
+        name = proc.role if proc.learner_id is None else f"learner-{proc.learner_id}"
+        if name not in self.metrics_ports:
+            if self.metrics_base_port == 0:
+                self.metrics_ports[name] = free_port()
+            else:
+                offset = 0 if proc.learner_id is None else 1 + proc.learner_id
+                self.metrics_ports[name] = self.metrics_base_port + offset
+            log.info("metrics of %s: http://127.0.0.1:%d/metrics", name, self.metrics_ports[name])
+        return self.metrics_ports[name]
 
     def spawn(self, proc: Proc) -> None:
         self.logdir.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from ddiloco import wire
 from ddiloco.chaos import LearnerChaos, schedule_from_config
@@ -40,6 +41,7 @@ from ddiloco.checkpoint import (
 from ddiloco.compression import encode
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import build_model, latest_version, read_global, read_layout
+from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import load_run_config, load_tokens
 from ddiloco.store import Store, StoreError, StoreUnavailable
@@ -122,7 +124,13 @@ class StatusPoller(threading.Thread):
 
 class Learner:
     def __init__(
-        self, store: Store, learner_id: int, *, device: str | None = None, threads: int | None = None
+        self,
+        store: Store,
+        learner_id: int,
+        *,
+        device: str | None = None,
+        threads: int | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.store = store
         self.learner_id = learner_id
@@ -163,6 +171,8 @@ class Learner:
         self.started_at = time.time()
         self.joined_at: float | None = None
         self.incarnation = self._next_incarnation()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.poller = StatusPoller(store, t.poll_every_s, self._stop)
@@ -248,7 +258,14 @@ class Learner:
         fs.merged_tokens += credited_tokens
         fs.merged_seconds += credited_seconds
         fs.discarded_tokens += fs.c_tokens - credited_tokens
+        self._count_fate(credited_tokens, fs.c_tokens - credited_tokens)
         fs.anchor, fs.c_steps, fs.c_tokens, fs.c_seconds, fs.pending = version, 0, 0, 0.0, None
+
+    def _count_fate(self, merged: int, discarded: int) -> None:
+        """Metrics count tokens, not fragment-tokens: each fragment's share is 1/P of a token."""
+        P = self.layout.num_fragments
+        self.metrics.merged_tokens.inc(merged / P)
+        self.metrics.discarded_tokens.inc(discarded / P)
 
     def _credited(self, status: dict, p: int, round_: int, version: int) -> bool:
         me = wire.contributor(self.learner_id, self.incarnation)
@@ -261,6 +278,7 @@ class Learner:
         tensors = read_global(self.store, self.run_id, self.layout, p, version)
         with self._lock:
             self.bytes_down += sum(t.numel() * 4 for t in tensors.values())
+        self.metrics.downloaded.inc(sum(t.numel() * 4 for t in tensors.values()))
         return version, tensors
 
     def _sync_fragments(self, status: dict) -> None:
@@ -283,6 +301,9 @@ class Learner:
         merged_rounds = {m["round"] for m in status.get("merged", [])}
         for p, fs in enumerate(self.frags):
             v = int(versions.get(str(p), fs.anchor))
+            self.metrics.staleness.labels(learner_id=self.metrics.learner_id, fragment=str(p)).set(
+                max(0, v - fs.anchor)
+            )
             if v > fs.anchor and p not in self.downloads:
                 self.downloads[p] = self.pool.submit(self._download, p, v)
             pend = fs.pending
@@ -311,6 +332,7 @@ class Learner:
             report = self._report()
             self.uploads.append(self.pool.submit(self._upload, p, s, delta, header, report))
             self.rounds_answered += 1
+            self.metrics.rounds_answered.inc()
 
     def _upload(self, p: int, s: int, delta: dict[str, torch.Tensor], header: dict, report: dict) -> None:
         codec = self.cfg.diloco.codec
@@ -325,6 +347,7 @@ class Learner:
         except StoreError as e:
             with self._lock:
                 self.upload_failures += 1
+            self.metrics.upload_failures.inc()
             log.warning(
                 "learner %d: upload for round %d failed (%s); the tokens stay outstanding",
                 self.learner_id,
@@ -334,6 +357,7 @@ class Learner:
             return
         with self._lock:
             self.bytes_up += len(blob)
+        self.metrics.uploaded.inc(len(blob))
 
     # --- reports ---------------------------------------------------------------------------------------------
     def _report(self, final: bool = False, reason: str | None = None) -> dict[str, Any]:
@@ -367,6 +391,7 @@ class Learner:
             log.warning("learner %d: report not written (%s)", self.learner_id, e)
 
     def _report_async(self) -> None:
+        self.metrics.store_retries.set(self.store.stats.retries)
         if self._report_future is None or self._report_future.done():
             report = self._report()
             self._report_future = self.pool.submit(
@@ -423,6 +448,11 @@ class Learner:
         self.loss = loss
         self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
         self.step_time_ema = dt if self.step_time_ema is None else 0.9 * self.step_time_ema + 0.1 * dt
+        m = self.metrics
+        m.inner_steps.inc()
+        m.tokens.inc(n)
+        m.loss.set(loss)
+        m.tokens_per_second.set(n / self.step_time_ema)
         return loss
 
     def tick(self) -> bool:
@@ -483,6 +513,10 @@ class Learner:
                     fs.merged_tokens += fs.pending["tokens"]
                     fs.merged_seconds += fs.pending["seconds"]
                 fs.discarded_tokens += fs.c_tokens - (fs.pending["tokens"] if credited else 0)
+                self._count_fate(
+                    fs.pending["tokens"] if credited else 0,
+                    fs.c_tokens - (fs.pending["tokens"] if credited else 0),
+                )
                 fs.c_steps, fs.c_tokens, fs.c_seconds, fs.pending = 0, 0, 0.0, None
         self.pool.shutdown(wait=True)
         self._put_report(final=True, reason=reason)

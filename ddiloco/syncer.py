@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from ddiloco import wire
 from ddiloco.compression import decode
 from ddiloco.globalmodel import latest_version, publish_global, read_global, read_layout
+from ddiloco.metrics import SyncerMetrics
 from ddiloco.outer import OuterNesterov, merge_with_stats, token_weight
 from ddiloco.prepare import load_run_config
 from ddiloco.store import NotFound, Store, StoreError
@@ -62,7 +64,15 @@ class Round:
 
 
 class Syncer:
-    def __init__(self, store: Store, *, clock=time.monotonic, wall=time.time, poll_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock=time.monotonic,
+        wall=time.time,
+        poll_s: float = 0.02,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
         self.cfg = load_run_config(store)
         self.run_id = self.cfg.run_id
@@ -93,6 +103,8 @@ class Syncer:
         self.incarnation = 0
         self.started_wall = wall()
         self._restore()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = SyncerMetrics(self.registry, self.metrics_state)
 
     # --- state ------------------------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -190,6 +202,23 @@ class Syncer:
             },
         )  # fmt: skip
 
+    def metrics_state(self) -> dict[str, Any]:
+        """What the metrics collector exports at scrape time, derived from the syncer's own books."""
+        reports = list(self.learners.values())
+        discarded = sum(f["discarded_tokens"] for r in reports for f in r["fragments"].values()) / self.P
+        merged_seconds = sum(f["merged_seconds"] for r in reports for f in r["fragments"].values()) / self.P
+        starts = [r["started_at"] for r in reports]
+        elapsed = self.wall() - min(starts) if starts else 0.0
+        provisioned = self.cfg.diloco.learners * elapsed
+        return {
+            "tokens_merged": self.tokens_merged(),
+            "tokens_discarded": discarded,
+            "token_budget": self.cfg.diloco.token_budget,
+            "live_learners": len(self.live_learners()),
+            "goodput": merged_seconds / provisioned if provisioned > 0 else 0.0,
+            "versions": list(self.versions),
+        }
+
     def tokens_merged(self) -> float:
         return sum(led["merged_tokens"] for led in self.ledger) / self.P
 
@@ -275,6 +304,7 @@ class Syncer:
                 ans = self._load_answer(rnd, key)
             except wire.PayloadError as e:
                 self.rejected[e.reason] += 1
+                self.metrics.rejected.labels(reason=e.reason).inc()
                 rnd.rejected[name] = e.reason
                 log.warning("syncer: rejected %s (%s)", key, e)
                 continue
@@ -282,6 +312,7 @@ class Syncer:
                 continue
             if ans.contributor in rnd.answers:
                 self.rejected["duplicate"] += 1
+                self.metrics.rejected.labels(reason="duplicate").inc()
                 continue
             rnd.answers[ans.contributor] = ans
 
@@ -359,6 +390,7 @@ class Syncer:
                     d.quorum,
                 )
                 self.rounds_abandoned += 1
+                self.metrics.rounds.labels(outcome="abandoned").inc()
                 del self.open[rnd.round]
                 self.store.delete_prefix(wire.update_prefix(rnd.fragment_id, rnd.round))
                 self.publish_status()
@@ -404,9 +436,11 @@ class Syncer:
             ),
         )
         self.store.put_json(wire.round_record_key(rnd.round), rec)
-        self.bytes_published += publish_global(
+        published = publish_global(
             self.store, self.run_id, p, version, theta, d.global_dtype, {"round": rnd.round}
         )
+        self.bytes_published += published
+        self.metrics.published.inc(published)
         if d.global_dtype == "bf16":  # learners see the rounded values; keep the syncer's copy identical
             for n in theta:
                 theta[n].copy_(theta[n].to(torch.bfloat16).float())
@@ -417,6 +451,16 @@ class Syncer:
         self._account(rec)
         del self.open[rnd.round]
         self.xi_sync = self._ema(self.xi_sync, self.clock() - now)
+        m = self.metrics
+        m.rounds.labels(outcome="merged").inc()
+        m.merges.labels(fragment=str(p)).inc()
+        m.quorum.observe(len(contributors))
+        m.grace.observe(rnd.grace_s)
+        m.time_to_quorum.observe(rec["time_to_quorum"])
+        m.merge_seconds.observe(self.clock() - now)
+        for c in contributors.values():
+            m.staleness.observe(c["staleness"])
+        m.outer_grad_norm.labels(fragment=str(p)).set(stats["merged_norm"])
         self.publish_status()
         self._save_state()
         self.store.delete_prefix(wire.update_prefix(p, rnd.round))
