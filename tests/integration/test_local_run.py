@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_local_run_with_real_processes(tmp_path):
     cfg = tiny_config("e2e", "diloco.learners=3", "diloco.fragments=3", "diloco.token_budget=60000")
     run = LocalRun(cfg, tmp_path)
-    s = run.run(timeout=240)
+    s = run.run(timeout=600)
     assert s["status"] == "done"
     assert s["ledger_balanced"], (
         s["tokens_merged_per_fragment"],

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.s3, pytest.mark.slow]
 def test_local_run_over_s3(s3_server, tmp_path):
     cfg = tiny_config("s3e2e", "diloco.token_budget=16000")
     run = LocalRun(cfg, tmp_path, store_root=s3_server.url("runs"), extra_env=s3_server.env())
-    s = run.run(timeout=240)
+    s = run.run(timeout=600)
     assert run.url.startswith("s3://")
     assert s["status"] == "done" and s["ledger_balanced"] and s["global_versions_contiguous"]
     assert s["final_val_loss"] < s["initial_val_loss"]
