@@ -49,6 +49,7 @@ from ddiloco.store import Store, StoreError, StoreUnavailable
 log = logging.getLogger(__name__)
 
 HISTORY_POINTS = 400
+HISTORY_EVERY_S = 1.0
 
 
 @dataclass(slots=True)
@@ -377,7 +378,9 @@ class Learner:
 
     def _sample_history(self) -> list[list[float]]:
         """Append the current point; keep at most HISTORY_POINTS by dropping every other old point."""
-        if self.loss_ema is not None:
+        if self.loss_ema is not None and (
+            not self.history or time.time() - self.history[-1][0] >= HISTORY_EVERY_S
+        ):
             self.history.append([time.time(), self.inner_step, self.tokens_processed, self.loss_ema])
             if len(self.history) > HISTORY_POINTS:
                 self.history = self.history[:-1:2] + self.history[-1:]

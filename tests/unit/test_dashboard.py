@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ddiloco.metrics import METRIC_NAMES
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "manifests" / "grafana" / "ddiloco-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "manifests" / "monitoring" / "dashboards" / "ddiloco.json"
 FUNCTIONS = {"rate", "increase", "sum", "max", "count", "histogram_quantile", "by", "le"}
 
 

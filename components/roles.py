@@ -1,0 +1,176 @@
+"""The KFP components: one `ddiloco` role each, as lightweight Python components on our own images.
+
+Each body is one call into `components.runtime` (run the role, log what it returned); everything a person
+turns in the UI is an input. The images already hold ddiloco and kfp (`install_kfp_package=False`), and
+their tag is the package version (`components.images`). Lightweight Python components, not container
+components, so that the same components also run under `kfp.local.SubprocessRunner` in the tests.
+
+Store access: `store` is the run root (`s3://bucket/prefix/run_id`); `s3_endpoint` becomes
+DDILOCO_S3_ENDPOINT for the role, and the credentials come from a Secret as environment variables (the
+pipeline maps them). An empty `s3_endpoint` keeps the environment's (local runs, `file://` stores).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from kfp import dsl
+from kfp.dsl import HTML, Markdown, Metrics, Model, Output
+
+from components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
+
+
+def prepare(
+    store: str,
+    run_id: str,
+    s3_endpoint: str = "",
+    recipe: str = "tiny-cpu",
+    overrides: list = [],  # noqa: B006 (a KFP default, never mutated)
+    learners: int = 4,
+    quorum: int = 0,
+    token_budget: int = 0,
+    chaos: str = "",
+    max_learners: int = 64,
+) -> list[int]:
+    """Write the run config, tokenizer, data shards, validation split and global version 0 to the store;
+    return the learner ids. quorum / token_budget 0 keep the recipe's; chaos is a YAML/JSON chaos section."""
+    from components.runtime import ddiloco, prepare_settings
+
+    settings = prepare_settings(overrides, learners, quorum, token_budget, chaos, max_learners)
+    ddiloco("prepare", store=store, recipe=recipe, run_id=run_id, set=settings, s3_endpoint=s3_endpoint)
+    return list(range(learners))
+
+
+def learner(
+    store: str,
+    learner_id: int,
+    s3_endpoint: str = "",
+    device: str = "",
+    max_steps: int = 0,
+    metrics_port: int = -1,
+):
+    """One learner until the run is done (max_steps > 0: stop after that many inner steps); Prometheus
+    /metrics on metrics_port (-1: off)."""
+    from components.runtime import ddiloco
+
+    ddiloco(
+        "learner",
+        store=store,
+        learner_id=learner_id,
+        device=device or None,
+        max_steps=max_steps or None,
+        metrics_port=None if metrics_port < 0 else metrics_port,
+        s3_endpoint=s3_endpoint,
+    )
+
+
+def syncer(
+    store: str,
+    final_model: Output[Model],
+    s3_endpoint: str = "",
+    max_seconds: float = 0.0,
+    metrics_port: int = -1,
+):
+    """The syncer until the token budget is merged (Prometheus /metrics on metrics_port, -1: off); the final
+    model stays in the store (the Model artifact points at it)."""
+    from components.runtime import ddiloco, store_model
+
+    ddiloco(
+        "syncer",
+        store=store,
+        max_seconds=max_seconds or None,
+        metrics_port=None if metrics_port < 0 else metrics_port,
+        s3_endpoint=s3_endpoint,
+    )
+    store_model(final_model, store, "final", s3_endpoint)
+
+
+def chaos(
+    store: str,
+    events: Output[Markdown],
+    s3_endpoint: str = "",
+    backend: str = "kubernetes",
+    selector: str = "ddiloco.io/role in (learner,syncer)",
+):
+    """Fire the run's timed chaos schedule at this run's learner / syncer pods; Markdown = what it did."""
+    from components.runtime import ddiloco
+
+    ddiloco(
+        "chaos",
+        store=store,
+        backend=backend,
+        selector=selector,
+        markdown_out=events.path,
+        s3_endpoint=s3_endpoint,
+    )
+
+
+def evaluate(
+    store: str,
+    metrics: Output[Metrics],
+    s3_endpoint: str = "",
+    model: str = "final",
+    extra_args: list = [],  # noqa: B006 (a KFP default, never mutated)
+):
+    """Validation loss, perplexity and task accuracy of a checkpoint (final, sft, latest, round:N);
+    extra_args go to `ddiloco evaluate` as they are."""
+    from components.runtime import ddiloco, log_metrics
+
+    log_metrics(metrics, ddiloco("evaluate", *extra_args, store=store, model=model, s3_endpoint=s3_endpoint))
+
+
+def sft(
+    store: str,
+    metrics: Output[Metrics],
+    sft_model: Output[Model],
+    s3_endpoint: str = "",
+    extra_args: list = [],  # noqa: B006 (a KFP default, never mutated)
+):
+    """Supervised fine-tuning of the final model; the result stays in the store (Model = pointer);
+    extra_args go to `ddiloco sft` as they are."""
+    from components.runtime import ddiloco, log_metrics, store_model
+
+    log_metrics(metrics, ddiloco("sft", *extra_args, store=store, s3_endpoint=s3_endpoint))
+    store_model(sft_model, store, "sft", s3_endpoint)
+
+
+def report(
+    store: str,
+    html: Output[HTML],
+    markdown: Output[Markdown],
+    summary: Output[Metrics],
+    s3_endpoint: str = "",
+):
+    """The run report (HTML and Markdown, rendered by the KFP UI) and the summary's headline numbers."""
+    from components.runtime import run_report
+
+    run_report(store, html, markdown, summary, s3_endpoint)
+
+
+@dataclass(frozen=True)
+class Components:
+    prepare: Any
+    learner: Any
+    syncer: Any
+    chaos: Any
+    evaluate: Any
+    sft: Any
+    report: Any
+
+
+def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
+    """The components on `{registry}/ddiloco-{learner,syncer}:{version}`. gpu=True runs learners, evaluation
+    and SFT on the CUDA image; gpu=False (CPU-only clusters) runs everything on the slim CPU image."""
+    cpu_image, gpu_image = image(SYNCER, registry), image(LEARNER if gpu else SYNCER, registry)
+
+    def on(img: str, func: Any) -> Any:
+        return dsl.component(func, base_image=img, install_kfp_package=False)
+
+    return Components(
+        prepare=on(cpu_image, prepare),
+        learner=on(gpu_image, learner),
+        syncer=on(cpu_image, syncer),
+        chaos=on(cpu_image, chaos),
+        evaluate=on(gpu_image, evaluate),
+        sft=on(gpu_image, sft),
+        report=on(cpu_image, report),
+    )

@@ -1,0 +1,27 @@
+# ddiloco learner image: CUDA PyTorch (the PyPI torch wheel brings its CUDA libraries; the node needs only
+# the NVIDIA driver and device plugin), ddiloco with the kfp extra (component bodies run kfp's executor).
+# Also runs evaluation and SFT on the GPU pipeline. Build from the repository root:
+#   images/build.sh REGISTRY            (or: docker build -f images/learner.Dockerfile .)
+ARG PYTHON=python:3.11-slim-bookworm
+
+FROM ${PYTHON} AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY ddiloco ./ddiloco
+COPY components ./components
+COPY pipelines ./pipelines
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+FROM ${PYTHON}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+COPY --from=build /wheels /wheels
+RUN python -m venv /opt/venv \
+ && pip install "$(ls /wheels/ddiloco-*.whl)[kfp]" \
+ && rm -rf /wheels \
+ && useradd --uid 1000 --create-home --shell /usr/sbin/nologin ddiloco
+USER 1000:1000
+WORKDIR /home/ddiloco
+# KFP runs `python3 -m kfp.dsl.executor_main ...`; python3 is the venv's (first on PATH).
+RUN python3 -c "import ddiloco, kfp, torch; print('ddiloco', ddiloco.__version__, 'torch', torch.__version__)"
+CMD ["ddiloco", "--help"]

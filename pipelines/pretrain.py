@@ -1,0 +1,208 @@
+"""The `pretrain` pipeline: prepare → [learners ∥ syncer ∥ chaos] → evaluate → sft → evaluate → report.
+
+Design choices:
+- Two kinds of settings. Run-time parameters are what a person turns in the KFP UI (recipe, overrides,
+  learners, quorum, token budget, chaos schedule, store bucket/prefix/endpoint/secret, node pools); compile-time
+  `ClusterOptions` are what a platform engineer fixes once per cluster (registry, GPUs per learner, resources,
+  retries, timeouts, the ParallelFor cap). `ddiloco pipeline compile` exposes the latter as flags.
+- Learners are a ParallelFor over the ids `prepare` returns, with parallelism = `max_learners` (all of a
+  run's learners at once: a learner that waited for a slot would start after the run is done). Each learner
+  requests GPUs, lands on the GPU pool (node selector + tolerations, run-time JSON parameters), carries the
+  pod label the chaos step selects on, retries generously with backoff, and has a deadline.
+- The syncer is a sibling on CPU nodes (no GPU, no GPU toleration, optional CPU node selector); the chaos
+  step is a third sibling that deletes pods of this run only (it reads the run's Argo workflow label and its
+  namespace through the downward API). Evaluation waits for the syncer only: learners exit on `done`.
+- The run root is `s3://{bucket}/{prefix}/{KFP run id}`; the run id is also the ddiloco run id. Store
+  credentials come from a Secret as env (default KFP's `mlpipeline-minio-artifact`, keys accesskey/secretkey).
+- Caching is off everywhere: every step has side effects in the store.
+- A pod deleted by the chaos step ends in Argo's `Error` phase, which `set_retry` alone (Argo's default
+  retryPolicy OnFailure) does not retry: apply `manifests/argo-retry` (docs/cluster.md explains).
+"""
+
+# No `from __future__ import annotations`: kfp reads the pipeline signature's types at definition time.
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kfp import dsl, kubernetes
+
+from components.images import DEFAULT_REGISTRY
+from components.roles import build
+from ddiloco.chaos_k8s import DEFAULT_SELECTOR, ROLE_LABEL
+
+KFP_SECRET = "mlpipeline-minio-artifact"
+SECRET_KEYS = {"accesskey": "DDILOCO_S3_ACCESS_KEY", "secretkey": "DDILOCO_S3_SECRET_KEY"}
+"""Keys of KFP's artifact-store Secret -> the variables `ddiloco.store.s3` reads."""
+WORKFLOW_LABEL_PATH = "metadata.labels['workflows.argoproj.io/workflow']"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterOptions:
+    """Compile-time settings of a pipeline (one compiled YAML per cluster setup)."""
+
+    name: str = "ddiloco-pretrain"
+    description: str = (
+        "Decoupled DiLoCo pre-training: M learners and a syncer over object storage, chaos, eval, SFT."
+    )
+    registry: str = DEFAULT_REGISTRY
+    """Image registry: images are {registry}/ddiloco-learner|syncer:{package version}."""
+    gpu: bool = True
+    """Learners, evaluation and SFT request GPUs on the CUDA image; False runs everything on CPU nodes."""
+    max_learners: int = 8
+    """ParallelFor parallelism: the most learners one run may have (all of them run at once)."""
+    accelerator: str = "nvidia.com/gpu"
+    """Extended resource a GPU step requests."""
+    gpus_per_learner: int = 1
+    """GPUs per learner pod (one learner = one single-node training job)."""
+    learner_cpu: str = "4"
+    learner_memory: str = "32Gi"
+    syncer_cpu: str = "4"
+    """The syncer merges fragments in fp32 on CPU: give it cores and memory for ~3 copies of the model."""
+    syncer_memory: str = "16Gi"
+    learner_retries: int = 100
+    """Retries per learner (chaos kills, preemptions); each comes back from its checkpoint in the store."""
+    syncer_retries: int = 20
+    step_retries: int = 3
+    """Retries of prepare, chaos, evaluate, sft and report."""
+    backoff: str = "10s"
+    backoff_factor: float = 2.0
+    backoff_max: str = "300s"
+    run_timeout_s: int = 3 * 24 * 3600
+    """Deadline of each learner / syncer / chaos pod."""
+    metrics_port: int = 9400
+    """Port of the learners' and syncer's Prometheus /metrics (`--metrics-port`; manifests/monitoring scrapes it)."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """Run-time parameter defaults (overriding `DEFAULTS`)."""
+
+
+DEFAULTS: dict[str, Any] = {
+    "recipe": "small-gpu",
+    "overrides": [],
+    "learners": 4,
+    "quorum": 0,
+    "token_budget": 0,
+    "chaos": "",
+    "store_bucket": "mlpipeline",
+    "store_prefix": "ddiloco",
+    "s3_endpoint": "seaweedfs.kubeflow:9000",
+    "store_secret": KFP_SECRET,
+    "gpu_node_selector": {"nvidia.com/gpu.present": "true"},
+    "gpu_tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "cpu_node_selector": {},
+}
+"""Run-time parameters and their defaults (KFP ≥ 2.16 ships SeaweedFS at seaweedfs.kubeflow:9000; older
+releases MinIO at minio-service.kubeflow:9000; multi-user: prefix private/<namespace>/ddiloco)."""
+
+
+def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., Any]:
+    """The `@dsl.pipeline` function for these options (compile it with `kfp.compiler.Compiler`)."""
+    d = {**DEFAULTS, **opts.defaults}
+    if not 1 <= d["learners"] <= opts.max_learners:
+        raise ValueError(
+            f"default learners={d['learners']} must be within 1..max_learners={opts.max_learners}"
+        )
+    c = build(opts.registry, gpu=opts.gpu)
+
+    @dsl.pipeline(name=opts.name, description=opts.description)
+    def pretrain(
+        recipe: str = d["recipe"],
+        overrides: list = d["overrides"],
+        learners: int = d["learners"],
+        quorum: int = d["quorum"],
+        token_budget: int = d["token_budget"],
+        chaos: str = d["chaos"],
+        store_bucket: str = d["store_bucket"],
+        store_prefix: str = d["store_prefix"],
+        s3_endpoint: str = d["s3_endpoint"],
+        store_secret: str = d["store_secret"],
+        gpu_node_selector: dict = d["gpu_node_selector"],
+        gpu_tolerations: list = d["gpu_tolerations"],
+        cpu_node_selector: dict = d["cpu_node_selector"],
+    ):
+        store = f"s3://{store_bucket}/{store_prefix}/{dsl.PIPELINE_JOB_ID_PLACEHOLDER}"
+        k8s = _Wiring(opts, store_secret, gpu_node_selector, gpu_tolerations, cpu_node_selector)
+        prep = c.prepare(
+            store=store, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, s3_endpoint=s3_endpoint, recipe=recipe,
+            overrides=overrides, learners=learners, quorum=quorum, token_budget=token_budget, chaos=chaos,
+            max_learners=opts.max_learners,
+        )  # fmt: skip
+        k8s.cpu_step(prep, "prepare")
+        with dsl.ParallelFor(items=prep.output, parallelism=opts.max_learners, name="learners") as lid:
+            learner = c.learner(
+                store=store, learner_id=lid, s3_endpoint=s3_endpoint, metrics_port=opts.metrics_port
+            )
+            k8s.learner(learner.after(prep))
+        sync = k8s.syncer(
+            c.syncer(store=store, s3_endpoint=s3_endpoint, metrics_port=opts.metrics_port).after(prep)
+        )
+        k8s.chaos(c.chaos(store=store, s3_endpoint=s3_endpoint, selector=DEFAULT_SELECTOR).after(prep))
+        pre = k8s.gpu_step(
+            c.evaluate(store=store, s3_endpoint=s3_endpoint, model="final").after(sync), "evaluate-final"
+        )
+        tune = k8s.gpu_step(c.sft(store=store, s3_endpoint=s3_endpoint).after(pre), "sft")
+        post = k8s.gpu_step(
+            c.evaluate(store=store, s3_endpoint=s3_endpoint, model="sft").after(tune), "evaluate-sft"
+        )
+        k8s.cpu_step(c.report(store=store, s3_endpoint=s3_endpoint).after(post), "report")
+
+    return pretrain
+
+
+@dataclass
+class _Wiring:
+    """Kubernetes settings of each kind of step (resources, pools, labels, secrets, retries, deadlines)."""
+
+    opts: ClusterOptions
+    secret: Any
+    gpu_selector: Any
+    gpu_tolerations: Any
+    cpu_selector: Any
+
+    def _common(self, task: Any, name: str, retries: int, role: str | None = None) -> Any:
+        o = self.opts
+        task.set_display_name(name).set_caching_options(False)
+        task.set_retry(num_retries=retries, backoff_duration=o.backoff, backoff_factor=o.backoff_factor,
+                       backoff_max_duration=o.backoff_max)  # fmt: skip
+        kubernetes.use_secret_as_env(task, secret_name=self.secret, secret_key_to_env=SECRET_KEYS)
+        kubernetes.add_pod_label(task, "app.kubernetes.io/part-of", "ddiloco")
+        if role is not None:
+            kubernetes.add_pod_label(task, ROLE_LABEL, role)
+        return task
+
+    def _on_gpus(self, task: Any, gpus: int) -> Any:
+        if self.opts.gpu:
+            task.set_accelerator_type(self.opts.accelerator).set_accelerator_limit(gpus)
+            kubernetes.add_node_selector_json(task, self.gpu_selector)
+            kubernetes.add_toleration_json(task, self.gpu_tolerations)
+        else:
+            kubernetes.add_node_selector_json(task, self.cpu_selector)
+        return task
+
+    def cpu_step(self, task: Any, name: str, retries: int | None = None, role: str | None = None) -> Any:
+        kubernetes.add_node_selector_json(task, self.cpu_selector)
+        return self._common(task, name, self.opts.step_retries if retries is None else retries, role)
+
+    def gpu_step(self, task: Any, name: str) -> Any:
+        return self._on_gpus(self._common(task, name, self.opts.step_retries), 1)
+
+    def learner(self, task: Any) -> Any:
+        o = self.opts
+        self._common(task, "learner", o.learner_retries, role="learner")
+        self._on_gpus(task, o.gpus_per_learner)
+        task.set_cpu_request(o.learner_cpu).set_memory_request(o.learner_memory)
+        kubernetes.set_timeout(task, o.run_timeout_s)
+        return task
+
+    def syncer(self, task: Any) -> Any:
+        o = self.opts
+        self.cpu_step(task, "syncer", o.syncer_retries, role="syncer")
+        task.set_cpu_request(o.syncer_cpu).set_memory_request(o.syncer_memory)
+        kubernetes.set_timeout(task, o.run_timeout_s)
+        return task
+
+    def chaos(self, task: Any) -> Any:
+        self.cpu_step(task, "chaos")
+        kubernetes.use_field_path_as_env(task, "DDILOCO_K8S_WORKFLOW", WORKFLOW_LABEL_PATH)
+        kubernetes.use_field_path_as_env(task, "DDILOCO_K8S_NAMESPACE", "metadata.namespace")
+        kubernetes.set_timeout(task, self.opts.run_timeout_s)
+        return task

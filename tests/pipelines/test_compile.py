@@ -1,0 +1,183 @@
+"""The compiled pipelines: golden files (UPDATE_GOLDEN=1 rewrites them) and the structure a cluster relies on."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from ddiloco import __version__
+from pipelines.compile import PIPELINES, compile_pipeline, golden_path, stable_header
+from pipelines.pretrain import SECRET_KEYS
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compiled")
+    return {name: compile_pipeline(name, out / f"{name}.yaml") for name in PIPELINES}
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_golden_file_matches(compiled, name):
+    fresh, golden = compiled[name].read_text(), golden_path(name)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(fresh)
+    assert golden.is_file(), f"{golden} is missing: run UPDATE_GOLDEN=1 pytest {__file__}"
+    assert fresh == golden.read_text(), (
+        f"{golden.name} is stale: the pipeline changed. Review the diff, then UPDATE_GOLDEN=1 pytest {__file__}"
+    )
+
+
+def test_header_defaults_are_printed_in_a_stable_order():
+    line = "#    tol: list [Default: [{'operator': 'Exists', 'effect': 'NoSchedule', 'key': 'k'}]]"
+    assert (
+        stable_header(line)
+        == "#    tol: list [Default: [{'effect': 'NoSchedule', 'key': 'k', 'operator': 'Exists'}]]"
+    )
+
+
+class Spec:
+    """The pipeline IR and its Kubernetes platform spec, looked up by task display name."""
+
+    def __init__(self, path):
+        self.ir, self.platform = yaml.safe_load_all(path.read_text())
+        self.executors = self.platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+        self.tasks = {}  # display name -> (task, dag it lives in)
+        for comp in [self.ir["root"], *self.ir["components"].values()]:
+            for key, task in comp.get("dag", {}).get("tasks", {}).items():
+                self.tasks[task["taskInfo"]["name"]] = (key, task)
+
+    def deps(self, name):
+        return sorted(self.name_of(k) for k in self.tasks[name][1].get("dependentTasks", []))
+
+    def name_of(self, key):
+        return next(n for n, (k, _) in self.tasks.items() if k == key)
+
+    def executor(self, name):
+        task = self.tasks[name][1]
+        label = self.ir["components"][task["componentRef"]["name"]]["executorLabel"]
+        return self.ir["deploymentSpec"]["executors"][label]["container"], self.executors.get(label, {})
+
+
+@pytest.fixture(scope="module")
+def pretrain(compiled):
+    return Spec(compiled["pretrain"])
+
+
+def test_learners_syncer_and_chaos_run_side_by_side_after_prepare(pretrain):
+    assert pretrain.deps("prepare") == []
+    for name in ("learners", "syncer", "chaos"):
+        assert pretrain.deps(name) == ["prepare"], name
+    loop = pretrain.tasks["learners"][1]
+    assert loop["iteratorPolicy"]["parallelismLimit"] == PIPELINES["pretrain"].max_learners
+    assert loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--prepare-Output"
+
+
+def test_evaluate_after_the_syncer_then_sft_then_evaluate_then_report(pretrain):
+    assert pretrain.deps("evaluate-final") == ["syncer"]
+    assert pretrain.deps("sft") == ["evaluate-final"]
+    assert pretrain.deps("evaluate-sft") == ["sft"]
+    assert pretrain.deps("report") == ["evaluate-sft"]
+    inputs = {
+        n: pretrain.tasks[n][1]["inputs"]["parameters"]["model"]["runtimeValue"]["constant"]
+        for n in ("evaluate-final", "evaluate-sft")
+    }
+    assert inputs == {"evaluate-final": "final", "evaluate-sft": "sft"}
+
+
+def test_retries_with_backoff_and_no_caching(pretrain):
+    opts = PIPELINES["pretrain"]
+    expected = {"learner": opts.learner_retries, "syncer": opts.syncer_retries, "chaos": opts.step_retries}
+    for name, retries in expected.items():
+        policy = pretrain.tasks[name][1]["retryPolicy"]
+        assert policy["maxRetryCount"] == retries and policy["backoffDuration"] == opts.backoff
+        assert (
+            policy["backoffMaxDuration"] == opts.backoff_max
+            and policy["backoffFactor"] == opts.backoff_factor
+        )
+    assert opts.learner_retries >= 50
+    for name, (_, task) in pretrain.tasks.items():
+        if "componentRef" in task and name != "learners":
+            assert task["cachingOptions"] == {}, (
+                f"{name} must not be cached (enableCache false is the empty message)"
+            )
+
+
+def test_gpus_pools_labels_and_deadlines(pretrain):
+    learner, learner_k8s = pretrain.executor("learner")
+    assert learner["image"] == f"ghcr.io/ddiloco/ddiloco-learner:{__version__}"
+    assert learner["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
+    assert learner["resources"]["accelerator"]["resourceCount"] == "1"
+    assert learner_k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith(
+        "gpu_node_selector"
+    )
+    assert learner_k8s["tolerations"][0]["tolerationJson"]["componentInputParameter"].endswith(
+        "gpu_tolerations"
+    )
+    assert learner_k8s["podMetadata"]["labels"]["ddiloco.io/role"] == "learner"
+    assert int(learner_k8s["activeDeadlineSeconds"]) == PIPELINES["pretrain"].run_timeout_s
+
+    syncer, syncer_k8s = pretrain.executor("syncer")
+    assert syncer["image"] == f"ghcr.io/ddiloco/ddiloco-syncer:{__version__}"
+    assert "accelerator" not in syncer.get("resources", {}) and "tolerations" not in syncer_k8s
+    assert syncer_k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == "cpu_node_selector"
+    assert syncer_k8s["podMetadata"]["labels"]["ddiloco.io/role"] == "syncer"
+    for name in ("evaluate-final", "sft", "evaluate-sft"):
+        assert pretrain.executor(name)[0]["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
+
+    _, chaos_k8s = pretrain.executor("chaos")
+    env = {e["name"]: e["fieldPath"] for e in chaos_k8s["fieldPathAsEnv"]}
+    assert env == {
+        "DDILOCO_K8S_WORKFLOW": "metadata.labels['workflows.argoproj.io/workflow']",
+        "DDILOCO_K8S_NAMESPACE": "metadata.namespace",
+    }
+
+
+def test_store_credentials_come_from_the_secret_as_env(pretrain):
+    store = pretrain.tasks["prepare"][1]["inputs"]["parameters"]["store"]["runtimeValue"]["constant"]
+    assert store.startswith("s3://{{$.inputs.parameters['pipelinechannel--store_bucket']}}/")
+    assert store.endswith("/{{$.pipeline_job_uuid}}")
+    for name in ("prepare", "learner", "syncer", "chaos", "evaluate-final", "sft", "evaluate-sft", "report"):
+        _, k8s = pretrain.executor(name)
+        (secret,) = k8s["secretAsEnv"]
+        assert secret["secretNameParameter"]["componentInputParameter"].endswith("store_secret"), name
+        assert {kv["secretKey"]: kv["envVar"] for kv in secret["keyToEnv"]} == SECRET_KEYS
+    defaults = {
+        k: v.get("defaultValue") for k, v in pretrain.ir["root"]["inputDefinitions"]["parameters"].items()
+    }
+    assert defaults["store_secret"] == "mlpipeline-minio-artifact"
+    assert defaults["s3_endpoint"] == "seaweedfs.kubeflow:9000"
+
+
+def test_smoke_pipeline_needs_no_gpu(compiled):
+    smoke = Spec(compiled["smoke"])
+    for name in ("prepare", "learner", "syncer", "chaos", "evaluate-final", "sft", "evaluate-sft", "report"):
+        container, k8s = smoke.executor(name)
+        assert "accelerator" not in container.get("resources", {}), name
+        assert "tolerations" not in k8s and container["image"].rsplit("/", 1)[1].startswith("ddiloco-syncer:")
+    assert smoke.deps("learners") == ["prepare"] and smoke.deps("evaluate-final") == ["syncer"]
+
+
+def test_compile_options_change_parallelism_and_images(tmp_path):
+    from pipelines.cli import main
+
+    out = tmp_path / "p.yaml"
+    assert (
+        main(
+            [
+                "pipeline",
+                "compile",
+                "--out",
+                str(out),
+                "--max-learners",
+                "16",
+                "--registry",
+                "r.example/team/",
+            ]
+        )
+        == 0
+    )
+    spec = Spec(out)
+    assert spec.tasks["learners"][1]["iteratorPolicy"]["parallelismLimit"] == 16
+    assert spec.executor("learner")[0]["image"] == f"r.example/team/ddiloco-learner:{__version__}"

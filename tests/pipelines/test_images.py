@@ -1,0 +1,44 @@
+"""The image definitions, checked without a container engine: tags, users, contents, no secrets."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from components.images import LEARNER, SYNCER, image
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "images"
+
+
+def test_build_script_tags_images_as_the_components_name_them():
+    out = subprocess.run(
+        ["bash", str(IMAGES / "build.sh"), "registry.example:5000/team/", "--push", "--dry-run"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    for name in (LEARNER, SYNCER):
+        tag = image(name, "registry.example:5000/team")
+        assert f"build -f images/{name.removeprefix('ddiloco-')}.Dockerfile -t {tag} ." in out
+        assert f"push {tag}" in out
+    assert subprocess.run(["bash", str(IMAGES / "build.sh")], capture_output=True).returncode == 2
+
+
+@pytest.mark.parametrize("name", ["learner", "syncer"])
+def test_dockerfile_runs_as_non_root_from_the_repository_without_secrets(name):
+    text = (IMAGES / f"{name}.Dockerfile").read_text()
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and not users[-1].startswith(("0", "root")), "the image must run as a non-root user"
+    assert re.search(r'pip install "\$\(ls /wheels/ddiloco-\*\.whl\)\[kfp\]"', text), (
+        "installs this repo + kfp"
+    )
+    assert not re.search(r"(?i)(secret|password|token|access_?key)\s*=", text)
+    lines = (IMAGES / f"{name}.Dockerfile.dockerignore").read_text().splitlines()
+    ignore = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    assert ignore[0] == "*" and "!ddiloco/" in ignore, "send only what the image installs"
+    for copied in re.findall(r"^COPY (?!--from)(\S+)", text, re.M):
+        assert f"!{copied}/" in ignore or f"!{copied}" in ignore, (
+            f"{copied} is excluded from the build context"
+        )

@@ -1,0 +1,124 @@
+"""Every component under `kfp.local` (SubprocessRunner, this interpreter) on the tiny recipe, `file://` store.
+
+Order: prepare → learners ∥ syncer → chaos → evaluate(final) → sft → evaluate(sft) → report. The learners
+and the syncer run *at the same time*, each as its own kfp.local task on a thread, as the pipeline runs
+them: learners never block, but the syncer only opens rounds while learners are alive and only learners
+answer rounds, so no sequential order of the two can reach the token budget (a learner started after the
+syncer stopped, or before it started, trains alone and is never merged).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import pytest
+
+from components.roles import build
+
+pytestmark = [
+    pytest.mark.slow,
+    # kfp.local warns about a "non-Python base image": ours hold Python and ddiloco, and this interpreter has both
+    pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.seq_len=32", "train.batch_size=4",
+    "data.synthetic_docs=600", "data.synthetic_entities=8", "diloco.fragments=2", "eval.val_batches=2",
+    "train.checkpoint_every_s=5",
+]  # fmt: skip
+
+
+def stop_learners(store: str) -> None:
+    """What the syncer publishes when a run is over; learners exit at their next step."""
+    from ddiloco import wire
+    from ddiloco.store import open_store
+
+    open_store(store).put_json(wire.STATUS, {"done": True, "versions": {}, "open_rounds": [], "merged": []})
+
+
+@pytest.fixture(scope="module")
+def comps(tmp_path_factory):
+    """The components under kfp.local, in this interpreter."""
+    from kfp import local
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", str(ROOT))  # the component bodies import `components.runtime`
+    root = tmp_path_factory.mktemp("kfp-root")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+    yield build()
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def trained(comps, tmp_path_factory):
+    """prepare, then two learners and the syncer at once: (store URL, {step: task})."""
+    c = comps
+    store = f"file://{tmp_path_factory.mktemp('kfp-local')}/run"
+    tasks = {
+        "prepare": c.prepare(
+            store=store, run_id="kfp-local", recipe="tiny-cpu", overrides=TINY, learners=2, token_budget=12000
+        )
+    }
+    ids = [int(i) for i in tasks["prepare"].output]  # kfp.local returns JSON numbers as floats
+    with ThreadPoolExecutor(len(ids) + 1) as pool:
+        syncer = pool.submit(c.syncer, store=store, max_seconds=400.0)
+        learners = [pool.submit(c.learner, store=store, learner_id=i) for i in ids]
+        done, _ = wait([syncer, *learners], timeout=600, return_when=FIRST_EXCEPTION)
+        failed = [f for f in done if f.exception() is not None]
+        if failed:
+            stop_learners(store)  # the syncer will not say "done": tell the learners, then fail
+            failed[0].result()
+        tasks["syncer"] = syncer.result(timeout=600)
+        tasks["learners"] = [f.result(timeout=600) for f in learners]
+    return store, tasks
+
+
+@pytest.fixture(scope="module")
+def post_trained(comps, trained):
+    """evaluate(final) → sft → evaluate(sft) → report, as the pipeline chains them."""
+    c, (store, tasks) = comps, trained
+    tasks["evaluate-final"] = c.evaluate(store=store, model="final")
+    tasks["sft"] = c.sft(store=store)
+    tasks["evaluate-sft"] = c.evaluate(store=store, model="sft")
+    tasks["report"] = c.report(store=store)
+    return store, tasks
+
+
+def test_prepare_learners_and_syncer_finish_the_run(trained):
+    store, tasks = trained
+    root = Path(store.removeprefix("file://"))
+    assert [int(i) for i in tasks["prepare"].output] == [0, 1]
+    assert (root / "done.json").is_file()
+    config = json.loads((root / "config.json").read_text())
+    assert config["run_id"] == "kfp-local" and config["diloco"]["learners"] == 2
+    assert config["diloco"]["token_budget"] == 12000 and config["model"]["n_embd"] == 32
+    final = tasks["syncer"].outputs["final_model"]
+    assert final.metadata["uri"] == f"{store}/final/model.safetensors" and final.metadata["present"]
+    assert json.loads(Path(final.path).read_text())["uri"] == final.metadata["uri"]
+
+
+def test_chaos_records_what_it_did(comps, trained):
+    store, _ = trained
+    events = comps.chaos(store=store, backend="local").outputs["events"]
+    assert "nothing fired" in Path(events.path).read_text()  # the run had no chaos schedule
+
+
+def test_evaluate_logs_metrics(post_trained):
+    _, tasks = post_trained
+    for step in ("evaluate-final", "evaluate-sft"):
+        metrics = tasks[step].outputs["metrics"].metadata
+        assert 0 < metrics["val_loss"] < 10 and metrics["perplexity"] > 1, (step, metrics)
+
+
+def test_sft_and_report_write_their_artifacts(post_trained):
+    _, tasks = post_trained
+    assert tasks["sft"].outputs["sft_model"].metadata["checkpoint"] == "sft"
+    assert tasks["sft"].outputs["sft_model"].metadata["present"]
+    assert tasks["sft"].outputs["metrics"].metadata, "sft logs its metrics"
+    report = tasks["report"].outputs
+    assert "<html" in Path(report["html"].path).read_text().lower()
+    assert Path(report["markdown"].path).read_text().strip()
+    assert report["summary"].metadata["tokens_merged"] >= 12000

@@ -1,0 +1,213 @@
+"""The kustomize manifests: every overlay builds with `kubectl kustomize`, and every object it yields
+validates strictly (`kubernetes-validate --strict` schemas for built-in kinds; custom resources against the
+schema of their own CRD, below), and the Argo retry Component merges into KFP's controller ConfigMap."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+OVERLAYS = sorted(p.parent for p in (MANIFESTS / "overlays").glob("*/kustomization.yaml"))
+K8S_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="needs kubectl (apt-get install kubectl) for `kubectl kustomize`"
+)
+
+# --- custom resources: the fields of their CRDs' openAPIV3Schema that these manifests use, strict ----------
+_STR_LIST = {"type": "array", "items": {"type": "string"}}
+_RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
+                            "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
+                            "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]},
+        "modulus": {"type": "integer"},
+        "regex": {"type": "string"},
+        "replacement": {"type": "string"},
+        "separator": {"type": "string"},
+        "sourceLabels": _STR_LIST,
+        "targetLabel": {"type": "string"},
+    },
+}  # fmt: skip
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
+PODMONITOR_V1 = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PodMonitor"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "required": ["selector"],
+            "additionalProperties": False,
+            "properties": {
+                "jobLabel": {"type": "string"},
+                "podTargetLabels": _STR_LIST,
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"any": {"type": "boolean"}, "matchNames": _STR_LIST},
+                },
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "matchExpressions": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["key", "operator"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "key": {"type": "string"},
+                                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                                    "values": _STR_LIST,
+                                },
+                            },
+                        },
+                    },
+                },
+                "podMetricsEndpoints": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "path": {"type": "string"},
+                            "port": {"type": "string"},
+                            "portNumber": {"type": "integer", "minimum": 1, "maximum": 65535},
+                            "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                            "interval": _DURATION,
+                            "scrapeTimeout": _DURATION,
+                            "honorLabels": {"type": "boolean"},
+                            "relabelings": {"type": "array", "items": _RELABEL},
+                            "metricRelabelings": {"type": "array", "items": _RELABEL},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+"""The monitoring.coreos.com/v1 PodMonitor fields used here, with the types, enums and patterns of the
+prometheus-operator CRD (required: spec.selector); unknown fields are errors, as `--strict` makes them for
+built-in kinds."""
+CUSTOM_SCHEMAS = {("monitoring.coreos.com/v1", "PodMonitor"): PODMONITOR_V1}
+
+
+def kustomize(path: Path) -> list[dict]:
+    out = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, f"kubectl kustomize {path.relative_to(ROOT)} failed:\n{out.stderr}"
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def validate_strict(obj: dict, version: str) -> None:
+    schema = CUSTOM_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    if schema is not None:
+        jsonschema.validate(obj, schema)
+        return
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.SchemaNotFoundError:
+        pytest.fail(
+            f"{obj['apiVersion']} {obj['kind']} has no schema: add its CRD's schema to CUSTOM_SCHEMAS"
+        )
+
+
+def test_there_are_overlays_for_kubeflow_and_standalone():
+    assert {p.name for p in OVERLAYS} == {"kubeflow", "standalone"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_overlay_builds_and_every_object_validates_strictly(overlay):
+    objects = kustomize(overlay)
+    assert objects
+    for obj in objects:
+        for version in K8S_VERSIONS:
+            try:
+                validate_strict(obj, version)
+            except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as e:
+                pytest.fail(
+                    f"{overlay.name}: {obj['kind']}/{obj['metadata']['name']} (k8s {version}): {e.message}"
+                )
+        assert obj["kind"] != "Secret", "credentials never live in the repository"
+        assert obj["metadata"].get("namespace"), f"{obj['kind']}/{obj['metadata']['name']} has no namespace"
+
+
+def test_strict_validation_catches_a_typo():
+    (pm,) = [o for o in kustomize(MANIFESTS / "monitoring") if o["kind"] == "PodMonitor"]
+    pm["spec"]["podMetricsEndpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_strict(pm, K8S_VERSIONS[-1])
+    (role, _) = kustomize(MANIFESTS / "base")
+    role["rules"][0]["verb"] = ["get"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_strict(role, K8S_VERSIONS[-1])
+
+
+def test_chaos_rbac_is_list_and_delete_pods_only_bound_to_the_pipeline_runner():
+    by_overlay = {p.name: {o["kind"]: o for o in kustomize(p)} for p in OVERLAYS}
+    for name, sa in (("kubeflow", "default-editor"), ("standalone", "pipeline-runner")):
+        objs = by_overlay[name]
+        assert objs["Role"]["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]}
+        ]
+        assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": sa}]
+        assert objs["RoleBinding"]["metadata"]["namespace"] == objs["Role"]["metadata"]["namespace"]
+
+
+def test_podmonitor_scrapes_the_port_the_pipeline_serves_metrics_on():
+    from pipelines.pretrain import ClusterOptions
+
+    (pm,) = [o for o in kustomize(MANIFESTS / "monitoring") if o["kind"] == "PodMonitor"]
+    address = [
+        r
+        for r in pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+        if r.get("targetLabel") == "__address__"
+    ]
+    assert address[0]["replacement"] == f"${{1}}:{ClusterOptions().metrics_port}"
+    assert pm["spec"]["selector"]["matchExpressions"][0]["values"] == ["learner", "syncer"]
+
+
+def test_argo_retry_component_adds_workflow_defaults_and_keeps_kfp_settings(tmp_path):
+    """Built on top of a stand-in of KFP's own workflow-controller-configmap, as a KFP kustomization would."""
+    (tmp_path / "kfp-controller-config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "workflow-controller-configmap", "namespace": "kubeflow"},
+                "data": {"artifactRepository": "archiveLogs: true\n", "executor": "imagePullPolicy: IfNotPresent\n"},
+            }
+        )
+    )  # fmt: skip
+    component = os.path.relpath(MANIFESTS / "argo-retry", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": ["kfp-controller-config.yaml"], "components": [component]})
+    )
+    (cm,) = kustomize(tmp_path)
+    assert set(cm["data"]) == {"artifactRepository", "executor", "workflowDefaults"}
+    defaults = yaml.safe_load(cm["data"]["workflowDefaults"])
+    assert defaults == {
+        "spec": {"templateDefaults": {"retryStrategy": {"limit": "0", "retryPolicy": "Always"}}}
+    }
+    validate_strict(cm, K8S_VERSIONS[-1])
+    # the same file is a valid merge patch for `kubectl patch --type merge --patch-file` on a running cluster
+    patch = yaml.safe_load((MANIFESTS / "argo-retry" / "workflow-defaults.yaml").read_text())
+    assert set(patch["data"]) == {"workflowDefaults"}
