@@ -128,7 +128,7 @@ def cmd_learner(args: argparse.Namespace) -> int:
     from ddiloco.learner import Learner
 
     store = until_store_answers(lambda: chaos_store(open_store(args.store)), "learner")
-    if store.exists(wire.DONE):
+    if until_store_answers(lambda: store.exists(wire.DONE), "learner"):
         log.info("run at %s is already done; learner %d exits", args.store, args.learner_id)
         return 0
     learner = until_store_answers(lambda: Learner(store, args.learner_id, device=args.device), "learner")

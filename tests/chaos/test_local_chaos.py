@@ -96,7 +96,9 @@ def test_a_stalled_learner_does_not_hold_back_the_others(tmp_path):
 
 
 def test_a_store_outage_is_ridden_out(tmp_path):
-    run, s = run_with(tmp_path, "outage", "chaos.events=[{kind: store_outage, at_s: 8, duration_s: 10}]")
+    run, s = run_with(
+        tmp_path, "outage", LONG, "chaos.events=[{kind: store_outage, at_s: 20, duration_s: 10}]"
+    )
     store = open_store(run.url)
     assert s["status"] == "done" and s["ledger_balanced"]
     start = s["chaos_events"][0]["fired_at"]
