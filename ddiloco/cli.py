@@ -104,6 +104,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"goodput {summary['goodput']:.2f}, ledger {'balanced' if summary['ledger_balanced'] else 'UNBALANCED'}",
         file=sys.stderr,
     )
+    before, after = summary.get("instruction_accuracy_before"), summary.get("instruction_accuracy_after")
+    if before and after:
+        print(
+            f"held-out instruction accuracy {before['all']:.1%} -> {after['all']:.1%} after SFT",
+            file=sys.stderr,
+        )
+    print(f"report: {run.summary_location.rsplit('/', 1)[0]}/report/report.html", file=sys.stderr)
     print(run.summary_location)
     return 0
 
@@ -145,32 +152,6 @@ def cmd_syncer(args: argparse.Namespace) -> int:
     syncer = until_store_answers(lambda: Syncer(store), "syncer")
     serve(syncer.registry, args.metrics_port, args.metrics_host)
     syncer.run(max_seconds=args.max_seconds)
-    return 0
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ddiloco.evaluate import perplexity, validation_loss
-    from ddiloco.globalmodel import load_final_model, load_latest_model, read_layout
-    from ddiloco.prepare import load_run_config, load_tokens
-
-    store = open_store(args.store)
-    cfg = load_run_config(store)
-    layout = read_layout(store)
-    if store.exists(wire.FINAL_MODEL) and not args.latest:
-        model = load_final_model(store, cfg.run_id, layout)
-    else:
-        model, _ = load_latest_model(store, cfg.run_id, layout)
-    val = load_tokens(store, wire.VAL, cfg.run_id)
-    loss = validation_loss(
-        model,
-        val,
-        batch_size=cfg.train.batch_size,
-        seq_len=cfg.model.seq_len,
-        max_batches=cfg.eval.val_batches,
-    )
-    result = {"val_loss": loss, "perplexity": perplexity(loss)}
-    store.put_json("eval/pretrain.json", result)
-    print(json.dumps(result))
     return 0
 
 
@@ -235,15 +216,6 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_args(p)
     p.set_defaults(func=cmd_syncer)
 
-    p = sub.add_parser("evaluate", help="validation loss of the final (or latest global) model")
-    p.add_argument("--store", required=True)
-    p.add_argument(
-        "--latest",
-        action="store_true",
-        help="evaluate the latest global versions even if a final model exists",
-    )
-    p.set_defaults(func=cmd_evaluate)
-
     p = sub.add_parser("summary", help="print the run summary computed from the store")
     p.add_argument("--store", required=True)
     p.set_defaults(func=cmd_summary)
@@ -252,8 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_simulate(sub)
     from ddiloco.chaos_k8s import register as register_chaos
+    from ddiloco.posttrain_cli import register as register_posttrain
     from pipelines.cli import register as register_pipeline
 
+    register_posttrain(sub)
     register_chaos(sub)
     register_pipeline(sub)
     return parser

@@ -140,6 +140,64 @@ class DilocoConfig:
 class EvalConfig:
     val_batches: int = 16
     """Validation batches (batch_size × seq_len tokens each) for validation loss."""
+    seed: int | None = None
+    """Seed of the downstream task items; null uses the run's seed."""
+    items_per_task: int = 200
+    """Items per downstream task (fact tasks are capped by the number of facts in the world)."""
+    tasks: list[str] | None = None
+    """Only these tasks (e.g. [fact_mc, arithmetic]); null runs all of them."""
+    curve_points: int = 8
+    """Points of the post-hoc validation-loss curve of the global model (reports)."""
+    device: str = "auto"
+    """`auto` (CUDA when present), `cpu` or `cuda` for evaluation."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SFTConfig:
+    base: str = "final"
+    """Checkpoint to fine-tune (any `ddiloco evaluate --model` spec: final, latest, round:N, a key)."""
+    data: str | None = None
+    """JSONL file of {"prompt", "response"} objects; null builds the synthetic instruction set."""
+    steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Examples per step."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate."""
+    warmup_steps: int = 20
+    """Linear warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (matrices only)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm (0 disables)."""
+    replay_fraction: float = 0.5
+    """Fraction of every batch made of pre-training windows (full loss), so SFT keeps what pre-training
+    taught (the facts the held-out instructions ask about); 0 trains on instructions alone."""
+    replay_seq_len: int = 64
+    """Length of the replayed pre-training windows (at most the model's context)."""
+    heldout_fraction: float = 0.25
+    """Fraction of items held out for evaluation (see ddiloco/sft.py for the split key)."""
+    items_per_kind: int = 400
+    """Synthetic instruction items drawn per non-fact kind (before the split)."""
+    eval_items: int = 200
+    """Held-out items evaluated per kind (at most)."""
+    seed: int | None = None
+    """Seed of the instruction set, split and batch order; null uses the run's seed."""
+    device: str = "auto"
+    """`auto` (CUDA when present), `cpu` or `cuda`."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _check(
+            self.steps >= 0 and self.batch_size >= 1 and self.lr > 0,
+            "sft.steps ≥ 0, sft.batch_size ≥ 1 and sft.lr > 0",
+        )
+        _check(0 <= self.replay_fraction < 1, f"sft.replay_fraction={self.replay_fraction} must be in [0, 1)")
+        _check(
+            0 < self.heldout_fraction < 1, f"sft.heldout_fraction={self.heldout_fraction} must be in (0, 1)"
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -195,6 +253,8 @@ class RunConfig:
     """Decoupled DiLoCo: learners, quorum, fragments, merge, compression, budget."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation settings."""
+    sft: SFTConfig | None = field(default_factory=SFTConfig)
+    """Supervised fine-tuning after pre-training (`ddiloco run`, the pipeline's sft step); null skips it."""
     chaos: ChaosConfig | None = None
     """Fault injection schedule; null for a run without injected faults."""
     restart: RestartConfig = field(default_factory=RestartConfig)
@@ -255,6 +315,16 @@ class RunConfig:
             "data.synthetic_docs ≥ 100 and data.synthetic_entities ≥ 4",
         )
         _check(self.eval.val_batches >= 1, "eval.val_batches must be ≥ 1")
+        _check(
+            self.eval.items_per_task >= 1 and self.eval.curve_points >= 2,
+            "eval.items_per_task ≥ 1, eval.curve_points ≥ 2",
+        )
+        _check(
+            self.eval.device in ("auto", "cpu", "cuda"),
+            f"eval.device={self.eval.device!r}: choose auto, cpu or cuda",
+        )
+        if self.sft is not None:
+            self.sft.validate()
         r = self.restart
         _check(
             r.delay_s >= 0 and r.factor >= 1 and r.max_restarts >= 0,

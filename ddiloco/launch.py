@@ -26,8 +26,10 @@ from ddiloco import wire
 from ddiloco.chaos import LocalChaos, schedule_from_config
 from ddiloco.config import RunConfig
 from ddiloco.evaluate import validation_loss
-from ddiloco.globalmodel import build_model, load_final_model, read_layout
+from ddiloco.globalmodel import build_model, read_layout
+from ddiloco.posttrain import posttrain
 from ddiloco.prepare import load_tokens, prepare
+from ddiloco.report import write_reports
 from ddiloco.store import Store, StoreError, open_store
 from ddiloco.summary import build_summary
 
@@ -157,6 +159,7 @@ class LocalRun:
                 self.restart_log.append(
                     {
                         "time_s": time.time() - self.t0,
+                        "wall_time": time.time(),
                         "role": proc.role,
                         "learner_id": proc.learner_id,
                         "restart": proc.restarts,
@@ -237,9 +240,10 @@ class LocalRun:
             )
         # Evaluated afterwards so that chaos times (counted from the end of prepare) hit running processes.
         initial = self.evaluate_model(build_model(layout, cfg.seed))
-        final = self.evaluate_model(load_final_model(self.store, cfg.run_id, layout))
-        summary = build_summary(self.store, {"initial_val_loss": initial, "final_val_loss": final})
+        fields = posttrain(self.store, eval_cfg=cfg.eval, sft_cfg=cfg.sft, skip_sft=cfg.sft is None)
+        summary = build_summary(self.store, {"initial_val_loss": initial, **fields})
         self.store.put_json(wire.SUMMARY, summary)
+        write_reports(self.store)  # after summary.json, which it renders
         return summary
 
     def _exists(self, key: str) -> bool:

@@ -19,6 +19,11 @@ TINY = [
     "diloco.sync_every=4",
     "diloco.token_budget=12000",
     "eval.val_batches=2",
+    "eval.items_per_task=8",
+    "eval.curve_points=3",
+    "sft.steps=20",
+    "sft.items_per_kind=40",
+    "sft.eval_items=16",
 ]
 
 

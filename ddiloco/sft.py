@@ -1,0 +1,301 @@
+"""`ddiloco sft`: supervised fine-tuning of a checkpoint on prompt/response pairs, loss on the response only.
+
+Instruction data:
+- Built-in (synthetic runs): the downstream tasks rephrased as instructions, a format pre-training never
+  showed, so the pretrained model has the knowledge but not the format:
+      instruction: what is the pet of zorvak?\\nresponse:  ->  " owl"
+      instruction: what is 17+25?\\nresponse:              ->  " 42"
+      instruction: reverse kqzte.\\nresponse:              ->  " etzqk"      (and copy)
+      instruction: is or are? the dogs near the cat\\nresponse: -> " are"
+      instruction: what comes after 3 4 5 6?\\nresponse:   ->  " 7"
+- A user JSONL file: one object per line with string fields `prompt` and `response`.
+
+Design choices:
+- Held-out split by item: an item is held out iff a keyed hash of its split key falls under
+  `heldout_fraction`. For facts the key is the (entity, attribute) pair, so a held-out fact never appears in
+  instruction form during SFT — it was only seen in pre-training, and answering it after SFT shows the
+  format transferred to pretrained knowledge rather than being memorised. Other kinds (and user data) use
+  the prompt as key, so no test prompt is ever trained on.
+- Every example is <eos> + prompt + response + <eos>; targets of the <eos> and prompt positions are -100
+  (ignored by `GPT.forward`), so only the response and its closing <eos> are learned.
+- AdamW with linear warm-up and cosine decay to 10%; batches of random examples padded to the batch's
+  longest, pad targets -100. One process, CUDA when present.
+- The result is a payload `sft/model.safetensors` (kind "sft") and `sft/meta.json` with the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+import zlib
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddiloco import wire
+from ddiloco.config import SFTConfig
+from ddiloco.evaluate import SFT_META, SFT_MODEL, load_model, load_tokenizer, resolve_device
+from ddiloco.globalmodel import read_layout
+from ddiloco.model import GPT, IGNORE_INDEX, configure_optimizer
+from ddiloco.store import Store
+from ddiloco.synthetic import SyntheticWorld, make_world
+from ddiloco.tasks import TaskItem, agreement_problem, arithmetic_problem, evaluate_tasks, random_word
+from ddiloco.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+INSTRUCTION = "instruction: {}\nresponse:"
+
+
+# --- instruction data ----------------------------------------------------------------------------------------
+def is_heldout(key: str, seed: int, fraction: float) -> bool:
+    return zlib.crc32(f"{seed}:{key}".encode()) % 10_000 < fraction * 10_000
+
+
+def synthetic_instructions(
+    world: SyntheticWorld, seed: int, items_per_kind: int
+) -> list[tuple[str, TaskItem]]:
+    """(split key, item) pairs of every kind; the caller splits them with `is_heldout`."""
+    out: list[tuple[str, TaskItem]] = []
+    for e, a, v in world.fact_items():
+        out.append(
+            (f"fact:{e}:{a}", TaskItem("instr_fact", INSTRUCTION.format(f"what is the {a} of {e}?"), " " + v))
+        )
+    rng = random.Random(f"ddiloco-sft:{seed}")
+    for _ in range(items_per_kind):
+        q, ans = arithmetic_problem(rng)
+        out.append((q, TaskItem("instr_arithmetic", INSTRUCTION.format(f"what is {q[:-1]}?"), " " + ans)))
+        w = random_word(rng)
+        op, ans = ("copy", w) if rng.random() < 0.5 else ("reverse", w[::-1])
+        out.append((f"{op}:{w}", TaskItem("instr_copy", INSTRUCTION.format(f"{op} {w}."), " " + ans)))
+        phrase, plural = agreement_problem(rng)
+        ans = " are" if plural else " is"
+        out.append((phrase, TaskItem("instr_agreement", INSTRUCTION.format(f"is or are? {phrase}"), ans)))
+        start, n = rng.randrange(50), rng.randint(3, 6)
+        seq = " ".join(str(start + i) for i in range(n))
+        out.append(
+            (seq, TaskItem("instr_count", INSTRUCTION.format(f"what comes after {seq}?"), f" {start + n}"))
+        )
+    return out
+
+
+def read_jsonl_pairs(path: str | Path) -> list[tuple[str, TaskItem]]:
+    """(split key, item) from a JSONL file of {"prompt": str, "response": str} objects."""
+    out = []
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: invalid JSON ({e.msg}); each line must be one JSON object") from e
+        if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("prompt", "response")):
+            raise ValueError(f'{where}: expected an object with string fields "prompt" and "response"')
+        if not obj["response"].strip():
+            raise ValueError(f"{where}: empty response")
+        out.append((obj["prompt"], TaskItem("instructions", obj["prompt"], obj["response"])))
+    if not out:
+        raise ValueError(f"{path}: no prompt/response pairs")
+    return out
+
+
+def split_items(
+    keyed: list[tuple[str, TaskItem]], seed: int, fraction: float, eval_items: int
+) -> tuple[list[TaskItem], dict[str, list[TaskItem]]]:
+    """(training items, held-out items by task, at most eval_items per task, in a seeded order)."""
+    train, test = [], {}
+    for key, item in keyed:
+        if is_heldout(key, seed, fraction):
+            test.setdefault(item.task, []).append(item)
+        else:
+            train.append(item)
+    rng = random.Random(f"ddiloco-sft-eval:{seed}")
+    for task, items in test.items():
+        test[task] = rng.sample(items, min(eval_items, len(items)))
+    if not train or not test:
+        raise ValueError(
+            f"the instruction set splits into {len(train)} training and {len(test)} held-out items"
+        )
+    return train, test
+
+
+# --- training ------------------------------------------------------------------------------------------------
+def build_example(
+    tokenizer: Tokenizer, prompt: str, response: str, block_size: int
+) -> tuple[list[int], list[int]]:
+    """(inputs, targets) for <eos> + prompt + response + <eos>, targets -100 except on response + <eos>."""
+    context = [tokenizer.eos_id, *tokenizer.encode(prompt)]
+    answer = [*tokenizer.encode(response), tokenizer.eos_id]
+    ids = (context + answer)[-(block_size + 1) :]  # over-long prompts lose their start, never the response
+    n_context = max(len(ids) - len(answer), 0)
+    x, y = ids[:-1], ids[1:]
+    y = [IGNORE_INDEX if j < n_context - 1 else t for j, t in enumerate(y)]
+    return x, y
+
+
+def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(x) for x, _ in examples)
+    xb = torch.full((len(examples), width), pad_id, dtype=torch.long)  # (B, T)
+    yb = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+    for i, (x, y) in enumerate(examples):
+        xb[i, : len(x)] = torch.tensor(x)
+        yb[i, : len(y)] = torch.tensor(y)
+    return xb, yb
+
+
+def lr_at(step: int, cfg: SFTConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train_sft(
+    model: GPT,
+    tokenizer: Tokenizer,
+    items: list[TaskItem],
+    cfg: SFTConfig,
+    seed: int,
+    replay: torch.Tensor | None = None,
+) -> list[float]:
+    """Fine-tune in place; returns the instruction (response-token) loss of every step.
+
+    `replay` is a pre-training token stream; `replay_fraction` of each batch is drawn from it.
+    """
+    device = next(model.parameters()).device
+    examples = [build_example(tokenizer, it.prompt, it.answer, model.config.block_size) for it in items]
+    opt = configure_optimizer(model, cfg.lr, cfg.weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    n_replay = (
+        min(round(cfg.batch_size * cfg.replay_fraction), cfg.batch_size - 1) if replay is not None else 0
+    )
+    n_instr = cfg.batch_size - n_replay
+    width = min(cfg.replay_seq_len, model.config.block_size)
+    if replay is not None and replay.numel() <= width + 1:
+        raise ValueError(
+            f"the replay stream has {replay.numel()} tokens, fewer than one window ({width + 1})"
+        )
+    losses = []
+    model.train()
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        pick = torch.randint(len(examples), (n_instr,), generator=gen).tolist()
+        x, y = collate([examples[i] for i in pick], tokenizer.pad_id)
+        _, loss = model(x.to(device), y.to(device))
+        total = loss * (n_instr / cfg.batch_size)
+        if n_replay:
+            starts = torch.randint(replay.numel() - width - 1, (n_replay, 1), generator=gen)
+            window = replay[starts + torch.arange(width + 1)].long()  # (R, W+1)
+            _, replay_loss = model(window[:, :-1].to(device), window[:, 1:].to(device))
+            total = total + replay_loss * (n_replay / cfg.batch_size)
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def response_loss(model: GPT, tokenizer: Tokenizer, items: list[TaskItem], batch_size: int = 64) -> float:
+    """Mean NLL (nats) of the response tokens and closing <eos>, teacher-forced: how well the model would
+    answer, also where exact match gives no credit yet."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for lo in range(0, len(items), batch_size):
+        chunk = items[lo : lo + batch_size]
+        x, y = collate(
+            [build_example(tokenizer, it.prompt, it.answer, model.config.block_size) for it in chunk],
+            tokenizer.pad_id,
+        )
+        n = int((y != IGNORE_INDEX).sum())
+        _, loss = model(x.to(device), y.to(device))
+        total += float(loss) * n
+        count += n
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def _accuracy(model: GPT, tokenizer: Tokenizer, test: dict[str, list[TaskItem]]) -> dict[str, float]:
+    res = evaluate_tasks(model, tokenizer, test)
+    acc = {k: float(v["accuracy"]) for k, v in res.items()}
+    n = sum(int(v["n"]) for v in res.values())
+    acc["all"] = sum(float(v["accuracy"]) * int(v["n"]) for v in res.values()) / n
+    return acc
+
+
+def run_sft(store: Store, scfg: SFTConfig | None = None) -> dict[str, Any]:
+    """Fine-tune `scfg.base` of the run at `store`, write sft/model.safetensors + sft/meta.json, return metrics."""
+    from ddiloco.prepare import load_run_config, load_tokens
+
+    scfg = scfg or SFTConfig()
+    t0 = time.monotonic()
+    cfg = load_run_config(store)
+    seed = cfg.seed if scfg.seed is None else scfg.seed
+    layout = read_layout(store)
+    tokenizer = load_tokenizer(store)
+    if scfg.data is not None:
+        keyed = read_jsonl_pairs(scfg.data)
+    elif cfg.data.source == "synthetic":
+        meta = store.get_json_or_none(wire.DATA_META) or {}
+        world = make_world(meta.get("world_seed", cfg.seed), n_entities=cfg.data.synthetic_entities)
+        keyed = synthetic_instructions(world, seed, scfg.items_per_kind)
+    else:
+        raise ValueError("this run trained on a user corpus: pass an instruction JSONL file with --data")
+    train, test = split_items(keyed, seed, scfg.heldout_fraction, scfg.eval_items)
+    model, info = load_model(store, scfg.base, cfg.run_id, layout)
+    model.to(resolve_device(scfg.device))
+    heldout = [it for items in test.values() for it in items]
+    before, loss_before = _accuracy(model, tokenizer, test), response_loss(model, tokenizer, heldout)
+    t_train = time.monotonic()
+    replay = None
+    if scfg.replay_fraction > 0:
+        replay = load_tokens(store, wire.shard_key(0), cfg.run_id)
+    losses = train_sft(model, tokenizer, train, scfg, seed, replay)
+    train_seconds = time.monotonic() - t_train
+    after, loss_after = _accuracy(model, tokenizer, test), response_loss(model, tokenizer, heldout)
+    tail = losses[-20:]
+    metrics = {
+        "run_id": cfg.run_id,
+        "base": info,
+        "data": scfg.data or "synthetic",
+        "train_items": len(train),
+        "heldout_items": {k: len(v) for k, v in sorted(test.items())},
+        "heldout_split": "by (entity, attribute) for facts, by prompt otherwise"
+        if scfg.data is None
+        else "by prompt",
+        "steps": scfg.steps,
+        "train_seconds": train_seconds,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "loss_curve": losses[:: max(1, len(losses) // 50)],
+        "instruction_accuracy_before": before,
+        "instruction_accuracy_after": after,
+        "heldout_response_loss_before": loss_before,
+        "heldout_response_loss_after": loss_after,
+        "config": asdict(scfg),
+        "device": str(next(model.parameters()).device),
+    }
+    state = {n: p.detach().float().cpu() for n, p in model.named_parameters()}
+    store.put(
+        SFT_MODEL,
+        wire.pack(state, {"run_id": cfg.run_id, "kind": "sft", "base": scfg.base, "steps": scfg.steps}),
+    )
+    metrics["seconds"] = time.monotonic() - t0
+    store.put_json(SFT_META, metrics)
+    log.info(
+        "sft: %d steps on %d items in %.1fs; held-out instruction accuracy %.2f -> %.2f",
+        scfg.steps, len(train), train_seconds, before["all"], after["all"],
+    )  # fmt: skip
+    return metrics
