@@ -73,7 +73,8 @@ def test_killing_one_learner_twice(tmp_path, reference):
 
 
 def test_killing_the_syncer(tmp_path):
-    run, s = run_with(tmp_path, "ksync", "chaos.events=[{kind: kill_syncer, at_s: 10}]")
+    # Late enough that the syncer has started (and checkpointed) even on a slow, loaded machine.
+    run, s = run_with(tmp_path, "ksync", LONG, "chaos.events=[{kind: kill_syncer, at_s: 25}]")
     store = open_store(run.url)
     assert s["status"] == "done"
     assert [e["action"] for e in s["chaos_events"]] == ["SIGKILL"]
