@@ -19,6 +19,7 @@ import dataclasses
 import io
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -143,7 +144,18 @@ def _bad_endpoint(raw: str, why: str = "") -> StoreConfigError:
     )
 
 
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$")
+
+
 def _parse_endpoint(raw: str, secure_flag: bool) -> tuple[str, bool]:
+    endpoint, secure = _split_endpoint(raw, secure_flag)
+    # Checked here, not left to the HTTP client: how a malformed host fails differs between urllib3 versions.
+    if not _HOST_PORT.match(endpoint):
+        raise _bad_endpoint(raw, "not a host[:port]")
+    return endpoint, secure
+
+
+def _split_endpoint(raw: str, secure_flag: bool) -> tuple[str, bool]:
     if "://" not in raw:
         return raw.rstrip("/"), secure_flag
     try:
