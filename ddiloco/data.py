@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -77,8 +77,8 @@ def _read_text(path: Path) -> str:
         ) from e
 
 
-def _read_jsonl(path: Path, field: str) -> list[str]:
-    texts = []
+def iter_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
+    """("file:line", object) for every non-blank line; a line that is not a JSON object is an error."""
     for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
@@ -89,6 +89,12 @@ def _read_jsonl(path: Path, field: str) -> list[str]:
             raise ValueError(f"{where}: invalid JSON ({e.msg}); each line must be one JSON object") from e
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        yield where, obj
+
+
+def _read_jsonl(path: Path, field: str) -> list[str]:
+    texts = []
+    for where, obj in iter_jsonl(path):
         if field not in obj:
             raise ValueError(f"{where}: no field {field!r} (fields: {sorted(obj)}); set the JSONL text field")
         value = obj[field]

@@ -25,7 +25,6 @@ Design choices:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -39,6 +38,7 @@ import torch
 
 from ddiloco import wire
 from ddiloco.config import SFTConfig
+from ddiloco.data import iter_jsonl
 from ddiloco.evaluate import SFT_META, SFT_MODEL, load_model, load_tokenizer, resolve_device
 from ddiloco.globalmodel import read_layout
 from ddiloco.model import GPT, IGNORE_INDEX, configure_optimizer
@@ -87,15 +87,8 @@ def synthetic_instructions(
 def read_jsonl_pairs(path: str | Path) -> list[tuple[str, TaskItem]]:
     """(split key, item) from a JSONL file of {"prompt": str, "response": str} objects."""
     out = []
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: invalid JSON ({e.msg}); each line must be one JSON object") from e
-        if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("prompt", "response")):
+    for where, obj in iter_jsonl(Path(path)):
+        if not all(isinstance(obj.get(k), str) for k in ("prompt", "response")):
             raise ValueError(f'{where}: expected an object with string fields "prompt" and "response"')
         if not obj["response"].strip():
             raise ValueError(f"{where}: empty response")
