@@ -1,9 +1,10 @@
-"""Learner tokens/s with and without the DiLoCo machinery, measured side by side in one run.
+"""Learner tokens/s with and without the DiLoCo machinery, measured side by side in one run, by step count.
 
-(a) plain: the same model, data loader and AdamW inner step in a bare loop;
+(a) plain: the same model, data loader and AdamW inner step in a bare loop (`_learner_bench.PlainLoop`);
 (b) learner: `ddiloco.learner.Learner` answering rounds of a real syncer process over a file:// store
     (snapshots, uploads, downloads and applies of new global versions, reports, checkpoints).
 The two alternate for --repeats rounds so machine noise hits both; the last line is one JSON object.
+`learner_throughput.py` measures the same by time, with MFU and GPU presets.
 
     python benchmarks/learner_overhead.py [--recipe tiny-cpu] [--steps 200] [--repeats 3] [--set k=v ...]
 """
@@ -12,52 +13,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 
 import torch
+from _learner_bench import PlainLoop, prepared_run, sync
 
 from ddiloco import wire
+from ddiloco.accel import resolve_device
 from ddiloco.config import load_config
-from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import build_model, read_layout
-from ddiloco.learner import Learner, inner_step, lr_at
-from ddiloco.model import configure_optimizer
-from ddiloco.prepare import load_tokens, prepare
-from ddiloco.store import open_store
+from ddiloco.learner import Learner
 
 
-def plain_tokens_per_s(store, cfg, steps: int, state: dict) -> float:
-    if "model" not in state:
-        layout = read_layout(store)
-        state["model"] = build_model(layout, cfg.seed)
-        t = cfg.train
-        state["opt"] = configure_optimizer(state["model"], t.lr, t.weight_decay, (t.beta1, t.beta2))
-        state["loader"] = ShardLoader(
-            load_tokens(store, wire.shard_key(0), cfg.run_id),
-            batch_size=t.batch_size,
-            seq_len=cfg.model.seq_len,
-            seed=1,
-        )
-        state["step"] = 0
-    model, opt, loader, t = state["model"], state["opt"], state["loader"], cfg.train
+def tokens_per_s(fn, steps: int, device: torch.device) -> float:
+    sync(device)
     t0 = time.perf_counter()
-    for _ in range(steps):
-        x, y = loader.next_batch()
-        inner_step(model, opt, x, y, lr_at(state["step"], t.lr, t.warmup_steps), t.grad_clip)
-        state["step"] += 1
-    return steps * loader.tokens_per_batch / (time.perf_counter() - t0)
-
-
-def learner_tokens_per_s(learner: Learner, steps: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        learner.tick()
-    return steps * learner.loader.tokens_per_batch / (time.perf_counter() - t0)
+    tokens = sum(fn() for _ in range(steps))
+    sync(device)
+    return tokens / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -72,31 +45,26 @@ def main() -> None:
         args.recipe, None, [*args.overrides, "diloco.token_budget=1000000000000", "diloco.learners=1"]
     )
     cfg.run_id = "bench"
-    with tempfile.TemporaryDirectory() as tmp:
-        url = f"file://{tmp}/bench"
-        store = open_store(url)
-        prepare(store, cfg)
-        syncer = subprocess.Popen(
-            [sys.executable, "-m", "ddiloco.cli", "syncer", "--store", url],
-            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            learner = Learner(store, 0)
-            learner.start()
-            plain_state: dict = {}
-            plain_tokens_per_s(store, cfg, 10, plain_state)  # warm-up both paths
-            learner_tokens_per_s(learner, 10)
-            plain, diloco = [], []
-            for _ in range(args.repeats):
-                plain.append(plain_tokens_per_s(store, cfg, args.steps, plain_state))
-                diloco.append(learner_tokens_per_s(learner, args.steps))
-            status = store.get_json_or_none(wire.STATUS) or {}
-            rounds_answered = learner.rounds_answered
-            learner._finish("max_steps")
-        finally:
-            syncer.kill()
-            syncer.wait()
-    p, d = statistics.median(plain), statistics.median(diloco)
+    device = resolve_device(cfg.train.device)
+    with prepared_run(cfg) as (_, store):
+        learner = Learner(store, 0)
+        learner.start()
+        plain = PlainLoop(store, cfg, device)
+
+        def tick() -> int:
+            learner.tick()
+            return learner.loader.tokens_per_batch
+
+        tokens_per_s(lambda: plain.run(1), 10, device)  # warm-up both paths
+        tokens_per_s(tick, 10, device)
+        plain_samples, learner_samples = [], []
+        for _ in range(args.repeats):
+            plain_samples.append(tokens_per_s(lambda: plain.run(1), args.steps, device))
+            learner_samples.append(tokens_per_s(tick, args.steps, device))
+        status = store.get_json_or_none(wire.STATUS) or {}
+        rounds_answered = learner.rounds_answered
+        learner._finish("max_steps")
+    p, d = statistics.median(plain_samples), statistics.median(learner_samples)
     result = {
         "recipe": args.recipe,
         "steps_per_repeat": args.steps,
@@ -106,8 +74,8 @@ def main() -> None:
         "overhead": 1 - d / p,
         "rounds_answered": rounds_answered,
         "rounds_merged": status.get("rounds_merged"),
-        "plain_samples": plain,
-        "learner_samples": diloco,
+        "plain_samples": plain_samples,
+        "learner_samples": learner_samples,
     }
     print(json.dumps(result))
 

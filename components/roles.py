@@ -146,6 +146,36 @@ def report(
     run_report(store, html, markdown, summary, s3_endpoint)
 
 
+def join_check(store: str, s3_endpoint: str = "", learners: int = 2, max_learners: int = 8) -> list[int]:
+    """Check that this cluster reads a prepared run at `store` with its own credentials; return the slots of
+    the learners to start."""
+    from components.runtime import join_slots
+
+    return join_slots(store, learners, max_learners, s3_endpoint)
+
+
+def joiner(
+    store: str,
+    site: str,
+    run_tag: str,
+    slot: int,
+    s3_endpoint: str = "",
+    device: str = "",
+    link_bandwidth: str = "",
+    link_latency: str = "",
+    metrics_port: int = -1,
+):
+    """One learner of this cluster joined to the run at `store` (`ddiloco learner --join`): it claims a free
+    learner id, and a retry of the same slot takes that id back; reports and metrics carry `site`."""
+    from components.runtime import ddiloco, join_name
+
+    ddiloco(
+        "learner", join=store, site=site, join_name=join_name(run_tag, slot), device=device or None,
+        link_bandwidth=link_bandwidth or None, link_latency=link_latency or None,
+        metrics_port=None if metrics_port < 0 else metrics_port, s3_endpoint=s3_endpoint,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Components:
     prepare: Any
@@ -155,6 +185,8 @@ class Components:
     evaluate: Any
     sft: Any
     report: Any
+    join_check: Any
+    joiner: Any
 
 
 def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
@@ -173,4 +205,6 @@ def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
         evaluate=on(gpu_image, evaluate),
         sft=on(gpu_image, sft),
         report=on(cpu_image, report),
+        join_check=on(cpu_image, join_check),
+        joiner=on(gpu_image, joiner),
     )

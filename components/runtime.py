@@ -147,6 +147,27 @@ def prepare_settings(
     return out
 
 
+def join_slots(store_url: str, learners: int, max_learners: int, s3_endpoint: str = "") -> list[int]:
+    """The slots of the `join` pipeline's learners, after checking that this cluster (its endpoint and
+    credentials) can read a prepared run at `store_url`: a wrong root or key fails here, in one step."""
+    if not 1 <= learners <= max_learners:
+        raise ValueError(
+            f"learners={learners}: this pipeline was compiled for 1..{max_learners} concurrent learners; "
+            "recompile with `ddiloco pipeline compile --pipeline join --max-learners N` for more"
+        )
+    if store_json(store_url, "config.json", s3_endpoint) is None:  # ddiloco.wire.CONFIG
+        raise ValueError(
+            f"no run at {store_url} (no config.json): give the run root of a running run, "
+            "s3://BUCKET/PREFIX/RUN_ID (its pretrain pipeline's KFP run id), readable with this cluster's Secret"
+        )
+    return list(range(learners))
+
+
+def join_name(run_tag: str, slot: int) -> str:
+    """A joined learner's stable name: a retried pod of the same slot takes its learner id back."""
+    return f"{run_tag}-{slot}"
+
+
 def store_model(model: Any, store_url: str, which: str, s3_endpoint: str = "") -> None:
     """Model artifact for the run's `final` or `sft` checkpoint (see `model_pointer`)."""
     if which == "final":

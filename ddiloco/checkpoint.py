@@ -6,6 +6,9 @@ Design choices:
 - A checkpoint is write-once (`ckpt/step-N`) and a small `latest.json` pointer names it; the pointer is
   written after the payload, and older payloads are deleted afterwards, so a crash at any point leaves a
   loadable checkpoint.
+- Checkpoints are signed with the run key like every other payload. One that fails verification (or is
+  larger than the model can explain) is not loaded: the learner logs it and starts from the current
+  globals with fresh optimizer state, instead of crash-looping on a bad object.
 """
 
 from __future__ import annotations
@@ -16,11 +19,18 @@ from typing import Any
 import torch
 
 from ddiloco import wire
-from ddiloco.store import NotFound, Store
+from ddiloco.store import NotFound, ObjectTooLarge, Store
 
 log = logging.getLogger(__name__)
 
 MAX_CKPT_BYTES = 64 << 30
+"""Cap for a model whose size is unknown; `checkpoint_max_bytes` gives the bound for a given model."""
+
+
+def checkpoint_max_bytes(model: torch.nn.Module) -> int:
+    """Parameters plus up to three optimizer tensors per parameter, 8 bytes per value, plus header slack."""
+    params = list(model.parameters())
+    return 4 * 8 * sum(p.numel() for p in params) + (1 << 20) + 1024 * len(params)
 
 
 def optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -62,45 +72,62 @@ def save_learner_checkpoint(
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
     meta: dict[str, Any],
+    *,
+    key: bytes | None = None,
 ) -> str:
     tensors = {f"param/{n}": p.detach() for n, p in model.named_parameters()}
     tensors.update(optimizer_tensors(model, opt))
-    key = wire.ckpt_key(learner_id, step)
+    ckpt = wire.ckpt_key(learner_id, step)
     store.put(
-        key,
-        wire.pack(tensors, {**meta, "kind": "learner_ckpt", "learner_id": learner_id, "inner_step": step}),
+        ckpt,
+        wire.pack(
+            tensors, {**meta, "kind": "learner_ckpt", "learner_id": learner_id, "inner_step": step}, key=key
+        ),
     )
     previous = store.get_json_or_none(wire.ckpt_latest_key(learner_id))
-    store.put_json(wire.ckpt_latest_key(learner_id), {"key": key, "inner_step": step})
-    if previous and previous.get("key") not in (None, key):
+    store.put_json(wire.ckpt_latest_key(learner_id), {"key": ckpt, "inner_step": step})
+    if previous and previous.get("key") not in (None, ckpt):
         store.delete(previous["key"])
-    log.debug("learner %d checkpoint at step %d -> %s", learner_id, step, key)
-    return key
+    log.debug("learner %d checkpoint at step %d -> %s", learner_id, step, ckpt)
+    return ckpt
 
 
 def load_learner_checkpoint(
-    store: Store, learner_id: int, run_id: str, model: torch.nn.Module, opt: torch.optim.Optimizer
+    store: Store,
+    learner_id: int,
+    run_id: str,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    *,
+    key: bytes | None = None,
 ) -> dict[str, Any] | None:
-    """Restore params + AdamW state in place; return the checkpoint's JSON header, or None if there is none."""
+    """Restore params + AdamW state in place; return the checkpoint's JSON header, or None if there is none
+    (or it fails verification: logged, and the learner starts fresh)."""
     pointer = store.get_json_or_none(wire.ckpt_latest_key(learner_id))
     if pointer is None:
         return None
+    ckpt = pointer.get("key") if isinstance(pointer, dict) else None
     try:
-        blob = store.get(pointer["key"], max_bytes=MAX_CKPT_BYTES)
+        if not isinstance(ckpt, str) or not ckpt.startswith(wire.learner_prefix(learner_id)):
+            raise wire.PayloadError("malformed", f"checkpoint pointer names {str(ckpt)[:80]!r}")
+        blob = store.get(ckpt, max_bytes=checkpoint_max_bytes(model))
+        payload = wire.unpack(
+            blob, expect={"run_id": run_id, "kind": "learner_ckpt", "learner_id": learner_id}, key=key
+        )
     except NotFound:
         log.warning(
-            "learner %d: checkpoint pointer names a missing object %s; starting fresh",
-            learner_id,
-            pointer["key"],
+            "learner %d: checkpoint pointer names a missing object %s; starting fresh", learner_id, ckpt
         )
         return None
-    payload = wire.unpack(blob, expect={"run_id": run_id, "kind": "learner_ckpt", "learner_id": learner_id})
+    except (wire.PayloadError, ObjectTooLarge, ValueError) as e:
+        log.error("learner %d: checkpoint %s rejected (%s); starting fresh", learner_id, ckpt, e)
+        return None
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in params.items():
             t = payload.tensors.get(f"param/{name}")
             if t is None or t.shape != p.shape:
-                raise ValueError(f"checkpoint {pointer['key']} does not match the model (parameter {name})")
+                raise ValueError(f"checkpoint {ckpt} does not match the model (parameter {name})")
             p.copy_(t)
     load_optimizer_tensors(model, opt, payload.tensors)
     return payload.meta

@@ -14,15 +14,22 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-from ddiloco import __version__, wire
+from ddiloco import __version__, signing, wire
 from ddiloco.config import RECIPES, ConfigError, load_config
 from ddiloco.metrics import push_task_metrics, serve
 from ddiloco.store import StoreError, StoreUnavailable, open_store
 
 log = logging.getLogger("ddiloco")
 T = TypeVar("T")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line that says where to look, like every other user-facing error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -121,7 +128,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     cfg = _load(args)
     cfg.run_id = cfg.run_id or args.store.rstrip("/").rsplit("/", 1)[-1]
     t0 = time.monotonic()
-    meta = prepare(open_store(args.store), cfg)
+    meta = prepare(open_store(args.store), cfg, secret=signing.key_from_env())
     push_task_metrics(
         args.pushgateway, "prepare", cfg.run_id,
         {"seconds": time.monotonic() - t0, "train_tokens": sum(meta["shard_tokens"]), "val_tokens": meta["val_tokens"]},
@@ -130,26 +137,60 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_learner(args: argparse.Namespace) -> int:
+def _role_store(url: str, role: str):
+    """The role's store (with the run's chaos wrapper) once the store answers; a clear error (run `ddiloco
+    prepare` first) when the run root holds no run."""
     from ddiloco.chaos import chaos_store
+    from ddiloco.prepare import load_run_config
+
+    store = open_store(url)
+    until_store_answers(lambda: load_run_config(store), role)
+    return until_store_answers(lambda: chaos_store(store), role)
+
+
+def cmd_learner(args: argparse.Namespace) -> int:
+    from ddiloco import ddp
+
+    # Started by torchrun with WORLD_SIZE > 1: rank 0 is the learner, the other ranks follow it and never
+    # touch the store (`ddiloco.ddp`).
+    group = ddp.from_env(args.device or "auto")
+    if group is not None and group.rank > 0:
+        try:
+            return ddp.Follower(group).run() or 0
+        finally:
+            group.close()
+    try:
+        return _run_learner(args, group)
+    finally:
+        if group is not None:
+            group.close()  # tells the followers to stop, even when rank 0 exits early
+
+
+def _run_learner(args: argparse.Namespace, group) -> int:
+    from ddiloco.join import learner_id_for, resolve_args, shape_learner_store
     from ddiloco.learner import Learner
 
-    store = until_store_answers(lambda: chaos_store(open_store(args.store)), "learner")
+    secret = signing.key_from_env()
+    url, site = resolve_args(args)  # --store URL --learner-id N, or --join URL [--learner-id N]
+    store = shape_learner_store(_role_store(url, "learner"), args.link_bandwidth, args.link_latency)
     if until_store_answers(lambda: store.exists(wire.DONE), "learner"):
-        log.info("run at %s is already done; learner %d exits", args.store, args.learner_id)
+        log.info("run at %s is already done; learner %s exits", url, args.learner_id)
         return 0
-    learner = until_store_answers(lambda: Learner(store, args.learner_id, device=args.device), "learner")
+    lid = until_store_answers(lambda: learner_id_for(store, args.learner_id, site, args.join_name), "learner")
+    learner = until_store_answers(
+        lambda: Learner(store, lid, device=args.device, secret=secret, site=site, group=group), "learner"
+    )
     serve(learner.registry, args.metrics_port, args.metrics_host)
     learner.run(max_steps=args.max_steps, wait_timeout=args.wait_timeout)
     return 0
 
 
 def cmd_syncer(args: argparse.Namespace) -> int:
-    from ddiloco.chaos import chaos_store
     from ddiloco.syncer import Syncer
 
-    store = until_store_answers(lambda: chaos_store(open_store(args.store)), "syncer")
-    syncer = until_store_answers(lambda: Syncer(store), "syncer")
+    secret = signing.key_from_env()
+    store = _role_store(args.store, "syncer")
+    syncer = until_store_answers(lambda: Syncer(store, secret=secret), "syncer")
     serve(syncer.registry, args.metrics_port, args.metrics_host)
     syncer.run(max_seconds=args.max_seconds)
     return 0
@@ -163,7 +204,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ddiloco", description="Decoupled DiLoCo over object storage.")
+    parser = _Parser(prog="ddiloco", description="Decoupled DiLoCo over object storage.")
     parser.add_argument("--version", action="version", version=f"ddiloco {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -202,12 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("learner", help="run one learner against a prepared run root")
-    p.add_argument("--store", required=True)
-    p.add_argument("--learner-id", type=int, required=True, help="learner id; a new id joins a running run")
+    p.add_argument("--store", help="run root of this learner's run (or --join URL)")
+    p.add_argument("--learner-id", type=int, help="learner id; a new id joins a running run (--join: picked)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--wait-timeout", type=float, default=None, help="seconds to wait for global version 0")
     _metrics_args(p)
+    from ddiloco.join import add_learner_args
+
+    add_learner_args(p)  # --join URL, --site, --join-name, --link-bandwidth, --link-latency
     p.set_defaults(func=cmd_learner)
 
     p = sub.add_parser("syncer", help="run the syncer until the token budget is merged")
@@ -230,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     register_posttrain(sub)
     register_chaos(sub)
     register_pipeline(sub)
+    from ddiloco.baseline_cli import register as register_baseline
+
+    register_baseline(sub)
     return parser
 
 
@@ -242,10 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, StoreError, FileNotFoundError, TimeoutError, ValueError) as e:
+    except (ConfigError, StoreError, OSError, TimeoutError, ValueError) as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -22,8 +22,11 @@ from typing import Any
 
 import yaml
 
+from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
+
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 MERGES = ("rda", "mean")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 class ConfigError(ValueError):
@@ -68,6 +71,9 @@ class DataConfig:
 class TrainConfig:
     batch_size: int = 16
     """Sequences per inner step per learner."""
+    learner_batch_sizes: list[int] | None = None
+    """Per-learner batch sizes by learner id (mixed hardware; the token-weighting ablation); learners past the
+    end of the list, and every learner when null, use batch_size."""
     lr: float = 3e-3
     """Inner AdamW peak learning rate."""
     warmup_steps: int = 20
@@ -84,12 +90,30 @@ class TrainConfig:
     """`auto` (CUDA when present), `cpu` or `cuda`."""
     threads: int = 1
     """torch intra-op threads per learner process on CPU."""
+    precision: str = "auto"
+    """Autocast dtype of the inner forward pass: `auto` (bf16 on a CUDA device that supports it, else fp32),
+    `fp32` or `bf16`. Parameters, gradients and AdamW state stay fp32 either way."""
+    compile: bool = False
+    """`torch.compile` the model for the inner steps (a one-off compile; worth it on GPUs, rarely on CPU)."""
+    ranks: int = 1
+    """Most data-parallel ranks (GPUs, started by torchrun) inside one learner; a learner step covers
+    ranks × batch sequences, and the syncer bounds the tokens an answer may claim accordingly."""
     checkpoint_every_s: float = 20.0
     """Seconds between learner checkpoints (params, AdamW state, data cursor) in the store."""
     heartbeat_every_s: float = 1.0
     """Seconds between learner heartbeats (liveness and token accounting)."""
     poll_every_s: float = 0.05
     """Seconds between the learner's polls of the syncer's status object."""
+
+    def batch_for(self, learner_id: int) -> int:
+        """Batch size (sequences per inner step) of learner `learner_id`."""
+        sizes = self.learner_batch_sizes or []
+        return sizes[learner_id] if 0 <= learner_id < len(sizes) else self.batch_size
+
+    def max_batch(self) -> int:
+        """The most sequences one learner step covers: the largest batch × ranks (bounds the tokens an honest
+        learner reports per step)."""
+        return max([self.batch_size, *(self.learner_batch_sizes or [])]) * self.ranks
 
 
 @dataclass(kw_only=True, slots=True)
@@ -134,6 +158,8 @@ class DilocoConfig:
     """Stop when this many tokens are merged (averaged over fragments)."""
     round_timeout_s: float = 120.0
     """A round with fewer than K answers after this long is abandoned (no learner alive); it reopens later."""
+    robust_clip: float | None = None
+    """Robust mode: clip each outer gradient to this multiple of the round's median norm (null: off, ≥ 1)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -259,6 +285,8 @@ class RunConfig:
     """Fault injection schedule; null for a run without injected faults."""
     restart: RestartConfig = field(default_factory=RestartConfig)
     """How the local orchestrator restarts processes that die (the cluster uses the pipeline's retries)."""
+    link: LinkConfig | None = None
+    """Learners' link to the store (also applied to the data-parallel baseline); null: no shaping."""
 
     def validate(self) -> RunConfig:
         """Check consistency across sections; raise ConfigError saying what to change."""
@@ -281,6 +309,10 @@ class RunConfig:
         )
         _check(0.0 <= d.mixing < 1.0, f"diloco.mixing={d.mixing} must be in [0, 1)")
         _check(
+            d.robust_clip is None or d.robust_clip >= 1.0,
+            f"diloco.robust_clip={d.robust_clip} must be null (off) or ≥ 1 (e.g. 3: clip at 3× the median norm)",
+        )
+        _check(
             d.outer_lr > 0 and 0 <= d.outer_momentum < 1,
             "diloco.outer_lr must be > 0 and diloco.outer_momentum in [0, 1)",
         )
@@ -293,8 +325,17 @@ class RunConfig:
             )
             _check(0 < d.grace.ema <= 1, "diloco.grace.ema must be in (0, 1]")
         _check(t.batch_size >= 1 and t.lr > 0, "train.batch_size must be ≥ 1 and train.lr > 0")
+        _check(
+            all(isinstance(b, int) and b >= 1 for b in t.learner_batch_sizes or []),
+            f"train.learner_batch_sizes={t.learner_batch_sizes} must be a list of integers ≥ 1 (or null)",
+        )
         _check(t.device in ("auto", "cpu", "cuda"), f"train.device={t.device!r}: choose auto, cpu or cuda")
         _check(t.threads >= 1, "train.threads must be ≥ 1")
+        _check(t.ranks >= 1, "train.ranks must be ≥ 1 (data-parallel ranks per learner)")
+        _check(
+            t.precision in PRECISIONS,
+            f"train.precision={t.precision!r}: choose one of {', '.join(PRECISIONS)}",
+        )
         _check(t.warmup_steps >= 0 and t.grad_clip >= 0, "train.warmup_steps and train.grad_clip must be ≥ 0")
         _check(m.seq_len >= 8, "model.seq_len must be ≥ 8")
         _check(data.tokenizer in ("byte", "bpe"), f"data.tokenizer={data.tokenizer!r}: choose byte or bpe")
@@ -325,6 +366,8 @@ class RunConfig:
         )
         if self.sft is not None:
             self.sft.validate()
+        if self.link is not None:
+            self.link.validate()
         r = self.restart
         _check(
             r.delay_s >= 0 and r.factor >= 1 and r.max_restarts >= 0,

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 SFT_MODEL = "sft/model.safetensors"
 SFT_META = "sft/meta.json"
 EVAL_CURVE = "eval/curve.json"
+MAX_TOKENIZER_BYTES = 256 << 20  # a BPE vocabulary of a few 100k merges is tens of MB
 
 
 def eval_key(name: str) -> str:
@@ -145,7 +146,7 @@ def load_model(store: Store, spec: str, run_id: str, layout: Layout) -> tuple[GP
 
 
 def load_tokenizer(store: Store) -> Tokenizer:
-    return tokenizer_from_json(store.get(wire.TOKENIZER).decode())
+    return tokenizer_from_json(store.get(wire.TOKENIZER, max_bytes=MAX_TOKENIZER_BYTES).decode())
 
 
 # --- tasks ---------------------------------------------------------------------------------------------------

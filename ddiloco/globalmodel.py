@@ -5,6 +5,9 @@ Design choices:
   once by `prepare` next to global version 0, so learners and the syncer agree on it without talking.
 - A global version is a write-once payload `global/{p}/v{n}`; the small `latest.json` pointer is written
   after it. Readers verify run id, kind, fragment, version, names and shapes before using a payload.
+- With the run key (`ddiloco.signing.for_run`) every global version is signed by its writer (prepare for
+  v0, the syncer after) and every reader given the key requires a valid signature. Reads are capped at the
+  size the layout allows (fp32 fragment + header slack), so a hostile object costs one refused request.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import torch
 from ddiloco import wire
 from ddiloco.fragments import Fragment, partition
 from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
-from ddiloco.store import NotFound, Store
+from ddiloco.store import NotFound, ObjectTooLarge, Store
 
 log = logging.getLogger(__name__)
 
 MAX_FRAGMENT_BYTES = 16 << 30
+"""Upper bound for callers without a layout; readers with one use `fragment_max_bytes`."""
+HEADER_SLACK = 1 << 20
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -40,6 +45,14 @@ class Layout:
 
     def fragment_bytes(self) -> list[int]:
         return [f.numel * 4 for f in self.fragments]
+
+    def fragment_max_bytes(self, p: int) -> int:
+        """Largest legitimate payload of fragment p: fp32 values plus a generous header allowance."""
+        frag = self.fragments[p]
+        return 4 * frag.numel + HEADER_SLACK + 512 * len(frag.names)
+
+    def model_max_bytes(self) -> int:
+        return 4 * sum(f.numel for f in self.fragments) + HEADER_SLACK + 512 * len(self.shapes)
 
     def gpt_config(self) -> GPTConfig:
         return GPTConfig(**self.model)
@@ -105,12 +118,16 @@ def publish_global(
     tensors: dict[str, torch.Tensor],
     dtype: str,
     extra: dict | None = None,
+    *,
+    key: bytes | None = None,
 ) -> int:
-    """Write global version `version` of fragment p, then its latest pointer. Returns bytes written."""
+    """Write global version `version` of fragment p (signed with the run `key`, if any), then its latest
+    pointer. Returns bytes written."""
     tdtype = _DTYPES[dtype]
     blob = wire.pack(
         {n: t.detach().to(tdtype) for n, t in tensors.items()},
         {"run_id": run_id, "kind": "global", "fragment_id": p, "version": version, **(extra or {})},
+        key=key,
     )
     store.put(wire.global_key(p, version), blob)
     store.put_json(wire.global_latest_key(p), {"version": version, "key": wire.global_key(p, version)})
@@ -118,15 +135,26 @@ def publish_global(
 
 
 def latest_version(store: Store, p: int) -> int | None:
-    d = store.get_json_or_none(wire.global_latest_key(p))
-    return None if d is None else int(d["version"])
+    """The version the `latest` pointer of fragment p names; None if there is none yet. The pointer is plain
+    JSON (unsigned): it only says where to look, and whatever it names is verified when read."""
+    d = store.get_json_or_none(wire.global_latest_key(p), max_bytes=4096)
+    if d is None:
+        return None
+    v = d.get("version") if isinstance(d, dict) else None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise wire.PayloadError("malformed", f"{wire.global_latest_key(p)} names no version ({str(d)[:80]})")
+    return v
 
 
-def read_global(store: Store, run_id: str, layout: Layout, p: int, version: int) -> dict[str, torch.Tensor]:
-    """Read and verify global version `version` of fragment p; tensors come back as fp32."""
-    blob = store.get(wire.global_key(p, version), max_bytes=MAX_FRAGMENT_BYTES)
+def read_global(
+    store: Store, run_id: str, layout: Layout, p: int, version: int, *, key: bytes | None = None
+) -> dict[str, torch.Tensor]:
+    """Read and verify global version `version` of fragment p; tensors come back as fp32.
+
+    Raises `wire.PayloadError` for anything unacceptable (an oversized object is `too_large`)."""
+    blob = _get_capped(store, wire.global_key(p, version), layout.fragment_max_bytes(p))
     payload = wire.unpack(
-        blob, expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version}
+        blob, expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version}, key=key
     )
     frag = layout.fragments[p]
     if set(payload.tensors) != set(frag.names):
@@ -137,21 +165,36 @@ def read_global(store: Store, run_id: str, layout: Layout, p: int, version: int)
     for name, t in payload.tensors.items():
         if list(t.shape) != layout.shapes[name]:
             raise wire.PayloadError("wrong_shape", f"global tensor {name} has shape {list(t.shape)}")
+        if t.dtype not in _DTYPES.values():
+            raise wire.PayloadError("wrong_dtype", f"global tensor {name} has dtype {t.dtype}")
         out[name] = t.float()
+        if not bool(torch.isfinite(out[name]).all()):
+            raise wire.PayloadError("non_finite", f"global tensor {name} has NaN/Inf")
     return out
 
 
-def write_initial_globals(store: Store, run_id: str, model: GPT, layout: Layout, dtype: str) -> None:
+def _get_capped(store: Store, key: str, max_bytes: int) -> bytes:
+    try:
+        return store.get(key, max_bytes=max_bytes)
+    except ObjectTooLarge as e:
+        raise wire.PayloadError("too_large", str(e)) from None
+
+
+def write_initial_globals(
+    store: Store, run_id: str, model: GPT, layout: Layout, dtype: str, *, key: bytes | None = None
+) -> None:
     """Global version 0 of every fragment, from the seeded init. Written once, before any learner starts."""
     store.put_json(wire.LAYOUT, layout.to_json())
     params = dict(model.named_parameters())
     for frag in layout.fragments:
         if latest_version(store, frag.fragment_id) is not None:
             continue
-        publish_global(store, run_id, frag.fragment_id, 0, {n: params[n] for n in frag.names}, dtype)
+        publish_global(store, run_id, frag.fragment_id, 0, {n: params[n] for n in frag.names}, dtype, key=key)
 
 
-def load_latest_model(store: Store, run_id: str, layout: Layout) -> tuple[GPT, list[int]]:
+def load_latest_model(
+    store: Store, run_id: str, layout: Layout, *, key: bytes | None = None
+) -> tuple[GPT, list[int]]:
     """Assemble the newest global version of every fragment into a model (for evaluation)."""
     model = build_model(layout)
     params = dict(model.named_parameters())
@@ -163,17 +206,19 @@ def load_latest_model(store: Store, run_id: str, layout: Layout) -> tuple[GPT, l
                 raise NotFound(
                     f"fragment {frag.fragment_id} has no global version; run `ddiloco prepare` first"
                 )
-            for n, t in read_global(store, run_id, layout, frag.fragment_id, v).items():
+            for n, t in read_global(store, run_id, layout, frag.fragment_id, v, key=key).items():
                 params[n].copy_(t)
             versions.append(v)
     return model, versions
 
 
-def load_final_model(store: Store, run_id: str, layout: Layout) -> GPT:
+def load_final_model(store: Store, run_id: str, layout: Layout, *, key: bytes | None = None) -> GPT:
+    """The syncer's final model; with the run `key` its signature is required."""
     model = build_model(layout)
     payload = wire.unpack(
-        store.get(wire.FINAL_MODEL, max_bytes=MAX_FRAGMENT_BYTES * 4),
+        _get_capped(store, wire.FINAL_MODEL, layout.model_max_bytes()),
         expect={"run_id": run_id, "kind": "final"},
+        key=key,
     )
     params = dict(model.named_parameters())
     with torch.no_grad():

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddiloco import wire
+from ddiloco import signing, wire
 from ddiloco.chaos import LocalChaos, schedule_from_config
 from ddiloco.config import RunConfig
 from ddiloco.evaluate import validation_loss
@@ -73,7 +73,15 @@ class LocalRun:
         base = store_root.rstrip("/") if store_root else f"file://{Path(workdir).resolve()}"
         self.url = f"{base}/{cfg.run_id}"
         self.logdir = Path(workdir).resolve() / f"{cfg.run_id}.logs"
-        self.extra_env = extra_env or {}
+        self.extra_env = dict(extra_env or {})
+        # The run key signs every update and global version; it never goes into the store. Without one
+        # given, a key is generated once per run id and kept next to the logs (mode 0600).
+        given = self.extra_env.get(signing.ENV_VAR) or os.environ.get(signing.ENV_VAR, "")
+        if not given.strip():
+            given = signing.ensure_key_file(Path(workdir).resolve() / f"{cfg.run_id}.key")
+        self.secret = signing.parse_key(given)
+        self.key = signing.for_run(self.secret, cfg.run_id)
+        self.extra_env[signing.ENV_VAR] = given.strip()
         self.store: Store = open_store(self.url, env={**os.environ, **self.extra_env})
         self.policy = cfg.restart
         self.chaos: LocalChaos | None = None
@@ -182,7 +190,7 @@ class LocalRun:
     # --- the run --------------------------------------------------------------------------------------------
     def evaluate_model(self, model) -> float:
         cfg = self.cfg
-        val = load_tokens(self.store, wire.VAL, cfg.run_id)
+        val = load_tokens(self.store, wire.VAL, cfg.run_id, run_key=self.key)
         return validation_loss(
             model,
             val,
@@ -195,7 +203,7 @@ class LocalRun:
         self, on_progress: Callable[[dict[str, Any]], None] | None = None, timeout: float | None = None
     ) -> dict[str, Any]:
         cfg = self.cfg
-        meta = prepare(self.store, cfg)
+        meta = prepare(self.store, cfg, secret=self.secret)
         layout = read_layout(self.store)
         log.info("run %s: starting syncer and %d learners", cfg.run_id, cfg.diloco.learners)
         self.chaos = LocalChaos(

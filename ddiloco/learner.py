@@ -13,6 +13,13 @@ Design choices:
   the syncer merge tokens the reports never mention.
 - A learner never publishes from a random init: it waits for global version 0 and overwrites its params
   with the current globals before its first step (after restoring its own checkpoint, if any).
+- Trust (`ddiloco.signing`): uploads and checkpoints are signed, every global, shard and checkpoint read is
+  verified. A global version that fails is skipped (logged, counted by reason in `rejected_globals`) and
+  training goes on until the next one; the syncer's rejections of this incarnation's answers are logged,
+  counted (`rejected_updates`) and drop the pending answer, so its tokens stay outstanding.
+- Devices (`ddiloco.accel`, `ddiloco.ddp`): on CUDA, bf16 autocast, fused AdamW, answers and checkpoints
+  copied to pinned host buffers on a side stream, each loss read a step late; with torchrun ranks this
+  process is rank 0, the only one on the store, and broadcasts every fragment it overwrites to the others.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,26 +38,42 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from ddiloco import wire
-from ddiloco.chaos import LearnerChaos, schedule_from_config
-from ddiloco.checkpoint import (
-    load_learner_checkpoint,
-    load_optimizer_tensors,
-    optimizer_tensors,
-    save_learner_checkpoint,
+from ddiloco import signing, wire
+from ddiloco.accel import (  # inner_step, lr_at, resolve_device: re-exported for the baseline and benchmarks
+    HostCopier,
+    HostSnapshot,
+    inner_step,
+    lr_at,
+    maybe_compile,
+    pin,
+    place_optimizer_steps,
+    resolve_device,
+    resolve_precision,
+    to_device,
+    train_step,
 )
-from ddiloco.compression import encode
+from ddiloco.chaos import LearnerChaos, schedule_from_config
+from ddiloco.checkpoint import load_learner_checkpoint
+from ddiloco.config import ConfigError
 from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import build_model, latest_version, read_global, read_layout
+from ddiloco.ddp import Group, rank_seed
+from ddiloco.globalmodel import latest_version, read_global, read_layout
+from ddiloco.learner_io import (
+    CheckpointWriter,
+    StatusPoller,
+    next_incarnation,
+    pack_update,
+    sample_history,
+    snapshot_checkpoint,
+)
 from ddiloco.metrics import LearnerMetrics
-from ddiloco.model import configure_optimizer
+from ddiloco.model import configure_optimizer, init_model
 from ddiloco.prepare import load_run_config, load_tokens
-from ddiloco.store import Store, StoreError, StoreUnavailable
+from ddiloco.store import NotFound, Store, StoreError, StoreUnavailable
+
+__all__ = ["FragmentState", "Learner", "inner_step", "lr_at", "resolve_device"]
 
 log = logging.getLogger(__name__)
-
-HISTORY_POINTS = 400
-HISTORY_EVERY_S = 1.0
 
 
 @dataclass(slots=True)
@@ -66,63 +90,6 @@ class FragmentState:
     """The answer in flight: {round, tokens, seconds, steps}; cleared when its fate is known."""
 
 
-def inner_step(
-    model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    lr: float,
-    grad_clip: float,
-) -> float:
-    """One AdamW step; shared by the learner, the plain-loop benchmark and the baseline."""
-    for group in opt.param_groups:
-        group["lr"] = lr
-    _, loss = model(x, y)
-    loss.backward()
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return float(loss.detach())
-
-
-def lr_at(step: int, peak: float, warmup: int) -> float:
-    return peak * min(1.0, (step + 1) / max(1, warmup))
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-class StatusPoller(threading.Thread):
-    """Keeps the newest syncer status in memory; survives an unavailable store with backoff."""
-
-    def __init__(self, store: Store, every: float, stop: threading.Event) -> None:
-        super().__init__(daemon=True, name="status-poller")
-        self.store, self.every, self.stop = store, every, stop
-        self.latest: dict[str, Any] | None = None
-        self.errors = 0
-
-    def poll_once(self) -> None:
-        status = self.store.get_json_or_none(wire.STATUS)
-        if status is not None:
-            self.latest = status
-
-    def run(self) -> None:
-        delay = self.every
-        while not self.stop.is_set():
-            try:
-                self.poll_once()
-                delay = self.every
-            except StoreError as e:
-                self.errors += 1
-                delay = min(5.0, max(delay * 2, 0.2))
-                log.warning("status poll failed (%s); retrying in %.1fs, training continues", e, delay)
-            self.stop.wait(delay)
-
-
 class Learner:
     def __init__(
         self,
@@ -132,13 +99,25 @@ class Learner:
         device: str | None = None,
         threads: int | None = None,
         registry: CollectorRegistry | None = None,
+        secret: bytes | None = None,
+        site: str = "local",
+        group: Group | None = None,
     ) -> None:
-        self.store = store
+        """`secret`: the master key from DDILOCO_RUN_KEY (None: neither sign nor verify); `site`: where it runs;
+        `group`: the learner's data-parallel ranks when this is rank 0 of several (`ddiloco.ddp`)."""
+        self.store, self.site = store, site
         self.learner_id = learner_id
         self.cfg = load_run_config(store)
         self.run_id = self.cfg.run_id
+        self.key = signing.for_run(secret, self.run_id)
+        if self.key is None:
+            signing.warn_unsigned(f"learner {learner_id}")
         t = self.cfg.train
-        self.device = resolve_device(device or t.device)
+        self.group, self.world_size = group, 1 if group is None else group.world_size
+        if self.world_size > t.ranks:
+            raise ConfigError(f"learner runs {self.world_size} ranks but train.ranks={t.ranks}; raise it")
+        self.device = resolve_device(device or t.device) if group is None else group.device
+        self.precision = resolve_precision(t.precision, self.device)
         if self.device.type == "cpu":
             torch.set_num_threads(threads or t.threads)
         self.layout = read_layout(store)
@@ -149,11 +128,21 @@ class Learner:
         )  # fmt: skip
         shard = learner_id % meta["num_shards"]
         self.loader = ShardLoader(
-            load_tokens(store, wire.shard_key(shard), self.run_id),
-            batch_size=t.batch_size, seq_len=self.cfg.model.seq_len, seed=self.cfg.seed * 1000 + learner_id,
+            load_tokens(
+                store, wire.shard_key(shard), self.run_id, max_tokens=int(meta["shard_tokens"][shard]),
+                run_key=self.key,
+            ),
+            batch_size=t.batch_for(learner_id), seq_len=self.cfg.model.seq_len,
+            seed=rank_seed(self.cfg.seed * 1000 + learner_id, 0),
         )  # fmt: skip
-        self.model = build_model(self.layout, self.cfg.seed).to(self.device)
-        self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))
+        self.model = init_model(self.layout.gpt_config(), self.cfg.seed, device=self.device)
+        self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))  # fused on CUDA
+        self.net = maybe_compile(self.model, t.compile) if group is None else self.model  # DDP: `_join_ranks`
+        self.copier = HostCopier(self.device)  # snapshots for answers and checkpoints
+        self._defer_loss = self.device.type == "cuda"  # read each loss a step late: the host never waits
+        self._loss_in_flight: torch.Tensor | None = None
+        self._applied: list[int] = []  # fragments overwritten since the last step (broadcast to the ranks)
+        self.checkpoints = CheckpointWriter(store, learner_id, self.layout, self.key)
         self.params = dict(self.model.named_parameters())
         self.frags = [FragmentState() for _ in self.layout.fragments]
         self.anchors: dict[str, torch.Tensor] = {}
@@ -171,9 +160,9 @@ class Learner:
         self.seq = 0
         self.started_at = time.time()
         self.joined_at: float | None = None
-        self.incarnation = self._next_incarnation()
+        self.incarnation = next_incarnation(store, learner_id, self.started_at)
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation)
+        self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.poller = StatusPoller(store, t.poll_every_s, self._stop)
@@ -182,16 +171,12 @@ class Learner:
         self.uploads: list[Future] = []
         self._report_future: Future | None = None
         self._answered: set[int] = set()
+        self.rejected_globals: Counter[str] = Counter()
+        self.rejected_updates: Counter[str] = Counter()
+        self._bad_globals: set[tuple[int, int]] = set()
+        self._notices_seen: set[tuple[int, int]] = set()
 
     # --- start-up -------------------------------------------------------------------------------------------
-    def _next_incarnation(self) -> int:
-        prev = self.store.get_json_or_none(wire.incarnation_key(self.learner_id))
-        inc = 0 if prev is None else int(prev["incarnation"]) + 1
-        self.store.put_json(
-            wire.incarnation_key(self.learner_id), {"incarnation": inc, "started_at": self.started_at}
-        )
-        return inc
-
     def _wait_for_globals(self, timeout: float | None) -> list[int]:
         """Block until every fragment has a global version (the only wait besides the end of the run)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -200,7 +185,7 @@ class Learner:
                 versions = [latest_version(self.store, f.fragment_id) for f in self.layout.fragments]
                 if all(v is not None for v in versions):
                     return [int(v) for v in versions]  # type: ignore[arg-type]
-            except StoreUnavailable as e:
+            except (StoreUnavailable, wire.PayloadError) as e:
                 log.warning(
                     "learner %d: store unavailable while waiting for globals (%s)", self.learner_id, e
                 )
@@ -210,15 +195,32 @@ class Learner:
                 )
             time.sleep(0.2)
 
+    def _join_ranks(self, group: Group) -> None:
+        """Hand the run and their slices of the shard to the other ranks, wrap the model in DDP. Done here, not
+        in __init__ (which the CLI retries while the store is unavailable), so the ranks hand-shake once."""
+        ld = self.loader
+        tokens = group.lead_handshake(self.cfg, self.layout, self.learner_id, ld.tokens)
+        self.loader = ShardLoader(tokens, batch_size=ld.batch_size, seq_len=ld.seq_len, seed=ld.seed)
+        self.net = maybe_compile(group.wrap(self.model), self.cfg.train.compile)
+
     def start(self, wait_timeout: float | None = None) -> None:
-        ckpt = load_learner_checkpoint(self.store, self.learner_id, self.run_id, self.model, self.opt)
+        if self.group is not None:
+            self._join_ranks(self.group)
+        ckpt = load_learner_checkpoint(self.store, self.learner_id, self.run_id, self.model, self.opt, key=self.key)  # fmt: skip
         if ckpt is not None:
             self.inner_step = int(ckpt["inner_step"])
-            self.loader.load_state_dict(ckpt["cursor"])
+            place_optimizer_steps(self.opt)
+            try:
+                self.loader.load_state_dict(ckpt["cursor"])
+            except ValueError as e:  # another number of ranks cut the shard differently
+                log.warning("learner %d: data cursor not restored (%s); reading afresh", self.learner_id, e)
             log.info("learner %d: restored checkpoint at inner step %d", self.learner_id, self.inner_step)
         versions = self._wait_for_globals(wait_timeout)
         for p, v in enumerate(versions):
-            self._apply(p, v, read_global(self.store, self.run_id, self.layout, p, v), initial=True)
+            versions[p], tensors = self._first_global(p, v)
+            self._apply(p, versions[p], tensors, initial=True)
+        if self.group is not None:  # every rank starts from rank 0's parameters, AdamW state and cursors
+            self.group.lead_start(self.model, self.opt, self.inner_step, (ckpt or {}).get("cursors"))
         self.poller.poll_once() if self.store.exists(wire.STATUS) else None
         self.poller.start()
         self.joined_at = time.time()
@@ -241,14 +243,17 @@ class Learner:
     ) -> None:
         fs = self.frags[p]
         alpha = 0.0 if initial else self.cfg.diloco.mixing
+        self.copier.fence()  # a checkpoint snapshot may still be reading the parameters
         with torch.no_grad():
             for name, t in tensors.items():
-                g = t.to(self.device)
+                g = t.to(self.device, non_blocking=True)  # pinned by `_download` on CUDA
                 if alpha > 0:
                     self.params[name].mul_(alpha).add_(g, alpha=1 - alpha)
                 else:
                     self.params[name].copy_(g)
-                self.anchors[name] = g.clone()
+                self.anchors[name] = g.clone() if g is t else g
+        if not initial:
+            self._applied.append(p)
         credited_tokens, credited_seconds = 0, 0.0
         if (
             fs.pending is not None
@@ -275,8 +280,30 @@ class Learner:
                 return me in m["contributors"]
         return False
 
-    def _download(self, p: int, version: int) -> tuple[int, dict[str, torch.Tensor]]:
-        tensors = read_global(self.store, self.run_id, self.layout, p, version)
+    def _first_global(self, p: int, latest: int) -> tuple[int, dict[str, torch.Tensor]]:
+        """The newest version ≤ latest of fragment p that verifies (a learner must start from a real one)."""
+        for v in range(latest, -1, -1):
+            try:
+                return v, read_global(self.store, self.run_id, self.layout, p, v, key=self.key)
+            except (wire.PayloadError, NotFound) as e:
+                self._count_bad_global(p, v, getattr(e, "reason", "missing"), e)
+        raise wire.PayloadError("unusable", f"no version of fragment {p} verifies; check {signing.ENV_VAR}")
+
+    def _count_bad_global(self, p: int, version: int, reason: str, e: Exception) -> None:
+        self._bad_globals.add((p, version))
+        self.rejected_globals[reason] += 1
+        self.metrics.rejected.labels(learner_id=str(self.learner_id), kind="global", reason=reason).inc()
+        log.warning(
+            "learner %d: skipping global version %d of fragment %d (%s); training continues",
+            self.learner_id, version, p, e,
+        )  # fmt: skip
+
+    def _download(self, p: int, version: int) -> tuple[int, dict[str, torch.Tensor] | wire.PayloadError]:
+        try:
+            tensors = read_global(self.store, self.run_id, self.layout, p, version, key=self.key)
+        except wire.PayloadError as e:  # returned, not raised: the caller needs the version it concerns
+            return version, e
+        tensors = pin(tensors, self.device)
         with self._lock:
             self.bytes_down += sum(t.numel() * 4 for t in tensors.values())
         self.metrics.downloaded.inc(sum(t.numel() * 4 for t in tensors.values()))
@@ -295,8 +322,11 @@ class Learner:
                     "learner %d: download of fragment %d failed (%s); will retry", self.learner_id, p, e
                 )
                 continue
-            if version > self.frags[p].anchor:
+            if isinstance(tensors, wire.PayloadError):  # never retried: the next version is taken instead
+                self._count_bad_global(p, version, tensors.reason, tensors)
+            elif version > self.frags[p].anchor:
                 self._apply(p, version, tensors, status=status)
+        self._read_notices(status)
         versions = status.get("versions", {})
         open_rounds = {r["round"] for r in status.get("open_rounds", [])}
         merged_rounds = {m["round"] for m in status.get("merged", [])}
@@ -305,7 +335,7 @@ class Learner:
             self.metrics.staleness.labels(learner_id=self.metrics.learner_id, fragment=str(p)).set(
                 max(0, v - fs.anchor)
             )
-            if v > fs.anchor and p not in self.downloads:
+            if v > fs.anchor and p not in self.downloads and (p, v) not in self._bad_globals:
                 self.downloads[p] = self.pool.submit(self._download, p, v)
             pend = fs.pending
             if pend is not None and pend["round"] not in open_rounds and pend["round"] not in merged_rounds:
@@ -313,6 +343,27 @@ class Learner:
                     fs.pending = (
                         None  # closed without merging us: tokens stay outstanding for the next answer
                     )
+
+    def _read_notices(self, status: dict) -> None:
+        """The syncer's rejections of this incarnation's answers: log, count, and drop the pending answer
+        (its tokens stay outstanding and go into the next answer for that fragment)."""
+        for n in status.get("rejections", []):
+            me = (self.learner_id, self.incarnation)
+            if not isinstance(n, dict) or (n.get("learner_id"), n.get("incarnation")) != me:
+                continue
+            key, reason = (n.get("round"), n.get("fragment_id")), str(n.get("reason"))[:40]
+            if key in self._notices_seen or not all(isinstance(k, int) for k in key):
+                continue
+            self._notices_seen.add(key)
+            self.rejected_updates[reason] += 1
+            self.metrics.rejected.labels(learner_id=str(self.learner_id), kind="update", reason=reason).inc()
+            log.warning(
+                "learner %d: the syncer rejected its answer to round %d (fragment %d): %s",
+                self.learner_id, key[0], key[1], reason,
+            )  # fmt: skip
+            for p, fs in enumerate(self.frags):
+                if p == key[1] and fs.pending is not None and fs.pending["round"] == key[0]:
+                    fs.pending = None
 
     def _answer_rounds(self, status: dict) -> None:
         for r in status.get("open_rounds", []):
@@ -322,8 +373,9 @@ class Learner:
                 continue
             self._answered.add(s)
             names = self.layout.fragments[p].names
-            with torch.no_grad():
-                delta = {n: (self.params[n].detach() - self.anchors[n]).float().cpu() for n in names}
+            with torch.no_grad():  # queued on the device; copied to the host without stalling it
+                delta = {n: (self.params[n].detach() - self.anchors[n]).float() for n in names}
+            snap = self.copier.snapshot(delta, copy=False)
             fs.pending = {"round": s, "tokens": fs.c_tokens, "seconds": fs.c_seconds, "steps": fs.c_steps}
             header = {
                 "run_id": self.run_id, "kind": "update", "learner_id": self.learner_id, "incarnation": self.incarnation,
@@ -331,17 +383,12 @@ class Learner:
                 "c_seconds": fs.c_seconds, "inner_step": self.inner_step, "codec": self.cfg.diloco.codec,
             }  # fmt: skip
             report = self._report()
-            self.uploads.append(self.pool.submit(self._upload, p, s, delta, header, report))
+            self.uploads.append(self.pool.submit(self._upload, p, s, snap, header, report))
             self.rounds_answered += 1
             self.metrics.rounds_answered.inc()
 
-    def _upload(self, p: int, s: int, delta: dict[str, torch.Tensor], header: dict, report: dict) -> None:
-        codec = self.cfg.diloco.codec
-        tensors: dict[str, torch.Tensor] = {}
-        for name, d in delta.items():
-            for part, t in encode(d, codec).items():
-                tensors[f"{name}/{part}"] = t
-        blob = wire.pack(tensors, header)
+    def _upload(self, p: int, s: int, snap: HostSnapshot, header: dict, report: dict) -> None:
+        blob = pack_update(snap, self.cfg.diloco.codec, header, self.key)
         try:
             self.store.put_json(wire.report_key(self.learner_id, self.incarnation), report)
             self.store.put(wire.update_key(p, s, self.learner_id, self.incarnation), blob)
@@ -368,23 +415,14 @@ class Learner:
         return {
             "run_id": self.run_id, "learner_id": self.learner_id, "incarnation": self.incarnation, "seq": self.seq,
             "time": time.time(), "started_at": self.started_at, "joined_at": self.joined_at, "inner_step": self.inner_step,
-            "host": socket.gethostname(), "pid": os.getpid(),
+            "host": socket.gethostname(), "pid": os.getpid(), "site": self.site,
             "tokens_processed": self.tokens_processed, "busy_seconds": self.busy_seconds, "loss": self.loss,
             "loss_ema": self.loss_ema, "step_time_ema": self.step_time_ema, "rounds_answered": self.rounds_answered,
             "bytes_up": bytes_up, "bytes_down": bytes_down, "upload_failures": self.upload_failures,
             "final": final, "exit_reason": reason, "fragments": {str(p): asdict(f) for p, f in enumerate(self.frags)},
-            "history": self._sample_history(),
+            "rejected_globals": dict(self.rejected_globals), "rejected_updates": dict(self.rejected_updates),
+            "history": sample_history(self.history, self.loss_ema, self.inner_step, self.tokens_processed),
         }  # fmt: skip
-
-    def _sample_history(self) -> list[list[float]]:
-        """Append the current point; keep at most HISTORY_POINTS by dropping every other old point."""
-        if self.loss_ema is not None and (
-            not self.history or time.time() - self.history[-1][0] >= HISTORY_EVERY_S
-        ):
-            self.history.append([time.time(), self.inner_step, self.tokens_processed, self.loss_ema])
-            if len(self.history) > HISTORY_POINTS:
-                self.history = self.history[:-1:2] + self.history[-1:]
-        return list(self.history)
 
     def _put_report(self, final: bool = False, reason: str | None = None) -> None:
         report = self._report(final, reason)
@@ -402,45 +440,39 @@ class Learner:
             )
 
     def _checkpoint_async(self) -> None:
-        # Snapshot on the main thread (cheap CPU clone) so the background write sees a consistent state.
-        meta = {"run_id": self.run_id, "cursor": self.loader.state_dict(), "incarnation": self.incarnation}
-        step = self.inner_step
-        snap_model = build_model(self.layout)
-        snap_model.load_state_dict({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
-        snap_opt = configure_optimizer(snap_model, 1.0, 0.0)
-        load_optimizer_tensors(
-            snap_model,
-            snap_opt,
-            {k: v.cpu().clone() for k, v in optimizer_tensors(self.model, self.opt).items()},
-        )
-
-        def write() -> None:
-            try:
-                save_learner_checkpoint(self.store, self.learner_id, step, snap_model, snap_opt, meta)
-            except StoreError as e:
-                log.warning("learner %d: checkpoint at step %d failed (%s)", self.learner_id, step, e)
-
-        self.pool.submit(write)
+        """Snapshot at this step boundary into host buffers (asynchronous on CUDA); an I/O thread writes it."""
+        cursor = self.loader.state_dict()
+        meta = {"run_id": self.run_id, "cursor": cursor, "incarnation": self.incarnation}
+        if self.group is not None:
+            meta["cursors"] = self.group.gather_cursors(cursor)
+        snap = snapshot_checkpoint(self.copier, self.model, self.opt)
+        self.checkpoints.submit(self.pool, self.inner_step, snap, meta)
 
     # --- the loop --------------------------------------------------------------------------------------------
-    def step(self) -> float:
+    def step(self) -> float | None:
+        """One inner step; returns its loss (on CUDA the previous step's, read once this one is queued, so
+        the device never waits for the host; None on the first step)."""
         t0 = time.perf_counter()
         x, y = self.loader.next_batch()
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        x, y = to_device(x, self.device), to_device(y, self.device)
         t = self.cfg.train
-        loss = inner_step(
-            self.model, self.opt, x, y, lr_at(self.inner_step, t.lr, t.warmup_steps), t.grad_clip
-        )
+        loss_t = train_step(
+            self.net, self.opt, x, y, lr_at(self.inner_step, t.lr, t.warmup_steps), t.grad_clip,
+            precision=self.precision, before_update=self.copier.fence,
+        )  # fmt: skip
+        if self._defer_loss:
+            loss_t, self._loss_in_flight = self._loss_in_flight, loss_t
+        loss = None if loss_t is None else float(loss_t)
         try:
             self.chaos.after_step(self.inner_step + 1, time.perf_counter() - t0)
         except StoreError as e:
             log.warning("chaos hook skipped this step (%s)", e)
         dt = time.perf_counter() - t0
-        if not math.isfinite(loss):
+        if loss is not None and not math.isfinite(loss):
             raise FloatingPointError(
                 f"learner {self.learner_id}: loss is {loss} at inner step {self.inner_step}; lower train.lr"
             )
-        n = x.numel()
+        n = x.numel() * self.world_size
         self.inner_step += 1
         self.tokens_processed += n
         self.busy_seconds += dt
@@ -448,14 +480,15 @@ class Learner:
             fs.c_steps += 1
             fs.c_tokens += n
             fs.c_seconds += dt
-        self.loss = loss
-        self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
         self.step_time_ema = dt if self.step_time_ema is None else 0.9 * self.step_time_ema + 0.1 * dt
         m = self.metrics
         m.inner_steps.inc()
         m.tokens.inc(n)
-        m.loss.set(loss)
         m.tokens_per_second.set(n / self.step_time_ema)
+        if loss is not None:
+            self.loss = loss
+            self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
+            m.loss.set(loss)
         return loss
 
     def tick(self) -> bool:
@@ -466,6 +499,9 @@ class Learner:
                 return False
             self._sync_fragments(status)
             self._answer_rounds(status)
+        if self.group is not None:  # the other ranks step too, after receiving the fragments overwritten here
+            self.group.lead_step(self.inner_step, self._applied, self.layout, self.params)
+        self._applied.clear()
         self.step()
         now = time.monotonic()
         t = self.cfg.train
@@ -498,6 +534,10 @@ class Learner:
 
     def _finish(self, reason: str) -> None:
         self._stop.set()
+        if self.group is not None:
+            self.group.stop()
+        if self._loss_in_flight is not None:
+            self.loss, self._loss_in_flight = float(self._loss_in_flight), None
         for fut in self.uploads:
             try:
                 fut.result(timeout=30)

@@ -29,7 +29,9 @@ QUORUM_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 
 class LearnerMetrics:
-    def __init__(self, registry: CollectorRegistry, learner_id: int, incarnation: int) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, learner_id: int, incarnation: int, site: str = "local"
+    ) -> None:
         lbl = {"learner_id": str(learner_id)}
         ns = "ddiloco_learner"
         self.inner_steps = Counter(
@@ -59,6 +61,10 @@ class LearnerMetrics:
         self.upload_failures = Counter(
             f"{ns}_upload_failures", "Uploads that failed after retries", ["learner_id"], registry=registry
         ).labels(**lbl)
+        self.rejected = Counter(  # kind: global (refused here) or update (refused by the syncer)
+            f"{ns}_rejected", "Objects rejected, by kind and reason", ["learner_id", "kind", "reason"],
+            registry=registry,
+        )  # fmt: skip
         self.store_retries = Gauge(
             f"{ns}_store_retries", "Store operations retried (cumulative)", ["learner_id"], registry=registry
         ).labels(**lbl)
@@ -84,6 +90,12 @@ class LearnerMetrics:
             f"{ns}_incarnation", "Restart count of this learner id", ["learner_id"], registry=registry
         )
         incarnation_g.labels(**lbl).set(incarnation)
+        # Info metric (value 1): join on learner_id to break any learner series down by site, e.g.
+        # sum by (site) (ddiloco_learner_merged_tokens_total * on(learner_id) group_left(site) ddiloco_learner_site)
+        Gauge(
+            f"{ns}_site", "Where this learner runs (--site)", ["learner_id", "site"], registry=registry
+        ).labels(learner_id=str(learner_id), site=site).set(1)
+        self.site = site
         self.learner_id = str(learner_id)
 
 
@@ -158,6 +170,12 @@ class SyncerMetrics:
         self.rejected = Counter(
             f"{ns}_rejected_updates", "Updates rejected, by reason", ["reason"], registry=registry
         )
+        self.clipped = Counter(
+            f"{ns}_clipped_updates",
+            "Answers scaled down by robust mode, by reason",
+            ["reason"],
+            registry=registry,
+        )
         self.outer_grad_norm = Gauge(
             f"{ns}_outer_gradient_norm",
             "L2 norm of the merged outer gradient",
@@ -172,11 +190,11 @@ class SyncerMetrics:
 
 METRIC_NAMES = frozenset(
     [f"ddiloco_learner_{n}_total" for n in ("inner_steps", "tokens", "rounds_answered", "uploaded_bytes", "downloaded_bytes", "upload_failures", "merged_tokens", "discarded_tokens")]
-    + [f"ddiloco_learner_{n}" for n in ("loss", "tokens_per_second", "store_retries", "fragment_staleness", "incarnation")]
+    + [f"ddiloco_learner_{n}" for n in ("loss", "tokens_per_second", "store_retries", "fragment_staleness", "incarnation", "site")]
     + [f"ddiloco_syncer_{n}_total" for n in ("rounds", "merges", "rejected_updates", "published_bytes", "tokens_merged", "tokens_discarded")]
     + [f"ddiloco_syncer_{n}" for n in ("token_budget", "live_learners", "goodput", "global_version", "outer_gradient_norm")]
     + [f"ddiloco_syncer_{h}_{s}" for h in ("quorum_size", "grace_wait_seconds", "time_to_quorum_seconds", "merge_seconds", "answer_staleness") for s in ("bucket", "sum", "count")]
-    + ["up"]
+    + ["ddiloco_syncer_clipped_updates_total", "ddiloco_learner_rejected_total", "up"]
 )  # fmt: skip
 
 

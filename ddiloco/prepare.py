@@ -1,7 +1,13 @@
 """`ddiloco prepare`: write config, tokenizer, disjoint shards, validation split and global version 0.
 
 Idempotent, so an Argo retry of the prepare step is harmless: if the run root already holds a config, it
-must be the same config (else a clear error), and nothing that exists is rewritten.
+must be the same config (else a clear error), and nothing that exists is rewritten. The config is written
+only after the corpus has been read and split, so a prepare that failed on its input can be rerun with a
+corrected config.
+
+With the run secret (`DDILOCO_RUN_KEY`, see `ddiloco.signing`) shards, validation split and global version
+0 are signed with the run's key; a rerun with a different secret is refused with a clear error instead of
+leaving learners that reject version 0 forever.
 """
 
 from __future__ import annotations
@@ -12,10 +18,16 @@ from typing import Any
 
 import torch
 
-from ddiloco import wire
+from ddiloco import signing, wire
 from ddiloco.config import ConfigError, RunConfig
 from ddiloco.data import load_texts, split_tokens, tokenize_corpus
-from ddiloco.globalmodel import make_layout, model_config_from_run, write_initial_globals
+from ddiloco.globalmodel import (
+    make_layout,
+    model_config_from_run,
+    read_global,
+    read_layout,
+    write_initial_globals,
+)
 from ddiloco.model import init_model
 from ddiloco.store import Store
 from ddiloco.synthetic import entropy_floor, make_world, synthetic_documents
@@ -32,9 +44,13 @@ def corpus_texts(cfg: RunConfig) -> tuple[list[str], dict[str, Any]]:
     return load_texts(d.source, jsonl_field=d.jsonl_field), {}
 
 
-def prepare(store: Store, cfg: RunConfig) -> dict[str, Any]:
-    """Prepare the run root; returns data/meta.json."""
+def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dict[str, Any]:
+    """Prepare the run root; returns data/meta.json. `secret`: the master key from DDILOCO_RUN_KEY (None:
+    unsigned)."""
     cfg.validate()
+    key = signing.for_run(secret, cfg.run_id)
+    if key is None:
+        signing.warn_unsigned("prepare")
     existing = store.get_json_or_none(wire.CONFIG)
     if existing is not None:
         if existing != cfg.to_dict():
@@ -44,10 +60,9 @@ def prepare(store: Store, cfg: RunConfig) -> dict[str, Any]:
             )
         meta = store.get_json_or_none(wire.DATA_META)
         if meta is not None and store.exists(wire.LAYOUT):
+            _check_existing_signature(store, cfg.run_id, key)
             log.info("run %s already prepared at %s", cfg.run_id, store.url)
             return meta
-    else:
-        store.put_json(wire.CONFIG, cfg.to_dict())
 
     t0 = time.monotonic()
     texts, extra = corpus_texts(cfg)
@@ -64,18 +79,24 @@ def prepare(store: Store, cfg: RunConfig) -> dict[str, Any]:
             )
     if val.numel() < cfg.model.seq_len + 1:
         raise ConfigError("the validation split is shorter than one sequence; raise data.val_fraction")
+    if existing is None:  # only once the corpus is known to be usable: a fixed rerun must not be refused
+        store.put_json(wire.CONFIG, cfg.to_dict())
 
     store.put(wire.TOKENIZER, tok.to_json().encode())
     for i, s in enumerate(shards):
         store.put(
             wire.shard_key(i),
-            wire.pack({"tokens": s.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "shard", "shard": i}),
+            wire.pack(
+                {"tokens": s.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "shard", "shard": i}, key=key
+            ),
         )
-    store.put(wire.VAL, wire.pack({"tokens": val.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "val"}))
+    store.put(
+        wire.VAL, wire.pack({"tokens": val.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "val"}, key=key)
+    )
 
     model = init_model(model_config_from_run(cfg, tok.vocab_size), cfg.seed)
     layout = make_layout(model, cfg.diloco.fragments)
-    write_initial_globals(store, cfg.run_id, model, layout, cfg.diloco.global_dtype)
+    write_initial_globals(store, cfg.run_id, model, layout, cfg.diloco.global_dtype, key=key)
 
     meta = {
         "run_id": cfg.run_id,
@@ -109,6 +130,34 @@ def load_run_config(store: Store) -> RunConfig:
     return RunConfig.from_dict(d)
 
 
-def load_tokens(store: Store, key: str, run_id: str) -> torch.Tensor:
-    payload = wire.unpack(store.get(key, max_bytes=8 << 30), expect={"run_id": run_id})
-    return payload.tensors["tokens"].to(torch.int64)
+def _check_existing_signature(store: Store, run_id: str, key: bytes | None) -> None:
+    if key is None:
+        return
+    try:
+        read_global(store, run_id, read_layout(store), 0, 0, key=key)
+    except wire.PayloadError as e:
+        raise ConfigError(
+            f"{store.url} was prepared with another {signing.ENV_VAR} ({e.reason}); "
+            "use the same secret as the first prepare, or a new --run-id / store prefix"
+        ) from None
+
+
+def load_tokens(
+    store: Store, key: str, run_id: str, *, max_tokens: int = 2 << 30, run_key: bytes | None = None
+) -> torch.Tensor:
+    """A token payload (shard or validation split) as int64. Read at most `max_tokens` int32 tokens' worth of
+    bytes; with the `run_key` the payload's signature is required."""
+    blob = store.get(key, max_bytes=4 * max_tokens + (1 << 20))
+    try:
+        payload = wire.unpack(blob, expect={"run_id": run_id}, key=run_key)
+    except wire.PayloadError as e:
+        if e.reason not in ("unsigned", "bad_signature"):
+            raise
+        raise ConfigError(
+            f"{store.url}/{key} does not verify ({e}); give every role the {signing.ENV_VAR} that "
+            "prepare used"
+        ) from None
+    tokens = payload.tensors.get("tokens")
+    if tokens is None or tokens.dim() != 1 or tokens.dtype != torch.int32:
+        raise wire.PayloadError("malformed", f"{key} holds no 1-D int32 'tokens' tensor")
+    return tokens.to(torch.int64)

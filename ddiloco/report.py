@@ -154,6 +154,7 @@ def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
         "sft_task_accuracy",
         "instruction_accuracy_before",
         "instruction_accuracy_after",
+        "tokens_merged_by_site",
     ):
         for name, v in sorted((summary.get(k) or {}).items()):
             out[f"{k}_{name}"] = float(v)
@@ -234,6 +235,22 @@ def task_rows(s: dict[str, Any], evals: dict[str, dict[str, Any]]) -> list[list[
     return [["validation loss", "nats/token", "", *losses], ["perplexity", "", "", *ppl], *rows]
 
 
+def site_rows(s: dict[str, Any]) -> list[list[str]]:
+    """[site, learner ids, tokens processed, tokens merged, share of merged] per site (learners joined from
+    elsewhere report their --site; everything else is `local`)."""
+    merged, processed = s.get("tokens_merged_by_site") or {}, s.get("tokens_processed_by_site") or {}
+    total = sum(merged.values())
+    ids = s.get("learners_by_site") or {}
+    return [
+        [site, ", ".join(str(i) for i in ids.get(site, [])), _fmt(processed.get(site)), _fmt(merged.get(site)),
+         _pct(merged.get(site, 0) / total if total else None)]
+        for site in sorted(set(merged) | set(processed))
+    ]  # fmt: skip
+
+
+SITE_HEADER = ["site", "learners", "tokens processed", "tokens merged", "share of merged"]
+
+
 def instruction_rows(s: dict[str, Any]) -> list[list[str]]:
     before, after = s.get("instruction_accuracy_before") or {}, s.get("instruction_accuracy_after") or {}
     return [
@@ -303,6 +320,10 @@ def render_run_html(run: RunData) -> str:
             ),
         ),
         ("Learner incarnations", _img(plots.incarnations(v), "learner incarnations")),
+        (
+            "Sites",
+            _table(SITE_HEADER, site_rows(s)) if site_rows(s) else '<p class="note">no learner reports.</p>',
+        ),
         ("Rounds: quorum and grace", _img(plots.rounds([v]), "quorum and grace per round")),
         ("Staleness", _img(plots.staleness([v]), "staleness histogram")),
         ("Traffic", _img(plots.traffic([v]), "bytes per learner")),
@@ -338,6 +359,9 @@ def render_run_markdown(run: RunData) -> str:
             "|---|---|---:|---:|---:|",
         ]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if site_rows(s):
+        lines += ["", "## Sites", "", "| " + " | ".join(SITE_HEADER) + " |", "|---|---|---:|---:|---:|"]
+        lines += ["| " + " | ".join(r) + " |" for r in site_rows(s)]
     if instruction_rows(s):
         lines += [
             "",

@@ -12,6 +12,7 @@ Design choices:
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from typing import Any
 
 from ddiloco import wire
@@ -49,8 +50,14 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     merged_seconds = 0.0
     learner_merged_per_frag = [0] * P
     per_learner: dict[str, dict[str, Any]] = {}
+    by_site: dict[str, dict[str, Any]] = {}  # site -> merged (fragment-tokens), processed, learner ids
     for rep in reports:
         contributor = wire.contributor(rep["learner_id"], rep["incarnation"])
+        site = by_site.setdefault(
+            str(rep.get("site") or "local"), {"merged": 0, "processed": 0, "ids": set()}
+        )
+        site["processed"] += rep["tokens_processed"]
+        site["ids"].add(rep["learner_id"])
         alive = done is None and not rep.get("final")
         processed += rep["tokens_processed"]
         for p_str, f in rep["fragments"].items():
@@ -66,6 +73,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
             m_tok += credited
             learner_merged_per_frag[p] += m_tok
             merged_l += m_tok
+            site["merged"] += m_tok
             merged_seconds += m_sec
             rest = f["c_tokens"] - credited
             if alive:
@@ -120,12 +128,17 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "global_versions_contiguous": contiguous,
         "incarnations": {k: v["incarnations"] for k, v in sorted(per_learner.items())},
         "tokens_per_learner": {k: v["tokens"] for k, v in sorted(per_learner.items())},
+        "tokens_merged_by_site": {k: v["merged"] / P for k, v in sorted(by_site.items())},
+        "tokens_processed_by_site": {k: v["processed"] for k, v in sorted(by_site.items())},
+        "learners_by_site": {k: sorted(v["ids"]) for k, v in sorted(by_site.items())},
         "chaos_events": chaos_events,
         "learner_events": state.get("learner_events", []),
         "kill_recovery": kill_recovery(chaos_events, state.get("learner_events", []), reports),
         "learner_accounting": learner_accounting(reports, done["time"] if done else None, P),
         "restarts": events.get("restarts", []),
         "rejected_updates": state.get("rejected", {}),
+        "clipped_updates": state.get("clipped", {}),
+        "rejected_globals": dict(sum((Counter(r.get("rejected_globals", {})) for r in reports), Counter())),
         "bytes_uploaded": sum(r["bytes_up"] for r in reports),
         "bytes_downloaded": sum(r["bytes_down"] for r in reports),
         "bytes_published": state.get("bytes_published", 0),

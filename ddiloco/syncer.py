@@ -6,9 +6,14 @@ Design choices:
   the same fragment.
 - A round merges once K answers arrived and the adaptive grace window
   clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap) has passed (or every live learner answered).
-- Answers are parsed and validated as they arrive, so a merge only does arithmetic. Anything malformed,
-  foreign, non-finite, mis-shaped or with impossible counters is rejected and counted by reason; it never
-  touches the global model.
+- Answers are parsed and validated as they arrive (`ddiloco.intake`; every rule and reason is listed in
+  `ddiloco.validation`), so a merge only does arithmetic. A rejected object never touches the global
+  model; it is counted by reason (state, metrics, summary), and the learner it authentically came from is
+  told through a bounded `rejections` list in the status object.
+- With the run key every update must carry a valid signature, and everything the syncer publishes (global
+  versions, outer momentum, the final model) is signed.
+- Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped
+  answers are still merged and counted under `clipped` (state, status, metrics, round record).
 - Persist order per merge: outer momentum → round record → global payload + latest pointer → status →
   state. A restarted syncer that finds a newer global than its state adopts it (and its round record), so
   it never publishes a version twice and never loses a merged one.
@@ -23,47 +28,27 @@ import socket
 import statistics
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry
 
-from ddiloco import wire
-from ddiloco.compression import decode
+from ddiloco import signing, validation, wire
 from ddiloco.globalmodel import latest_version, publish_global, read_global, read_layout
+from ddiloco.intake import Intake, Round
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.outer import OuterNesterov, merge_with_stats, token_weight
 from ddiloco.prepare import load_run_config
-from ddiloco.store import NotFound, Store, StoreError
+from ddiloco.store import NotFound, ObjectTooLarge, Store, StoreError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STEP_S = 0.05
 KEEP_VERSIONS = 4
+MAX_NOTICES = 64
 
 
-@dataclass(slots=True)
-class Answer:
-    contributor: str
-    header: dict[str, Any]
-    delta: dict[str, torch.Tensor]  # fp32, relative to the learner's base version
-
-
-@dataclass(slots=True)
-class Round:
-    round: int
-    fragment_id: int
-    opened_at: float
-    opened_wall: float
-    quorum_at: float | None = None
-    grace_s: float = 0.0
-    seen: set[str] = field(default_factory=set)
-    answers: dict[str, Answer] = field(default_factory=dict)
-    rejected: dict[str, str] = field(default_factory=dict)
-
-
-class Syncer:
+class Syncer(Intake):
     def __init__(
         self,
         store: Store,
@@ -72,14 +57,26 @@ class Syncer:
         wall=time.time,
         poll_s: float = 0.02,
         registry: CollectorRegistry | None = None,
+        secret: bytes | None = None,
+        robust_clip: float | None = None,
     ) -> None:
+        """`secret`: the master key from DDILOCO_RUN_KEY (None: unsigned). `robust_clip`: robust mode
+        factor; default `cfg.diloco.robust_clip` when the config has it."""
         self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
         self.cfg = load_run_config(store)
         self.run_id = self.cfg.run_id
+        self.key = signing.for_run(secret, self.run_id)
+        if self.key is None:
+            signing.warn_unsigned("syncer")
+        self.robust_clip = robust_clip if robust_clip is not None else self.cfg.diloco.robust_clip
+        self.clipped: Counter[str] = Counter()
+        self.notices: deque[dict[str, Any]] = deque(maxlen=MAX_NOTICES)
+        self.step_clock = validation.StepClock()
+        self.published_at: dict[tuple[int, int], float] = {}
         self.layout = read_layout(store)
         d = self.cfg.diloco
         self.P = self.layout.num_fragments
-        self.tokens_per_step = self.cfg.train.batch_size * self.cfg.model.seq_len
+        self.tokens_per_step = self.cfg.train.max_batch() * self.cfg.model.seq_len
         self.globals: list[dict[str, torch.Tensor]] = []
         self.recent: list[dict[int, dict[str, torch.Tensor]]] = [{} for _ in range(self.P)]
         self.versions = [0] * self.P
@@ -118,6 +115,7 @@ class Syncer:
             self.versions = [int(v) for v in state["versions"]]
             self.ledger = state["ledger"]
             self.rejected = Counter(state["rejected"])
+            self.clipped = Counter(state.get("clipped", {}))
             self.next_round = int(state["next_round"])
             self.rounds_merged, self.rounds_abandoned = (
                 int(state["rounds_merged"]),
@@ -139,18 +137,20 @@ class Syncer:
             if latest is None:
                 raise NotFound(f"fragment {p} has no global version 0; run `ddiloco prepare` first")
             if latest > self.versions[p]:
+                try:  # the pointer is unsigned: adopt only a version that verifies
+                    read_global(self.store, self.run_id, self.layout, p, latest, key=self.key)
+                except (wire.PayloadError, NotFound) as e:
+                    log.error("syncer: not adopting fragment %d version %d (%s)", p, latest, e)
+                    continue
                 self._adopt_unrecorded(p, latest)
         self.globals = [
-            read_global(self.store, self.run_id, self.layout, p, v) for p, v in enumerate(self.versions)
+            read_global(self.store, self.run_id, self.layout, p, v, key=self.key)
+            for p, v in enumerate(self.versions)
         ]
         for p, v in enumerate(self.versions):
             self.recent[p][v] = {n: t.clone() for n, t in self.globals[p].items()}
             if v > 0:
-                payload = wire.unpack(
-                    self.store.get(wire.momentum_key(p, v)),
-                    expect={"run_id": self.run_id, "kind": "momentum"},
-                )
-                self.outer[p].load_state_dict(payload.tensors)
+                self._restore_momentum(p, v)
         if state is not None:
             log.info(
                 "syncer incarnation %d resumed run %s at round %d, versions %s",
@@ -158,6 +158,25 @@ class Syncer:
                 self.run_id,
                 self.next_round,
                 self.versions,
+            )
+
+    def _restore_momentum(self, p: int, v: int) -> None:
+        """Outer momentum of fragment p at version v; one that fails verification restarts from zero."""
+        try:
+            payload = wire.unpack(
+                self.store.get(wire.momentum_key(p, v), max_bytes=self.layout.fragment_max_bytes(p)),
+                expect={"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": v},
+                key=self.key,
+            )
+            if any(list(t.shape) != self.layout.shapes.get(n) for n, t in payload.tensors.items()):
+                raise wire.PayloadError("wrong_shape", "momentum does not match the fragment layout")
+            self.outer[p].load_state_dict(payload.tensors)
+        except (wire.PayloadError, NotFound, ObjectTooLarge, ValueError) as e:
+            log.error(
+                "syncer: outer momentum of fragment %d v%d unusable (%s); restarting it from zero", p, v, e
+            )
+            self.outer[p] = OuterNesterov(
+                lr=self.cfg.diloco.outer_lr, momentum=self.cfg.diloco.outer_momentum
             )
 
     def _adopt_unrecorded(self, p: int, latest: int) -> None:
@@ -193,7 +212,7 @@ class Syncer:
             wire.SYNCER_STATE,
             {
                 "run_id": self.run_id, "incarnation": self.incarnation, "versions": self.versions, "ledger": self.ledger,
-                "rejected": dict(self.rejected), "next_round": self.next_round, "rounds_merged": self.rounds_merged,
+                "rejected": dict(self.rejected), "clipped": dict(self.clipped), "next_round": self.next_round, "rounds_merged": self.rounds_merged,
                 "rounds_abandoned": self.rounds_abandoned, "merged_recent": list(self.merged_recent),
                 "xi_quorum": self.xi_quorum, "xi_sync": self.xi_sync, "started_wall": self.started_wall,
                 "open_rounds": [{"round": r.round, "fragment_id": r.fragment_id, "opened_wall": r.opened_wall} for r in self.open.values()],
@@ -234,7 +253,7 @@ class Syncer:
                 "merged": list(self.merged_recent), "tokens_merged": self.tokens_merged(),
                 "token_budget": self.cfg.diloco.token_budget, "rounds_merged": self.rounds_merged,
                 "live_learners": len(live), "loss": statistics.mean([r["loss_ema"] for r in live if r.get("loss_ema") is not None] or [math.nan]),
-                "rejected": dict(self.rejected),
+                "rejected": dict(self.rejected), "clipped": dict(self.clipped), "rejections": list(self.notices),
             },
         )  # fmt: skip
 
@@ -242,14 +261,19 @@ class Syncer:
     def refresh_learners(self) -> None:
         newest: dict[int, str] = {}
         for key in self.store.list("learners/"):
-            if key.endswith("/report.json"):
+            if key.endswith("/report.json") and key.split("/")[1].isdigit():
                 lid = int(key.split("/")[1])
                 newest[lid] = max(newest.get(lid, key), key)
         for lid, key in newest.items():
             try:
-                self.learners[lid] = self.store.get_json(key)
+                report = self.store.get_json(key)
             except StoreError as e:
                 log.debug("report %s unreadable (%s)", key, e)
+                continue
+            if validation.report_ok(report, lid):
+                self.learners[lid] = report
+            else:
+                log.warning("syncer: ignoring malformed learner report %s", key)
 
         live = {wire.contributor(r["learner_id"], r["incarnation"]) for r in self.live_learners()}
         now = self.wall()
@@ -293,84 +317,14 @@ class Syncer:
         self.last_open = now
         self.publish_status()
 
-    def collect(self, rnd: Round) -> None:
-        prefix = wire.update_prefix(rnd.fragment_id, rnd.round)
-        for key in self.store.list(prefix):
-            name = key[len(prefix) :]
-            if name in rnd.seen:
-                continue
-            rnd.seen.add(name)
-            try:
-                ans = self._load_answer(rnd, key)
-            except wire.PayloadError as e:
-                self.rejected[e.reason] += 1
-                self.metrics.rejected.labels(reason=e.reason).inc()
-                rnd.rejected[name] = e.reason
-                log.warning("syncer: rejected %s (%s)", key, e)
-                continue
-            except NotFound:
-                continue
-            if ans.contributor in rnd.answers:
-                self.rejected["duplicate"] += 1
-                self.metrics.rejected.labels(reason="duplicate").inc()
-                continue
-            rnd.answers[ans.contributor] = ans
-
-    def _load_answer(self, rnd: Round, key: str) -> Answer:
-        frag = self.layout.fragments[rnd.fragment_id]
-        limit = 2 * sum(4 * self.layout_numel(n) for n in frag.names) + (1 << 20)
-        try:
-            blob = self.store.get(key, max_bytes=limit)
-        except StoreError as e:
-            if type(e).__name__ == "ObjectTooLarge":
-                raise wire.PayloadError("too_large", str(e)) from None
-            raise
-        h = wire.unpack(
-            blob,
-            expect={
-                "run_id": self.run_id,
-                "kind": "update",
-                "fragment_id": rnd.fragment_id,
-                "round": rnd.round,
-            },
-        )
-        meta = h.meta
-        steps, tokens = meta.get("c_steps"), meta.get("c_tokens")
-        if not (
-            isinstance(steps, int)
-            and isinstance(tokens, int)
-            and steps >= 1
-            and 0 < tokens <= steps * self.tokens_per_step
-        ):
-            raise wire.PayloadError(
-                "bad_counters",
-                f"c_steps={steps} c_tokens={tokens} (≤ {self.tokens_per_step} tokens per step)",
-            )
-        base = meta.get("base_version")
-        if not isinstance(base, int) or not 0 <= base <= self.versions[rnd.fragment_id]:
-            raise wire.PayloadError("bad_base", f"base_version {base!r} is not a published version")
-        codec = meta.get("codec")
-        delta: dict[str, torch.Tensor] = {}
-        for name in frag.names:
-            parts = {k.rsplit("/", 1)[1]: t for k, t in h.tensors.items() if k.rsplit("/", 1)[0] == name}
-            try:
-                d = decode(parts, codec, self.layout.shapes[name])
-            except ValueError as e:
-                raise wire.PayloadError("wrong_shape", f"{name}: {e}") from None
-            if not torch.isfinite(d).all():
-                raise wire.PayloadError("non_finite", f"{name} has NaN/Inf")
-            delta[name] = d
-        expected = {f"{n}/{part}" for n in frag.names for part in ("data", "q", "scale")}
-        if not set(h.tensors) <= expected:
-            raise wire.PayloadError("wrong_shape", "payload has tensors outside the fragment")
-        return Answer(wire.contributor(meta["learner_id"], meta["incarnation"]), meta, delta)
-
     def layout_numel(self, name: str) -> int:
         return math.prod(self.layout.shapes[name])
 
     def _base(self, p: int, version: int) -> dict[str, torch.Tensor]:
         if version not in self.recent[p]:
-            self.recent[p][version] = read_global(self.store, self.run_id, self.layout, p, version)
+            self.recent[p][version] = read_global(
+                self.store, self.run_id, self.layout, p, version, key=self.key
+            )
         return self.recent[p][version]
 
     def progress(self, rnd: Round, now: float) -> None:
@@ -412,6 +366,11 @@ class Syncer:
                 "c_tokens": ans.header["c_tokens"], "c_steps": ans.header["c_steps"], "c_seconds": ans.header["c_seconds"],
                 "base_version": ans.header["base_version"], "staleness": self.versions[p] - ans.header["base_version"], "weight": w,
             }  # fmt: skip
+        clipped: dict[str, float] = {}
+        if self.robust_clip is not None:
+            outer_grads, scales = validation.clip_outliers(outer_grads, self.robust_clip)
+            names = sorted(rnd.answers)
+            clipped = {names[i]: f for i, f in scales.items()}
         merged, stats = merge_with_stats(
             outer_grads, weights, embedding_names=self.layout.embedding_names, method=d.merge
         )
@@ -427,18 +386,23 @@ class Syncer:
             "time_to_quorum": (rnd.quorum_at or now) - rnd.opened_at, "grace_s": rnd.grace_s, "merged_at": self.wall(),
             "quorum": len(contributors), "contributors": contributors, "rejected": rnd.rejected,
             "merged_norm": stats["merged_norm"], "mean_delta_norm": stats["mean_delta_norm"], "ratio": stats["ratio"],
+            "clipped": clipped,
         }  # fmt: skip
+        published_at = self.wall()  # before the write: no learner can hold this version any earlier
         self.store.put(
             wire.momentum_key(p, version),
             wire.pack(
                 outer.state_dict(),
                 {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version},
+                key=self.key,
             ),
         )
         self.store.put_json(wire.round_record_key(rnd.round), rec)
         published = publish_global(
-            self.store, self.run_id, p, version, theta, d.global_dtype, {"round": rnd.round}
+            self.store, self.run_id, p, version, theta, d.global_dtype, {"round": rnd.round}, key=self.key
         )
+        self.published_at[(p, version)] = published_at
+        self.published_at.pop((p, version - 64), None)
         self.bytes_published += published
         self.metrics.published.inc(published)
         if d.global_dtype == "bf16":  # learners see the rounded values; keep the syncer's copy identical
@@ -449,6 +413,12 @@ class Syncer:
         for v in sorted(self.recent[p])[:-KEEP_VERSIONS]:
             del self.recent[p][v]
         self._account(rec)
+        for c, f in clipped.items():
+            log.warning(
+                "syncer: round %d: outer gradient of %s clipped by %.3g (robust mode)", rnd.round, c, f
+            )
+            self.clipped["norm_outlier"] += 1
+            self.metrics.clipped.labels(reason="norm_outlier").inc()
         del self.open[rnd.round]
         self.xi_sync = self._ema(self.xi_sync, self.clock() - now)
         m = self.metrics
@@ -468,15 +438,6 @@ class Syncer:
         log.debug(
             "syncer: round %d fragment %d -> v%d from %d answers", rnd.round, p, version, len(contributors)
         )
-
-    def _sweep_late(self, p: int) -> None:
-        """Delete answers that arrived after their round closed (their learners count them as discarded)."""
-        open_rounds = {r.round for r in self.open.values() if r.fragment_id == p}
-        for key in self.store.list(f"updates/{p:03d}/"):
-            round_ = int(key.split("/")[2])
-            if round_ not in open_rounds:
-                self.late_answers += 1
-                self.store.delete(key)
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -532,7 +493,9 @@ class Syncer:
         final = {n: t for g in self.globals for n, t in g.items()}
         self.store.put(
             wire.FINAL_MODEL,
-            wire.pack(final, {"run_id": self.run_id, "kind": "final", "versions": self.versions}),
+            wire.pack(
+                final, {"run_id": self.run_id, "kind": "final", "versions": self.versions}, key=self.key
+            ),
         )
         self.store.put_json(
             wire.FINAL_META,

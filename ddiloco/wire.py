@@ -5,15 +5,23 @@ Design choices:
 - Payloads are safetensors files (no pickle: nothing read from the store can execute code). We write the
   format ourselves so the header can carry a SHA-256 of the data region in one pass, and read it back with
   the `safetensors` library, which validates offsets and dtypes.
-- The JSON header (`__metadata__["ddiloco"]`) carries run_id, kind, fragment, versions, counters, codec and
-  the tensor list; `unpack` checks size, structure and checksum and raises `PayloadError(reason)` so the
-  syncer can count rejections by reason.
+- The JSON header (`__metadata__["ddiloco"]`) carries run_id, kind, fragment, versions, counters, codec,
+  the SHA-256 of the data region and of the tensor table (names, dtypes, shapes, offsets), and, when the
+  writer holds the run key, an HMAC over that header (`ddiloco.signing`): one MAC authenticates header,
+  layout and bytes.
+- `unpack` trusts nothing: it reads the header itself (size-capped, duplicate JSON keys refused), checks
+  that the tensor table tiles the data region exactly with known dtypes, verifies both checksums, the run
+  id and the signature, and only then lets safetensors parse, cross-checking what it read. Every problem
+  is a `PayloadError(reason)` (never another exception) so callers can count rejections by reason; a
+  property-based test fuzzes this promise.
+- Format 2 (tensor-table checksum and optional MAC) replaced format 1; format-1 objects are `malformed`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +30,9 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-FORMAT_VERSION = 1
+from ddiloco import signing
+
+FORMAT_VERSION = 2
 
 # --- keys ----------------------------------------------------------------------------------------------------
 CONFIG = "config.json"
@@ -102,10 +112,16 @@ _DTYPES = {
     torch.int32: "I32",
     torch.int64: "I64",
 }
+_ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2, "U8": 1, "I8": 1, "I32": 4, "I64": 8}
+_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+MAX_HEADER_BYTES = 16 << 20
 
 
 class PayloadError(ValueError):
-    """A payload failed validation; `reason` is a short machine-readable tag (for metrics and the summary)."""
+    """A payload failed validation; `reason` is a short machine-readable tag (for metrics and the summary).
+
+    Reasons raised here: truncated, malformed, wrong_dtype, checksum, foreign_run, unsigned, bad_signature,
+    mismatch. The syncer adds its own (see `ddiloco.syncer`)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"{reason}: {message}")
@@ -118,8 +134,13 @@ class Payload:
     tensors: dict[str, torch.Tensor]
 
 
-def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> bytes:
-    """Serialise tensors + JSON header as a safetensors file whose header holds a SHA-256 of the data."""
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, key: bytes | None = None) -> bytes:
+    """Serialise tensors + JSON header as a safetensors file. The header carries the SHA-256 of the data
+    region and of the tensor table, and, with a run `key`, an HMAC over all of it (see `ddiloco.signing`)."""
     entries: dict[str, Any] = {}
     chunks: list[bytes] = []
     offset = 0
@@ -136,9 +157,13 @@ def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> bytes:
         chunks.append(raw)
         offset += len(raw)
     data = b"".join(chunks)
-    full_meta = dict(meta)
+    full_meta = {k: v for k, v in meta.items() if k not in (signing.MAC_FIELD, signing.KEY_ID_FIELD)}
     full_meta["format"] = FORMAT_VERSION
     full_meta["sha256"] = hashlib.sha256(data).hexdigest()
+    full_meta["tensors_sha256"] = hashlib.sha256(_canonical(entries)).hexdigest()
+    if key is not None:
+        full_meta[signing.KEY_ID_FIELD] = signing.key_id(key)
+        full_meta[signing.MAC_FIELD] = signing.sign(full_meta, key)
     header = dict(entries)
     header["__metadata__"] = {"ddiloco": json.dumps(full_meta, sort_keys=True)}
     hbytes = json.dumps(header, separators=(",", ":")).encode()
@@ -146,36 +171,133 @@ def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> bytes:
     return struct.pack("<Q", len(hbytes)) + hbytes + data
 
 
-def unpack(blob: bytes, *, expect: Mapping[str, Any] | None = None) -> Payload:
-    """Parse and verify a payload. `expect` maps header fields to required values (e.g. run_id, kind)."""
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Two parsers read the header (json here, serde in safetensors); a duplicate key is where they could
+    # disagree about what was authenticated, so it is refused outright.
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise ValueError("duplicate key in JSON object")
+    return d
+
+
+def _json(raw: bytes | str) -> Any:
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicates)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise PayloadError(
+            "malformed", f"header is not valid JSON ({type(e).__name__}: {str(e)[:80]})"
+        ) from None
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _check_entries(entries: dict[str, Any], data_len: int) -> None:
+    """The tensor table must tile the data region exactly: known dtypes, sizes that match shapes."""
+    spans = []
+    for name, e in entries.items():
+        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+            raise PayloadError("malformed", f"tensor entry {name[:60]!r} is not a safetensors entry")
+        dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+        if dtype not in _ITEMSIZE:
+            raise PayloadError("wrong_dtype", f"tensor {name[:60]!r} has dtype {str(dtype)[:20]!r}")
+        if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
+            raise PayloadError("malformed", f"tensor {name[:60]!r} has a bad shape")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(_is_count(o) for o in offs)):
+            raise PayloadError("malformed", f"tensor {name[:60]!r} has bad data offsets")
+        if offs[1] - offs[0] != math.prod(shape) * _ITEMSIZE[dtype]:
+            raise PayloadError("malformed", f"tensor {name[:60]!r}: offsets do not match its shape")
+        spans.append((offs[0], offs[1]))
+    end = 0
+    for begin, stop in sorted(spans):
+        if begin != end:
+            raise PayloadError("malformed", "tensor data regions overlap or leave gaps")
+        end = stop
+    if end > data_len:
+        raise PayloadError("truncated", f"data region is {data_len} bytes, the header describes {end}")
+    if end < data_len:
+        raise PayloadError("malformed", f"{data_len - end} bytes after the last tensor")
+
+
+def unpack(
+    blob: bytes,
+    *,
+    expect: Mapping[str, Any] | None = None,
+    key: bytes | None = None,
+) -> Payload:
+    """Parse and verify a payload; raises only `PayloadError(reason)` for bad input.
+
+    `expect` maps header fields to required values (run_id, kind, fragment_id, ...). With a run `key` a valid
+    signature is required (`unsigned` / `bad_signature`); without one a signature is not checked. Order:
+    structure (truncated, malformed, wrong_dtype) → integrity (checksum) → run id (foreign_run: an object
+    from another run is reported as such, even though it cannot verify under this run's key) → signature →
+    the other expected fields (mismatch) → the safetensors parse, cross-checked against the tensor table.
+    """
     if len(blob) < 8:
         raise PayloadError("truncated", f"payload is {len(blob)} bytes, shorter than a safetensors header")
     (hlen,) = struct.unpack("<Q", blob[:8])
-    if hlen > len(blob) - 8 or hlen > 16 << 20:
+    if hlen > MAX_HEADER_BYTES or (hlen > len(blob) - 8 and blob[8:9] != b"{"):
+        raise PayloadError("malformed", f"not a safetensors payload (header length {hlen})")
+    if hlen > len(blob) - 8:
         raise PayloadError("truncated", f"header length {hlen} exceeds the object size {len(blob)}")
-    try:
-        header = json.loads(blob[8 : 8 + hlen])
-        meta = json.loads(header["__metadata__"]["ddiloco"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise PayloadError("malformed", f"header is not a ddiloco safetensors header ({e})") from None
+    header = _json(blob[8 : 8 + hlen])
+    if not isinstance(header, dict):
+        raise PayloadError("malformed", "header is not a JSON object")
+    md = header.pop("__metadata__", None)
+    if not (isinstance(md, dict) and set(md) == {"ddiloco"} and isinstance(md["ddiloco"], str)):
+        raise PayloadError("malformed", "header is not a ddiloco safetensors header")
+    meta = _json(md["ddiloco"])
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-        raise PayloadError(
-            "malformed",
-            f"unsupported payload format {meta.get('format') if isinstance(meta, dict) else meta!r}",
-        )
+        fmt = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise PayloadError("malformed", f"unsupported payload format {str(fmt)[:40]!r}")
     data = memoryview(blob)[8 + hlen :]
+    _check_entries(header, len(data))
     if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         raise PayloadError("checksum", "SHA-256 of the data region does not match the header")
-    for key, want in (expect or {}).items():
-        if meta.get(key) != want:
-            reason = "foreign_run" if key == "run_id" else "mismatch"
-            raise PayloadError(reason, f"header field {key}={meta.get(key)!r}, expected {want!r}")
+    if hashlib.sha256(_canonical(header)).hexdigest() != meta.get("tensors_sha256"):
+        raise PayloadError("checksum", "SHA-256 of the tensor table does not match the header")
+    expect = dict(expect or {})
+    if "run_id" in expect and meta.get("run_id") != expect["run_id"]:
+        raise PayloadError(
+            "foreign_run", f"payload of run {str(meta.get('run_id'))[:80]!r}, expected {expect['run_id']!r}"
+        )
+    if key is not None:
+        problem = signing.check(meta, key)
+        if problem is not None:
+            reason, why = problem.split(": ", 1)
+            raise PayloadError(reason, why)
+    for field, want in expect.items():
+        if meta.get(field) != want:
+            raise PayloadError(
+                "mismatch", f"header field {field}={str(meta.get(field))[:80]!r}, expected {want!r}"
+            )
     try:
         tensors = st_load(bytes(blob))
     except Exception as e:  # safetensors raises its own error type for every structural problem
         raise PayloadError("malformed", f"safetensors rejected the payload ({e})") from None
+    except BaseException as e:  # a panic in the Rust parser surfaces as pyo3's PanicException
+        if type(e).__name__ != "PanicException":
+            raise
+        raise PayloadError("malformed", "safetensors could not parse the payload") from None
+    if set(tensors) != set(header) or any(
+        _BY_NAME[header[n]["dtype"]] != t.dtype or list(t.shape) != header[n]["shape"]
+        for n, t in tensors.items()
+    ):
+        raise PayloadError("malformed", "safetensors read a different tensor table than the header shows")
     return Payload(meta=meta, tensors=tensors)
 
 
 def dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def parse_update_name(name: str) -> tuple[int, int] | None:
+    """(learner_id, incarnation) from the last segment of an update key, or None if it is not one."""
+    stem, dot, ext = name.partition(".")
+    lid, dash, inc = stem.partition("-")
+    if ext != "safetensors" or not dash or not (lid.isdigit() and inc.isdigit()) or "/" in name:
+        return None
+    if len(lid) > 9 or len(inc) > 9 or name != f"{int(lid):03d}-{int(inc):04d}.safetensors":
+        return None
+    return int(lid), int(inc)

@@ -240,7 +240,7 @@ def cmd_schedule_enable(args: argparse.Namespace) -> int:
 # --- parser ------------------------------------------------------------------------------------------------
 def _compile_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("compile-time options (default: the named pipeline's)")
-    g.add_argument("--pipeline", choices=["pretrain", "smoke"], default="pretrain")
+    g.add_argument("--pipeline", choices=["pretrain", "smoke", "join"], default="pretrain")
     g.add_argument(
         "--registry", help="image registry, e.g. ghcr.io/you (images: REGISTRY/ddiloco-learner:VERSION)"
     )

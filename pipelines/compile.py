@@ -1,4 +1,4 @@
-"""Compile the pipelines to KFP YAML. The committed `pipelines/{pretrain,smoke}.yaml` are these functions'
+"""Compile the pipelines to KFP YAML. The committed `pipelines/{pretrain,smoke,join}.yaml` are these functions'
 output with default options; `tests/pipelines/test_compile.py` compares them (UPDATE_GOLDEN=1 rewrites)."""
 
 from __future__ import annotations
@@ -11,11 +11,17 @@ from typing import Any
 
 from kfp import compiler
 
-from pipelines import smoke
+from pipelines import join, smoke
 from pipelines.pretrain import ClusterOptions, pipeline_function
 
 HERE = Path(__file__).resolve().parent
-PIPELINES: dict[str, ClusterOptions] = {"pretrain": ClusterOptions(), "smoke": smoke.OPTIONS}
+PIPELINES: dict[str, ClusterOptions] = {
+    "pretrain": ClusterOptions(),
+    "smoke": smoke.OPTIONS,
+    "join": join.OPTIONS,
+}
+BUILDERS = {"join": join.pipeline_function}
+"""Pipelines built by another function than pretrain's `pipeline_function`."""
 
 
 def golden_path(name: str) -> Path:
@@ -33,7 +39,8 @@ def compile_pipeline(name: str, out: str | Path, **changes: Any) -> Path:
     """Write the compiled pipeline (the IR YAML KFP uploads and runs) to `out`."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(pipeline_function(options(name, **changes)), str(out))
+    builder = BUILDERS.get(name, pipeline_function)
+    compiler.Compiler().compile(builder(options(name, **changes)), str(out))
     out.write_text(stable_header(out.read_text()))
     return out
 

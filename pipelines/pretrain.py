@@ -31,6 +31,7 @@ from components.roles import build
 from ddiloco.chaos_k8s import DEFAULT_SELECTOR, ROLE_LABEL
 
 KFP_SECRET = "mlpipeline-minio-artifact"
+RUN_KEY_ENV = "DDILOCO_RUN_KEY"  # ddiloco.signing.ENV_VAR (pipelines import no torch-heavy modules)
 SECRET_KEYS = {"accesskey": "DDILOCO_S3_ACCESS_KEY", "secretkey": "DDILOCO_S3_SECRET_KEY"}
 """Keys of KFP's artifact-store Secret -> the variables `ddiloco.store.s3` reads."""
 WORKFLOW_LABEL_PATH = "metadata.labels['workflows.argoproj.io/workflow']"
@@ -69,6 +70,9 @@ class ClusterOptions:
     backoff_max: str = "300s"
     run_timeout_s: int = 3 * 24 * 3600
     """Deadline of each learner / syncer / chaos pod."""
+    run_key_secret: str | None = "ddiloco-run-key"
+    """Secret (key `key`: hex, `openssl rand -hex 32`) mounted optionally as DDILOCO_RUN_KEY: every update and
+    global version is then signed and verified. A missing Secret leaves the run unsigned (logged); None: never."""
     metrics_port: int = 9400
     """Port of the learners' and syncer's Prometheus /metrics (`--metrics-port`; manifests/monitoring scrapes it)."""
     defaults: dict[str, Any] = field(default_factory=dict)
@@ -164,6 +168,10 @@ class _Wiring:
         task.set_retry(num_retries=retries, backoff_duration=o.backoff, backoff_factor=o.backoff_factor,
                        backoff_max_duration=o.backoff_max)  # fmt: skip
         kubernetes.use_secret_as_env(task, secret_name=self.secret, secret_key_to_env=SECRET_KEYS)
+        if o.run_key_secret:
+            kubernetes.use_secret_as_env(
+                task, secret_name=o.run_key_secret, secret_key_to_env={"key": RUN_KEY_ENV}, optional=True
+            )
         kubernetes.add_pod_label(task, "app.kubernetes.io/part-of", "ddiloco")
         if role is not None:
             kubernetes.add_pod_label(task, ROLE_LABEL, role)

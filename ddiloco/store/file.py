@@ -117,7 +117,11 @@ class FileStore(Store):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except (FileExistsError, NotADirectoryError) as exc:
-                raise StoreError(f"cannot put {self._where(full_key)}: a parent of it is an object") from exc
+                if self._parent_is_object(path):
+                    raise StoreError(
+                        f"cannot put {self._where(full_key)}: a parent of it is an object"
+                    ) from exc
+                continue  # a concurrent delete pruned the directory while mkdir checked it: try again
             tmp = (
                 path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}"
             )
@@ -140,6 +144,15 @@ class FileStore(Store):
                 self._fsync_dir(path.parent)
             return
         raise StoreError(f"cannot put {self._where(full_key)}: its directory keeps disappearing")
+
+    def _parent_is_object(self, path: Path) -> bool:
+        """True if some directory on the way from the root to `path` is a file (a key, not a prefix)."""
+        for parent in path.parents:
+            if parent == self._root or self._root not in parent.parents:
+                return False
+            if parent.is_file():
+                return True
+        return False
 
     def _replace(self, full_key: str, tmp: Path, path: Path) -> None:
         try:

@@ -10,8 +10,21 @@ from tests._harness import tiny_config
 
 pytestmark = pytest.mark.slow
 
-BASE = ("diloco.learners=4", "diloco.fragments=2", "diloco.token_budget=400000", "train.checkpoint_every_s=2")
+BASE = ("diloco.learners=4", "diloco.fragments=2", "diloco.token_budget=400000", "train.checkpoint_every_s=2",
+        "diloco.sync_every=16")  # fmt: skip
 LONG = "diloco.token_budget=800000"  # the loss comparison needs a run long enough for noise to settle
+# The loss comparison also needs a corpus the run does not cycle through (the harness's 600 documents are
+# seen many times over in 800k tokens, and the loss then depends on timing), more than 2 validation
+# batches, and more than one point: this tiny model plateaus near 0.8 after ~500k tokens, and there the
+# global model's loss moves by ±5% from one published version to the next in every run (a clean run's
+# last three curve points: 0.811, 0.835, 0.871). The plateau level is the mean of the last three points.
+MEASURED = ("data.synthetic_docs=20000", "eval.val_batches=32", "eval.curve_points=8", "sft=null")
+
+
+def plateau_loss(store) -> float:
+    points = store.get_json("eval/curve.json")["points"]
+    assert len(points) >= 6, points
+    return sum(p["val_loss"] for p in points[-3:]) / 3
 
 
 def run_with(tmp_path, run_id, *overrides, timeout=600):
@@ -44,15 +57,15 @@ def assert_no_lost_or_double_merges(store, summary):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    _, s = run_with(tmp_path_factory.mktemp("ref"), "ref", LONG)
-    return s
+    run, s = run_with(tmp_path_factory.mktemp("ref"), "ref", LONG, *MEASURED)
+    return {**s, "plateau_loss": plateau_loss(open_store(run.url))}
 
 
 def test_killing_one_learner_twice(tmp_path, reference):
     # Kills at inner steps (the learner SIGKILLs itself, once per event) land after it joined, however slowly
     # the machine starts processes; the timed kills of the launcher are covered by the syncer test.
     events = "chaos.events=[{kind: kill_learner, learner: 1, at_step: 300}, {kind: kill_learner, learner: 1, at_step: 800}]"
-    run, s = run_with(tmp_path, "kill2", LONG, events)
+    run, s = run_with(tmp_path, "kill2", LONG, *MEASURED, events)
     store = open_store(run.url)
     assert s["status"] == "done"
     fired = [e for e in s["chaos_events"] if e.get("action") == "SIGKILL (self)"]
@@ -66,10 +79,9 @@ def test_killing_one_learner_twice(tmp_path, reference):
     gap = max(b - a for a, b in zip(merged_at, merged_at[1:], strict=False))
     assert gap < 20 * s["learner_step_seconds"] + 1.0, f"the syncer stalled for {gap:.2f}s"
     assert all(k["rejoin_seconds"] is not None for k in s["kill_recovery"]), s["kill_recovery"]
-    assert s["final_val_loss"] <= reference["final_val_loss"] * 1.05, (
-        s["final_val_loss"],
-        reference["final_val_loss"],
-    )
+    assert s["final_val_loss"] < s["initial_val_loss"] / 4
+    loss, ref = plateau_loss(store), reference["plateau_loss"]
+    assert loss <= ref * 1.05, (loss, ref, s["final_val_loss"], reference["final_val_loss"])
 
 
 def test_killing_the_syncer(tmp_path):
@@ -122,10 +134,12 @@ def test_a_store_outage_is_ridden_out(tmp_path):
 
 
 def test_a_learner_added_mid_run_contributes_and_shortens_the_run(tmp_path):
-    one = ("diloco.learners=1", "diloco.token_budget=150000")
+    one = ("diloco.learners=1", "diloco.token_budget=300000")
     _, alone = run_with(tmp_path / "a", "alone", *one)
+    # Added at ~35% of the run alone, whatever this machine's speed (both clocks start at prepare).
+    at_s = round(0.35 * alone["wall_seconds"], 1)
     run, s = run_with(
-        tmp_path / "b", "added", *one, "chaos.events=[{kind: add_learner, learner: 1, at_s: 7}]"
+        tmp_path / "b", "added", *one, f"chaos.events=[{{kind: add_learner, learner: 1, at_s: {at_s}}}]"
     )
     store = open_store(run.url)
     contributed = sum(

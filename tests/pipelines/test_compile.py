@@ -140,9 +140,13 @@ def test_store_credentials_come_from_the_secret_as_env(pretrain):
     assert store.endswith("/{{$.pipeline_job_uuid}}")
     for name in ("prepare", "learner", "syncer", "chaos", "evaluate-final", "sft", "evaluate-sft", "report"):
         _, k8s = pretrain.executor(name)
-        (secret,) = k8s["secretAsEnv"]
+        secret, run_key = k8s["secretAsEnv"]
         assert secret["secretNameParameter"]["componentInputParameter"].endswith("store_secret"), name
         assert {kv["secretKey"]: kv["envVar"] for kv in secret["keyToEnv"]} == SECRET_KEYS
+        assert not secret.get("optional")
+        # The run key signs updates and globals; an optional Secret, so a cluster without it runs unsigned.
+        assert run_key["secretName"] == "ddiloco-run-key" and run_key["optional"] is True, name
+        assert run_key["keyToEnv"] == [{"envVar": "DDILOCO_RUN_KEY", "secretKey": "key"}]
     defaults = {
         k: v.get("defaultValue") for k, v in pretrain.ir["root"]["inputDefinitions"]["parameters"].items()
     }
@@ -181,3 +185,20 @@ def test_compile_options_change_parallelism_and_images(tmp_path):
     spec = Spec(out)
     assert spec.tasks["learners"][1]["iteratorPolicy"]["parallelismLimit"] == 16
     assert spec.executor("learner")[0]["image"] == f"r.example/team/ddiloco-learner:{__version__}"
+
+
+def test_join_pipeline_checks_the_run_then_starts_learners_with_their_site(compiled):
+    join = Spec(compiled["join"])
+    assert join.deps("check-run") == []
+    loop = join.tasks["learners"][1]
+    assert join.deps("learners") == ["check-run"]
+    assert loop["iteratorPolicy"]["parallelismLimit"] == PIPELINES["join"].max_learners
+    params = join.ir["root"]["inputDefinitions"]["parameters"]
+    assert {"run_root", "site", "learners", "store_secret", "s3_endpoint", "link_bandwidth"} <= set(params)
+    container, k8s = join.executor("learner")
+    assert "joiner" in container["args"] and container["image"].endswith(f":{__version__}")
+    assert any(
+        e["secretNameParameter"]["componentInputParameter"].endswith("store_secret")
+        for e in k8s["secretAsEnv"]
+    )
+    assert k8s["podMetadata"]["labels"]["ddiloco.io/role"] == "learner"

@@ -86,3 +86,18 @@ def test_committed_config_files_load():
     assert files, "configs/ should hold the recipes as YAML"
     for f in files:
         load_config(config_file=f)
+
+
+def test_per_learner_batch_sizes():
+    cfg = load_config(None, None, ["train.learner_batch_sizes=[8, 32]", "train.batch_size=16"])
+    assert [cfg.train.batch_for(i) for i in range(4)] == [8, 32, 16, 16]
+    assert cfg.train.max_batch() == 32
+    assert load_config(None, None, []).train.max_batch() == load_config(None, None, []).train.batch_size
+    with pytest.raises(ConfigError, match="learner_batch_sizes.*integers ≥ 1"):
+        load_config(None, None, ["train.learner_batch_sizes=[8, 0]"])
+
+
+def test_robust_clip_must_be_at_least_one():
+    assert load_config(None, None, ["diloco.robust_clip=3"]).diloco.robust_clip == 3
+    with pytest.raises(ConfigError, match="robust_clip"):
+        load_config(None, None, ["diloco.robust_clip=0.5"])

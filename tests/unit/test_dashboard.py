@@ -7,7 +7,19 @@ from pathlib import Path
 from ddiloco.metrics import METRIC_NAMES
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "manifests" / "monitoring" / "dashboards" / "ddiloco.json"
-FUNCTIONS = {"rate", "increase", "sum", "max", "count", "histogram_quantile", "by", "le"}
+FUNCTIONS = {
+    "rate",
+    "increase",
+    "sum",
+    "max",
+    "count",
+    "histogram_quantile",
+    "by",
+    "le",
+    "on",
+    "group_left",
+    "site",
+}
 
 
 def _metric_names(expr: str) -> set[str]:
@@ -54,6 +66,8 @@ def test_every_exported_metric_name_is_real():
     syncer.merges.labels(fragment="0").inc()
     syncer.outer_grad_norm.labels(fragment="0").set(1)
     syncer.rejected.labels(reason="checksum").inc()
+    syncer.clipped.labels(reason="norm_outlier").inc()
+    learner.rejected.labels(learner_id="0", kind="global", reason="bad_signature").inc()
     syncer.rounds.labels(outcome="merged").inc()
     exposed = {s.name for m in reg.collect() for s in m.samples}
     assert METRIC_NAMES - {"up"} <= exposed, sorted(METRIC_NAMES - {"up"} - exposed)

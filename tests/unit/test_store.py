@@ -500,3 +500,27 @@ def test_retry_single_attempt_policy_never_sleeps() -> None:
 def test_retry_policy_validates(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_file_put_survives_a_prune_racing_its_mkdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The syncer's delete prunes empty directories; a learner's mkdir can see the directory exist and then
+    # vanish before it checks it (FileExistsError). That is a race to retry, not "a parent is an object".
+    store = FileStore(tmp_path)
+    real_mkdir, calls = Path.mkdir, []
+
+    def racing_mkdir(self: Path, *args, **kwargs) -> None:
+        calls.append(self)
+        if len(calls) == 1:
+            raise FileExistsError(str(self))
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
+    store.put("updates/000/00000120/000-0001.safetensors", b"x")
+    assert store.get("updates/000/00000120/000-0001.safetensors") == b"x" and len(calls) >= 2
+
+
+def test_file_put_under_an_object_says_so(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put("a/b", b"object")
+    with pytest.raises(StoreError, match="a parent of it is an object"):
+        store.put("a/b/c", b"x")

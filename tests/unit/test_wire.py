@@ -32,10 +32,11 @@ def test_payload_is_a_plain_safetensors_file():
     "mutate, reason",
     [
         (lambda b: b[:5], "truncated"),
-        (lambda b: b[:-3], "checksum"),
+        (lambda b: b[:-3], "truncated"),
         (lambda b: b[:-1] + bytes([b[-1] ^ 0xFF]), "checksum"),
         (lambda b: b"\x10\x00\x00\x00\x00\x00\x00\x00" + b"{not json}      ", "malformed"),
-        (lambda b: b"garbage" * 10, "truncated"),
+        (lambda b: b"garbage" * 10, "malformed"),
+        (lambda b: b[: len(b) // 2], "truncated"),
     ],
 )
 def test_corruption_is_rejected_with_a_reason(mutate, reason):

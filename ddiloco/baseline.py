@@ -1,0 +1,323 @@
+"""`ddiloco baseline`: synchronous data-parallel training of the same model, on the same data, for comparison.
+
+Design choices:
+- Same everything as a DiLoCo run of the same prepared store: rank r reads shard r mod num_shards with the
+  learner's data seed (seed·1000 + r), starts from global version 0, and updates with the learner's own
+  `inner_step` (AdamW, `lr_at` warm-up, gradient clipping) — the only difference is that gradients are
+  averaged over the M ranks before clipping, every step. The global batch is M × train.batch_size.
+- M real OS processes (`torch.multiprocessing` spawn) over `torch.distributed`: gloo on CPU, NCCL on GPU,
+  rendezvous on loopback (127.0.0.1, a free port). Gradients are averaged by DistributedDataParallel
+  (`init_sync=False`: every rank loads the identical version 0 from the store, as learners do; the model
+  has no buffers to broadcast), so all communication goes through one DDP communication hook, which counts the bytes it all-reduces before calling the stock `allreduce_hook`.
+- Bytes: `bytes_allreduced` is the payload (every gradient bucket, fp32) per rank; `bytes_sent` is what a
+  bandwidth-optimal ring all-reduce sends per rank, payload × 2(M−1)/M. That is the figure compared with a
+  learner's uploads. (Gloo may pick another algorithm on loopback; the ring figure is the standard cost model.)
+- Training stops after ⌈tokens / (M·B·T)⌉ steps, so tokens processed = the requested budget rounded up to a
+  whole global batch. The workers write per-rank reports and rank 0 the final model into the store under
+  `baseline/`; the parent process evaluates initial and final models on the run's validation split and
+  writes `baseline/summary.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ddiloco import wire
+from ddiloco.config import ConfigError, RunConfig
+from ddiloco.data import ShardLoader
+from ddiloco.evaluate import validation_loss
+from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_global, read_layout
+from ddiloco.learner import inner_step, lr_at, resolve_device
+from ddiloco.model import GPT, configure_optimizer
+from ddiloco.prepare import load_run_config, load_tokens
+from ddiloco.store import Store, open_store
+from ddiloco.store.shaped import Link
+
+log = logging.getLogger(__name__)
+
+# Store keys of a baseline run (relative to the run root it shares with the DiLoCo run it is compared to).
+BASELINE_SUMMARY = "baseline/summary.json"
+BASELINE_MODEL = "baseline/model.safetensors"
+HISTORY_POINTS = 200
+
+
+def baseline_rank_key(rank: int) -> str:
+    return f"baseline/rank-{rank:03d}.json"
+
+
+def ring_factor(world_size: int) -> float:
+    """Bytes a ring all-reduce sends per rank, as a multiple of the payload: 2(M−1)/M."""
+    return 2 * (world_size - 1) / world_size
+
+
+@dataclass(slots=True)
+class Plan:
+    """What every rank needs; built once by the parent, sent to the workers."""
+
+    url: str
+    world_size: int
+    steps: int
+    backend: str
+    device: str
+    master_port: int
+    threads: int
+    log_level: int
+
+
+class ByteCounter:
+    """DDP communication hook state: payload bytes and calls, then the stock averaging all-reduce."""
+
+    def __init__(self, link: Link | None = None, world_size: int = 1) -> None:
+        self.bytes = 0
+        self.calls = 0
+        self.link, self.world_size = link, world_size
+        self.link_seconds = 0.0
+
+
+def counting_allreduce_hook(state, bucket):  # no annotations: DDP checks them against its own types
+    """Count the bucket's payload bytes, then all-reduce and average it like DDP's default."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    buf = bucket.buffer()
+    nbytes = buf.numel() * buf.element_size()
+    state.bytes += nbytes
+    state.calls += 1
+    if (
+        state.link is not None
+    ):  # the run's `link` section: this ring all-reduce crosses it (ddiloco.store.shaped)
+        delay = state.link.allreduce_seconds(nbytes, state.world_size)
+        state.link_seconds += delay
+        time.sleep(delay)
+    return allreduce_hook(None, bucket)  # None = the default (world) process group; divides by M
+
+
+def params_sha256(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def load_initial_model(store: Store, cfg: RunConfig, layout: Layout) -> GPT:
+    """The model learners start from: global version 0 of every fragment, as published by `prepare`."""
+    model = build_model(layout, cfg.seed)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for frag in layout.fragments:
+            for name, t in read_global(store, cfg.run_id, layout, frag.fragment_id, 0).items():
+                params[name].copy_(t)
+    return model
+
+
+def load_baseline_model(store: Store, run_id: str, layout: Layout) -> GPT:
+    payload = wire.unpack(
+        store.get(BASELINE_MODEL, max_bytes=MAX_FRAGMENT_BYTES * 4),
+        expect={"run_id": run_id, "kind": "baseline_final"},
+    )
+    model = build_model(layout)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            t = payload.tensors.get(name)
+            if t is None or t.shape != p.shape:
+                raise wire.PayloadError("wrong_shape", f"baseline model is missing or mis-shapes {name}")
+            p.copy_(t.float())
+    return model
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sample(history: list[list[float]]) -> list[list[float]]:
+    if len(history) <= HISTORY_POINTS:
+        return history
+    stride = math.ceil(len(history) / HISTORY_POINTS)
+    return history[::stride] + ([history[-1]] if (len(history) - 1) % stride else [])
+
+
+def _rank_main(rank: int, plan: Plan) -> None:
+    """One data-parallel rank: set up, train `plan.steps` steps, write its report (and rank 0 the model)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    logging.basicConfig(level=plan.log_level, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(plan.master_port))
+    if plan.backend == "gloo":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only: never look for another interface
+    store = open_store(plan.url)
+    cfg = load_run_config(store)
+    t = cfg.train
+    if plan.device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(plan.threads)
+    dist.init_process_group(plan.backend, rank=rank, world_size=plan.world_size)
+    try:
+        layout = read_layout(store)
+        meta = store.get_json(wire.DATA_META)
+        loader = ShardLoader(
+            load_tokens(store, wire.shard_key(rank % meta["num_shards"]), cfg.run_id),
+            batch_size=t.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed * 1000 + rank,
+        )  # fmt: skip
+        model = load_initial_model(store, cfg, layout).to(device)
+        opt = configure_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2))
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            init_sync=False,
+        )
+        counter = ByteCounter(Link.from_config(cfg.link), plan.world_size)
+        ddp.register_comm_hook(counter, counting_allreduce_hook)
+        history: list[list[float]] = []
+        tokens = 0
+        dist.barrier()
+        t0 = time.time()
+        for step in range(plan.steps):
+            x, y = loader.next_batch()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss = inner_step(ddp, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"rank {rank}: loss is {loss} at step {step}; lower train.lr")
+            tokens += x.numel()
+            history.append([step, loss])
+        dist.barrier()
+        wall = time.time() - t0
+        report = {
+            "run_id": cfg.run_id, "rank": rank, "world_size": plan.world_size, "backend": plan.backend,
+            "device": str(device), "steps": plan.steps, "tokens_processed": tokens, "train_seconds": wall,
+            "started_at": t0, "bytes_allreduced": counter.bytes, "allreduce_calls": counter.calls,
+            "bytes_sent": counter.bytes * ring_factor(plan.world_size), "params_sha256": params_sha256(model),
+            "link_seconds": counter.link_seconds,
+            "first_loss": history[0][1] if history else None,
+            "last_loss": sum(h[1] for h in history[-20:]) / len(history[-20:]) if history else None,
+            "history": _sample(history),
+        }  # fmt: skip
+        if rank == 0:
+            store.put(
+                BASELINE_MODEL,
+                wire.pack(dict(model.named_parameters()), {"run_id": cfg.run_id, "kind": "baseline_final"}),
+            )
+        store.put_json(baseline_rank_key(rank), report)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_baseline(
+    url: str,
+    *,
+    learners: int | None = None,
+    tokens: int | None = None,
+    device: str | None = None,
+    timeout: float | None = None,
+    tasks: bool = True,
+) -> dict[str, Any]:
+    """Train data-parallel with M ranks on the prepared run root at `url`; returns (and stores) the summary.
+
+    learners: M (default diloco.learners); tokens: total tokens to process (default diloco.token_budget);
+    tasks: also score the downstream tasks, as `ddiloco run` does for its final model (settings: cfg.eval).
+    """
+    if url.startswith("memory://"):
+        raise ConfigError("ddiloco baseline runs M processes; use a file:// or s3:// store, not memory://")
+    store = open_store(url)
+    cfg = load_run_config(store)
+    if store.get_json_or_none(wire.DATA_META) is None:
+        raise ConfigError(f"{url} is not prepared; run `ddiloco prepare --store {url}` first (or --prepare)")
+    M = learners or cfg.diloco.learners
+    budget = tokens or cfg.diloco.token_budget
+    if M < 1 or budget < 1:
+        raise ConfigError(f"--learners ({M}) and --tokens ({budget}) must be ≥ 1")
+    dev = resolve_device(device or cfg.train.device).type
+    if dev == "cuda" and M > torch.cuda.device_count():
+        raise ConfigError(
+            f"NCCL needs one GPU per rank: {M} ranks but {torch.cuda.device_count()} GPUs; lower --learners"
+        )
+    global_batch_tokens = M * cfg.train.batch_size * cfg.model.seq_len
+    plan = Plan(
+        url=url, world_size=M, steps=math.ceil(budget / global_batch_tokens),
+        backend="nccl" if dev == "cuda" else "gloo", device=dev, master_port=_free_port(),
+        threads=cfg.train.threads, log_level=log.getEffectiveLevel(),
+    )  # fmt: skip
+    for r in range(M):  # a rerun must not mistake an older report for this one's
+        if store.exists(baseline_rank_key(r)):
+            store.delete(baseline_rank_key(r))
+    layout = read_layout(store)
+    log.info(
+        "baseline: %d %s ranks × batch %d × seq %d, %d steps (%d tokens)",
+        M, plan.backend, cfg.train.batch_size, cfg.model.seq_len, plan.steps, plan.steps * global_batch_tokens,
+    )  # fmt: skip
+    started = time.time()
+    _spawn(plan, timeout)
+    elapsed = time.time() - started
+    reports = [store.get_json(baseline_rank_key(r)) for r in range(M)]
+    val = load_tokens(store, wire.VAL, cfg.run_id)
+
+    def evaluate(model: GPT) -> float:
+        e = cfg.eval
+        return validation_loss(
+            model, val, batch_size=cfg.train.batch_size, seq_len=cfg.model.seq_len, max_batches=e.val_batches
+        )
+
+    initial = evaluate(load_initial_model(store, cfg, layout))
+    model = load_baseline_model(store, cfg.run_id, layout)
+    final = evaluate(model)
+    r0 = reports[0]
+    summary = {
+        "method": "data-parallel", "run_id": cfg.run_id, "status": "done", "learners": M,
+        "backend": plan.backend, "device": r0["device"], "batch_size": cfg.train.batch_size,
+        "global_batch": M * cfg.train.batch_size, "seq_len": cfg.model.seq_len, "steps": plan.steps,
+        "token_budget": budget, "tokens_processed": sum(r["tokens_processed"] for r in reports),
+        "model_params": model.num_params(), "wall_seconds": max(r["train_seconds"] for r in reports),
+        "elapsed_seconds": elapsed, "bytes_allreduced_per_rank": r0["bytes_allreduced"],
+        "ring_factor": ring_factor(M), "bytes_sent_per_rank": r0["bytes_sent"],
+        "bytes_uploaded": sum(r["bytes_sent"] for r in reports), "allreduce_calls_per_rank": r0["allreduce_calls"],
+        "link": None if cfg.link is None else {"bandwidth": cfg.link.bandwidth, "latency": cfg.link.latency},
+        "link_seconds_per_rank": r0["link_seconds"] if cfg.link is not None else None,
+        "params_identical": len({r["params_sha256"] for r in reports}) == 1,
+        "initial_val_loss": initial, "final_val_loss": final, "first_train_loss": r0["first_loss"],
+        "last_train_loss": r0["last_loss"], "task_accuracy": None,
+    }  # fmt: skip
+    summary["tokens_per_second"] = summary["tokens_processed"] / summary["wall_seconds"]
+    if tasks:
+        from ddiloco.evaluate import evaluate_checkpoint
+
+        result = evaluate_checkpoint(store, BASELINE_MODEL, name="baseline", ecfg=cfg.eval)
+        summary["task_accuracy"] = result["task_accuracy"]
+    store.put_json(BASELINE_SUMMARY, summary)
+    log.info(
+        "baseline: done in %.0fs, val loss %.4f -> %.4f, %.1f MB sent per rank (ring)",
+        elapsed, initial, final, summary["bytes_sent_per_rank"] / 1e6,
+    )  # fmt: skip
+    return summary
+
+
+def _spawn(plan: Plan, timeout: float | None) -> None:
+    """Start the M ranks and wait; a failing rank fails the run with its traceback."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(
+        _rank_main, args=(plan,), nprocs=plan.world_size, join=False, start_method="spawn"
+    )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1.0):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"data-parallel baseline did not finish within {timeout}s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join()

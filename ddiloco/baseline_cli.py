@@ -1,0 +1,69 @@
+"""`ddiloco baseline`: synchronous data-parallel training on a prepared run root (see `ddiloco.baseline`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ddiloco.cli import _config_args  # cli.py builds the parser that calls us: already imported
+
+    p = subparsers.add_parser(
+        "baseline",
+        help="synchronous data-parallel training of the same model, data and token budget (for comparison)",
+    )
+    p.add_argument(
+        "--store", required=True, help="prepared run root, e.g. file:///abs/runs/run-1 (not memory://)"
+    )
+    p.add_argument("--learners", type=int, default=None, help="M ranks (default diloco.learners)")
+    p.add_argument(
+        "--tokens", type=int, default=None, help="tokens to process in total (default diloco.token_budget)"
+    )
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default=None, help="gloo on CPU, NCCL on CUDA"
+    )
+    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    p.add_argument("--no-tasks", action="store_true", help="skip the downstream task accuracy")
+    p.add_argument(
+        "--prepare",
+        action="store_true",
+        help="prepare the store first from --recipe/--config/--set (a no-op if it is already prepared)",
+    )
+    _config_args(p)
+    p.set_defaults(func=cmd_baseline)
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from ddiloco.baseline import run_baseline
+    from ddiloco.cli import _load
+    from ddiloco.config import ConfigError
+
+    if args.prepare:
+        from ddiloco.prepare import prepare
+        from ddiloco.store import open_store
+
+        cfg = _load(args)
+        cfg.run_id = cfg.run_id or args.store.rstrip("/").rsplit("/", 1)[-1]
+        from ddiloco.signing import key_from_env
+
+        prepare(open_store(args.store), cfg, secret=key_from_env())
+    elif args.overrides or args.recipe or args.config:
+        raise ConfigError("--recipe/--config/--set only apply with --prepare; the store's config is used")
+    summary = run_baseline(
+        args.store,
+        learners=args.learners,
+        tokens=args.tokens,
+        device=args.device,
+        timeout=args.timeout,
+        tasks=not args.no_tasks,
+    )
+    print(
+        f"baseline {summary['run_id']}: {summary['learners']} ranks, {summary['tokens_processed']} tokens in "
+        f"{summary['wall_seconds']:.0f}s, val loss {summary['initial_val_loss']:.3f} -> "
+        f"{summary['final_val_loss']:.3f}, {summary['bytes_sent_per_rank'] / 1e6:.1f} MB sent per rank",
+        file=sys.stderr,
+    )
+    print(json.dumps(summary, sort_keys=True))
+    return 0

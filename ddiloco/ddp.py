@@ -1,0 +1,282 @@
+"""Data parallelism inside one learner: `torchrun`-style ranks on the GPUs of a pod, only rank 0 on the store.
+
+Design choices:
+- Launched like any torch job (`torchrun --nproc-per-node=N -m ddiloco.cli learner ...`): `from_env` reads
+  RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT and returns None when WORLD_SIZE ≤ 1, which
+  is the ordinary single-process learner. Rank 0 is a full `ddiloco.learner.Learner`; every other rank is a
+  `Follower`, which never touches the store (no config, data, signing key or metrics of its own).
+- Two process groups: the default one (NCCL on GPU, gloo on CPU) carries DDP's gradient all-reduces and the
+  parameter broadcasts; a gloo group on the hosts carries rank 0's small control messages, so a follower
+  learns what to do next without synchronising its GPU.
+- Hand-shake (rank 0's `Learner.__init__`): the run config, the layout and the learner id as JSON, then each
+  follower's slice of the learner's shard. The shard is cut into WORLD_SIZE contiguous slices; rank r
+  trains on slice r (seed `rank_seed`), so together the ranks read the shard once per epoch.
+- Start (`Learner.start`, after rank 0 restored its checkpoint and applied the current globals): rank 0
+  broadcasts every parameter, its AdamW state, its inner step and the followers' data cursors. From then on
+  all ranks hold identical parameters and optimizer state and stay identical: same averaged gradients,
+  same AdamW step.
+- Every step boundary rank 0 sends STEP with its inner step (the follower's learning rate) and the fragments
+  it overwrote since the last step (new global versions); all ranks then receive those fragments' values by
+  broadcast from rank 0, so mixing (α) and every other learner-side rule is applied once, on rank 0.
+  CURSOR gathers the data cursors for rank 0's checkpoint; STOP ends the followers (exit 0).
+- A rank that dies takes the others down through the process groups; torchrun (or the pod's retry) restarts
+  the learner as a whole, which then rejoins from its checkpoint like a single-process learner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ddiloco.accel import (
+    lr_at,
+    maybe_compile,
+    place_optimizer_steps,
+    resolve_device,
+    resolve_precision,
+    to_device,
+    train_step,
+)
+from ddiloco.config import RunConfig
+from ddiloco.data import ShardLoader
+from ddiloco.globalmodel import Layout
+from ddiloco.model import configure_optimizer, init_model
+
+log = logging.getLogger(__name__)
+
+STEP, CURSOR, STOP, HELLO = 1, 2, 3, 4
+CONTROL_TIMEOUT_S = 6 * 3600
+"""Followers wait on rank 0 this long (its start-up may wait for global version 0); a dead rank 0 ends
+the job sooner through torchrun."""
+_TOKEN_DTYPES = {"torch.int32": torch.int32, "torch.int64": torch.int64}
+
+
+def rank_seed(learner_seed: int, rank: int) -> int:
+    """Data seed of a rank: rank 0 keeps the learner's seed, so a one-rank learner reads what it always read."""
+    return learner_seed if rank == 0 else learner_seed * 1000 + rank
+
+
+def slice_bounds(num_tokens: int, world_size: int) -> list[int]:
+    """Boundaries of the WORLD_SIZE contiguous slices of a shard: slice r is [b[r], b[r+1])."""
+    return [num_tokens * r // world_size for r in range(world_size + 1)]
+
+
+def from_env(device: str = "auto") -> Group | None:
+    """Join the job torchrun started (None when WORLD_SIZE ≤ 1); NCCL on CUDA, gloo on CPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return None
+    rank = int(os.environ["RANK"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.set_device(local % torch.cuda.device_count())
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=CONTROL_TIMEOUT_S))
+    log.info("rank %d of %d joined (local rank %d, %s)", rank, world, local, "nccl" if cuda else "gloo")
+    return Group(rank, world, resolve_device("cuda" if cuda else "cpu"), control)
+
+
+class Group:
+    """One learner's ranks: the control messages and broadcasts both sides run (see module docstring)."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, control: Any) -> None:
+        self.rank, self.world_size, self.device, self.control = rank, world_size, device, control
+        self.stopped = False
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """DDP around the model; parameters are synchronised explicitly at start (`lead_start`)."""
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, init_sync=False)  # GPT has no buffers
+
+    # --- control plane (gloo, host tensors) --------------------------------------------------------------
+    def _bcast(self, t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, 0, group=self.control)
+        return t
+
+    def _bcast_bytes(self, blob: bytes | None) -> bytes:
+        n = self._bcast(torch.tensor([len(blob) if blob is not None else 0], dtype=torch.int64))
+        buf = (
+            torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+            if blob is not None
+            else torch.empty(int(n), dtype=torch.uint8)
+        )
+        return bytes(self._bcast(buf).numpy())
+
+    def _send_control(self, kind: int, step: int = 0, items: Sequence[int] = ()) -> None:
+        self._bcast(torch.tensor([kind, step, len(items)], dtype=torch.int64))
+        if items:
+            self._bcast(torch.tensor(list(items), dtype=torch.int64))
+
+    def recv_control(self) -> tuple[int, int, list[int]]:
+        kind, step, n = self._bcast(torch.zeros(3, dtype=torch.int64)).tolist()
+        items = self._bcast(torch.zeros(n, dtype=torch.int64)).tolist() if n else []
+        return kind, step, items
+
+    # --- hand-shake ----------------------------------------------------------------------------------------
+    def lead_handshake(
+        self, cfg: RunConfig, layout: Layout, learner_id: int, tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """Send the run to the followers with their slices of the shard; returns rank 0's own slice."""
+        self._send_control(HELLO)
+        head = {"config": cfg.to_dict(), "layout": layout.to_json(), "learner_id": learner_id}
+        self._bcast_bytes(json.dumps({**head, "dtype": str(tokens.dtype)}).encode())
+        b = slice_bounds(tokens.numel(), self.world_size)
+        for r in range(1, self.world_size):
+            dist.send(torch.tensor([b[r + 1] - b[r]], dtype=torch.int64), dst=r, group=self.control)
+            dist.send(tokens[b[r] : b[r + 1]].contiguous(), dst=r, group=self.control)
+        return tokens[b[0] : b[1]]
+
+    def follower_handshake(self) -> tuple[RunConfig, Layout, int, torch.Tensor]:
+        head = json.loads(self._bcast_bytes(None))
+        n = torch.zeros(1, dtype=torch.int64)
+        dist.recv(n, src=0, group=self.control)
+        tokens = torch.empty(int(n), dtype=_TOKEN_DTYPES[head["dtype"]])
+        dist.recv(tokens, src=0, group=self.control)
+        cfg = RunConfig.from_dict(head["config"])
+        return cfg, Layout.from_json(head["layout"]), int(head["learner_id"]), tokens
+
+    # --- start: parameters, AdamW state, inner step, data cursors ---------------------------------------
+    def lead_start(
+        self,
+        model: torch.nn.Module,
+        opt: torch.optim.Optimizer,
+        inner_step: int,
+        cursors: list[dict] | None,
+    ) -> None:
+        params = list(model.parameters())
+        has = [p in opt.state and "exp_avg" in opt.state[p] for p in params]
+        self._bcast(torch.tensor([inner_step, *has], dtype=torch.int64))
+        steps = [float(opt.state[p]["step"]) if h else 0.0 for p, h in zip(params, has, strict=True)]
+        self._bcast(torch.tensor(steps, dtype=torch.float64))
+        rows = [[-1, -1, -1]] * self.world_size
+        for r, c in enumerate(cursors or []):
+            if r < self.world_size and isinstance(c, dict):
+                rows[r] = [int(c.get("epoch", -1)), int(c.get("index", -1)), int(c.get("num_tokens", -1))]
+        self._bcast(torch.tensor(rows, dtype=torch.int64))
+        self._bcast_state(params, opt, has)
+
+    def follower_start(self, model: torch.nn.Module, opt: torch.optim.Optimizer, loader: ShardLoader) -> int:
+        params = list(model.parameters())
+        head = self._bcast(torch.zeros(1 + len(params), dtype=torch.int64)).tolist()
+        inner_step, has = head[0], [bool(h) for h in head[1:]]
+        steps = self._bcast(torch.zeros(len(params), dtype=torch.float64)).tolist()
+        epoch, index, num_tokens = self._bcast(torch.zeros(self.world_size, 3, dtype=torch.int64))[
+            self.rank
+        ].tolist()
+        if epoch >= 0 and num_tokens == loader.tokens.numel():
+            loader.load_state_dict({"seed": loader.seed, "epoch": epoch, "index": index})
+        elif epoch >= 0:
+            log.warning(
+                "rank %d: data cursor is for another slice (new world size?); reading afresh", self.rank
+            )
+        fused = any(g.get("fused") or g.get("capturable") for g in opt.param_groups)
+        for p, h, s in zip(params, has, steps, strict=True):
+            if h:
+                opt.state[p] = {
+                    "step": torch.tensor(s, dtype=torch.float32, device=p.device if fused else "cpu"),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
+        self._bcast_state(params, opt, has)
+        return int(inner_step)
+
+    def _bcast_state(self, params: list[torch.Tensor], opt: torch.optim.Optimizer, has: list[bool]) -> None:
+        with torch.no_grad():
+            for p, h in zip(params, has, strict=True):
+                dist.broadcast(p.data, 0)
+                if h:
+                    dist.broadcast(opt.state[p]["exp_avg"], 0)
+                    dist.broadcast(opt.state[p]["exp_avg_sq"], 0)
+        place_optimizer_steps(opt)
+
+    # --- every step ----------------------------------------------------------------------------------------
+    def lead_step(self, inner_step: int, applied: Sequence[int], layout: Layout, params: dict) -> None:
+        """Before rank 0's step: tell the followers to step, and broadcast the fragments it overwrote."""
+        self._send_control(STEP, inner_step, sorted(set(applied)))
+        self.broadcast_fragments(sorted(set(applied)), layout, params)
+
+    def broadcast_fragments(self, fragments: Sequence[int], layout: Layout, params: dict) -> None:
+        with torch.no_grad():
+            for p in fragments:
+                for name in layout.fragments[p].names:
+                    dist.broadcast(params[name].data, 0)
+
+    def gather_cursors(self, own: dict) -> list[dict]:
+        """Rank 0: every rank's data cursor (for a checkpoint); followers answer in `Follower.run`."""
+        self._send_control(CURSOR)
+        rows = [torch.zeros(3, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.gather(_cursor_row(own), rows, dst=0, group=self.control)
+        return [{"epoch": e, "index": i, "num_tokens": n} for e, i, n in (r.tolist() for r in rows)]
+
+    def send_cursor(self, loader: ShardLoader) -> None:
+        dist.gather(_cursor_row(loader.state_dict()), None, dst=0, group=self.control)
+
+    def stop(self) -> None:
+        """Rank 0: end the followers (idempotent)."""
+        if self.rank == 0 and not self.stopped:
+            self._send_control(STOP)
+        self.stopped = True
+
+    def close(self) -> None:
+        self.stop()
+        dist.destroy_process_group()
+
+
+def _cursor_row(state: dict) -> torch.Tensor:
+    return torch.tensor([state["epoch"], state["index"], state["num_tokens"]], dtype=torch.int64)
+
+
+class Follower:
+    """A rank > 0: the same inner steps on its slice of the shard, in lockstep with rank 0 through DDP."""
+
+    def __init__(self, group: Group) -> None:
+        self.group, self.steps = group, 0
+        kind, _, _ = group.recv_control()
+        self.stopped = kind == STOP  # rank 0 ended before handing over the run (e.g. the run was done)
+        if self.stopped:
+            return
+        self.cfg, self.layout, self.learner_id, tokens = group.follower_handshake()
+        t, dev = self.cfg.train, group.device
+        if dev.type == "cpu":
+            torch.set_num_threads(t.threads)
+        self.model = init_model(self.layout.gpt_config(), self.cfg.seed, device=dev)
+        self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))
+        self.loader = ShardLoader(
+            tokens, batch_size=t.batch_for(self.learner_id), seq_len=self.cfg.model.seq_len,
+            seed=rank_seed(self.cfg.seed * 1000 + self.learner_id, group.rank),
+        )  # fmt: skip
+        self.precision = resolve_precision(t.precision, dev)
+        self.net = maybe_compile(group.wrap(self.model), t.compile)
+        self.params = dict(self.model.named_parameters())
+
+    def run(self) -> int:
+        """Follow rank 0 until STOP; returns the exit code (0)."""
+        if self.stopped:
+            return 0
+        t, dev = self.cfg.train, self.group.device
+        self.group.follower_start(self.model, self.opt, self.loader)
+        log.info("rank %d follows learner %d", self.group.rank, self.learner_id)
+        while True:
+            kind, inner_step, applied = self.group.recv_control()
+            if kind == STOP:
+                log.info("rank %d stops after %d steps", self.group.rank, self.steps)
+                return 0
+            if kind == CURSOR:
+                self.group.send_cursor(self.loader)
+                continue
+            self.group.broadcast_fragments(applied, self.layout, self.params)
+            x, y = self.loader.next_batch()
+            lr = lr_at(inner_step, t.lr, t.warmup_steps)
+            train_step(
+                self.net, self.opt, to_device(x, dev), to_device(y, dev), lr, t.grad_clip, precision=self.precision
+            )  # fmt: skip
+            self.steps += 1

@@ -1,0 +1,242 @@
+"""What the syncer accepts from learners: checks on an update's header, counters and tensors, and the
+robust-mode clipping of outer gradients. Pure functions (no I/O), so every rule is unit-testable.
+
+Rejection reasons (counted by the syncer, in metrics, the status object and the summary):
+
+  truncated, malformed, wrong_dtype, checksum     the bytes are not an intact ddiloco payload (`wire`)
+  too_large                                       bigger than the fragment could ever be (never read)
+  foreign_run                                     header names another run
+  unsigned, bad_signature                         no valid HMAC under this run's key (`signing`)
+  mismatch                                        kind or fragment differ from the round's
+  replay                                          an authentic update out of place: filed under another
+                                                  learner's name, or under a round that is not its own
+                                                  (an old update copied into a new round), or re-uploaded
+                                                  after its round merged it. As the signed header must name
+                                                  the round it is filed under, and a round merges once, a
+                                                  (learner, incarnation, round) is merged at most once.
+  bad_codec                                       codec differs from the run's `diloco.codec`
+  bad_counters                                    c_steps < 1, c_tokens ≤ 0 or above c_steps × batch tokens
+  bad_base                                        base version not published (or unreadable)
+  future_steps                                    more steps than the learner could have made (below)
+  wrong_shape                                     tensor names or sizes do not match the fragment layout
+  non_finite                                      NaN/Inf in the delta
+
+"Steps not in the future": three sound bounds, none of which trusts the learner's wall clock:
+- `c_steps ≤ inner_step`: steps since the anchor cannot exceed the incarnation's step counter;
+- `c_steps × MIN_STEP_SECONDS ≤ c_seconds ≤ (now − published_at(base)) × (1 + 5%) + 1 s`: a learner cannot
+  have trained on a version for longer than that version has existed on the syncer's own clock, and no
+  optimizer step takes less than 10 µs;
+- per learner incarnation and fragment, successive accepted answers agree with its step counter: with the
+  same base, c_steps grew by exactly the inner steps in between; with a newer base, c_steps is at most
+  those inner steps (counters reset when a version is received). Answers of one fragment are validated in
+  round order, so this never rejects an honest learner; the history is in memory and starts afresh when the
+  syncer restarts.
+
+Robust mode (`diloco.robust_clip = c`): each outer gradient whose L2 norm exceeds c × the median norm of the
+round is scaled down to c × median before merging, and counted as `norm_outlier` under `clipped`. The median
+includes the outlier, so it takes ≥ 3 answers to bound one outlier; with c ≥ 2 two honest answers are never
+clipped (the larger norm is at most their sum, i.e. 2 × their median).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ddiloco.compression import BLOCK, CODECS, decode, encoded_nbytes
+from ddiloco.wire import PayloadError
+
+MIN_STEP_SECONDS = 1e-5
+TIME_SLACK_S = 1.0
+TIME_SLACK_FRACTION = 0.05
+_INT_FIELDS = (
+    "learner_id",
+    "incarnation",
+    "fragment_id",
+    "round",
+    "base_version",
+    "c_steps",
+    "c_tokens",
+    "inner_step",
+)
+
+
+def header_fields(meta: Mapping[str, Any]) -> None:
+    """The fields the syncer reads must have the right types (anything else is `malformed`)."""
+    for f in _INT_FIELDS:
+        v = meta.get(f)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 62:
+            raise PayloadError("malformed", f"header field {f}={str(v)[:40]!r} is not a non-negative integer")
+    s = meta.get("c_seconds")
+    if not isinstance(s, int | float) or isinstance(s, bool) or not math.isfinite(s) or s < 0:
+        raise PayloadError("malformed", f"header field c_seconds={str(s)[:40]!r} is not a duration")
+    if not isinstance(meta.get("codec"), str):
+        raise PayloadError("malformed", "header has no codec")
+
+
+def identity(meta: Mapping[str, Any], named: tuple[int, int], round_: int) -> None:
+    """An authentic update must sit under its own learner's name and its own round (else `replay`)."""
+    if (meta["learner_id"], meta["incarnation"]) != named:
+        raise PayloadError(
+            "replay",
+            f"update of learner {meta['learner_id']}-{meta['incarnation']} filed as {named[0]}-{named[1]}",
+        )
+    if meta["round"] != round_:
+        raise PayloadError("replay", f"update of round {meta['round']} filed under round {round_}")
+
+
+def counters(meta: Mapping[str, Any], *, codec: str, tokens_per_step: int, latest_version: int) -> None:
+    if meta["codec"] != codec:
+        raise PayloadError("bad_codec", f"codec {meta['codec'][:20]!r}, the run uses {codec!r}")
+    steps, tokens = meta["c_steps"], meta["c_tokens"]
+    if not (steps >= 1 and 0 < tokens <= steps * tokens_per_step):
+        raise PayloadError(
+            "bad_counters", f"c_steps={steps} c_tokens={tokens} (≤ {tokens_per_step} tokens per step)"
+        )
+    if meta["base_version"] > latest_version:
+        raise PayloadError(
+            "bad_base", f"base_version {meta['base_version']} is newer than the latest ({latest_version})"
+        )
+
+
+class StepClock:
+    """Per (contributor, fragment): (inner_step, base_version, c_steps) of the last accepted answer."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._last: OrderedDict[tuple[str, int], tuple[int, int, int]] = OrderedDict()
+
+    def check(
+        self, contributor: str, meta: Mapping[str, Any], published_at: float | None, now: float
+    ) -> None:
+        steps, inner, seconds, base = (
+            meta["c_steps"],
+            meta["inner_step"],
+            meta["c_seconds"],
+            meta["base_version"],
+        )
+        if steps > inner:
+            raise PayloadError("future_steps", f"c_steps={steps} exceeds the learner's inner_step={inner}")
+        if steps * MIN_STEP_SECONDS > seconds:
+            raise PayloadError(
+                "future_steps", f"{steps} steps in {seconds:.6f}s is faster than physically possible"
+            )
+        if published_at is not None:
+            age = max(0.0, now - published_at)
+            if seconds > age * (1 + TIME_SLACK_FRACTION) + TIME_SLACK_S:
+                raise PayloadError(
+                    "future_steps", f"c_seconds={seconds:.1f} but base version {base} exists for {age:.1f}s"
+                )
+        prev = self._last.get((contributor, meta["fragment_id"]))
+        if prev is None:
+            return
+        inner0, base0, steps0 = prev
+        if inner < inner0 or base < base0:
+            raise PayloadError("future_steps", f"counters go backwards (inner_step {inner0} -> {inner})")
+        if base == base0 and steps != steps0 + (inner - inner0):
+            raise PayloadError(
+                "future_steps",
+                f"c_steps={steps}, expected {steps0 + inner - inner0} from the previous answer",
+            )
+        if base > base0 and steps > inner - inner0:
+            raise PayloadError("future_steps", f"c_steps={steps} since inner_step {inner0}, now {inner}")
+
+    def record(self, contributor: str, meta: Mapping[str, Any]) -> None:
+        key = (contributor, meta["fragment_id"])
+        self._last[key] = (meta["inner_step"], meta["base_version"], meta["c_steps"])
+        self._last.move_to_end(key)
+        while len(self._last) > self.capacity:
+            self._last.popitem(last=False)
+
+
+def _parts_spec(codec: str, numel: int) -> dict[str, tuple[torch.dtype, int]]:
+    if codec == "fp32":
+        return {"data": (torch.float32, numel)}
+    if codec == "bf16":
+        return {"data": (torch.bfloat16, numel)}
+    n_blocks = -(-numel // BLOCK)
+    return {
+        "q": (torch.uint8, encoded_nbytes(numel, codec) - 4 * n_blocks),
+        "scale": (torch.float32, n_blocks),
+    }
+
+
+def decode_delta(
+    tensors: Mapping[str, torch.Tensor], codec: str, names: Sequence[str], shapes: Mapping[str, Sequence[int]]
+) -> dict[str, torch.Tensor]:
+    """The fp32 delta of every tensor of the fragment, from `{name}/{part}` payload tensors."""
+    if codec not in CODECS:
+        raise PayloadError("bad_codec", f"unknown codec {codec[:20]!r}")
+    specs = {n: _parts_spec(codec, math.prod(shapes[n])) for n in names}
+    expected = {f"{n}/{part}" for n, spec in specs.items() for part in spec}
+    if set(tensors) != expected:
+        odd = sorted(set(tensors) ^ expected)[:3]
+        raise PayloadError("wrong_shape", f"tensor names do not match the fragment (e.g. {odd})")
+    delta: dict[str, torch.Tensor] = {}
+    for name, spec in specs.items():
+        parts = {}
+        for part, (dtype, length) in spec.items():
+            t = tensors[f"{name}/{part}"]
+            if t.dtype != dtype:
+                raise PayloadError("wrong_dtype", f"{name}/{part} is {t.dtype}, {codec} needs {dtype}")
+            if t.numel() != length:
+                raise PayloadError("wrong_shape", f"{name}/{part} has {t.numel()} values, expected {length}")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise PayloadError("non_finite", f"{name}/{part} has NaN/Inf")
+            parts[part] = t.reshape(-1)
+        try:
+            d = decode(parts, codec, shapes[name])
+        except ValueError as e:
+            raise PayloadError("malformed", f"{name}: {e}") from None
+        if not bool(torch.isfinite(d).all()):  # e.g. a huge int8 scale overflowing on decode
+            raise PayloadError("non_finite", f"{name} decodes to NaN/Inf")
+        delta[name] = d
+    return delta
+
+
+def global_norm(tensors: Mapping[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(torch.linalg.vector_norm(t.double())) ** 2 for t in tensors.values()))
+
+
+def clip_outliers(
+    grads: Sequence[Mapping[str, torch.Tensor]], factor: float
+) -> tuple[list[dict[str, torch.Tensor]], dict[int, float]]:
+    """Scale every outer gradient with norm > factor × median norm down to that bound.
+
+    Returns the (possibly scaled) gradients and {index: scale applied} for the clipped ones."""
+    norms = [global_norm(g) for g in grads]
+    out = [dict(g) for g in grads]
+    if len(norms) < 2:
+        return out, {}
+    bound = factor * statistics.median(norms)
+    scaled = {}
+    for i, n in enumerate(norms):
+        if n > bound and n > 0:
+            scaled[i] = bound / n
+            out[i] = {k: t * scaled[i] for k, t in grads[i].items()}
+    return out, scaled
+
+
+def report_ok(r: Any, lid: int) -> bool:
+    """A learner report has the fields the syncer reads, with usable types (it is plain, unsigned JSON)."""
+    num = (int, float)
+    try:
+        return (
+            r["learner_id"] == lid
+            and isinstance(r["incarnation"], int)
+            and isinstance(r["time"], num)
+            and isinstance(r["started_at"], num)
+            and isinstance(r.get("step_time_ema") or 0.0, num)
+            and isinstance(r.get("loss_ema") or 0.0, num)
+            and all(
+                isinstance(f["discarded_tokens"], num) and isinstance(f["merged_seconds"], num)
+                for f in r["fragments"].values()
+            )
+        )
+    except (KeyError, TypeError, AttributeError):
+        return False

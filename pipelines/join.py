@@ -1,0 +1,79 @@
+"""The `join` pipeline: N learners of this cluster join a run another cluster owns (cross-region training).
+
+Run it on a second Kubeflow install (another region, another cloud) while the owner's `pretrain` run is
+training: every exchange goes through the object store, so a learner only needs the run's bucket.
+
+Design choices:
+- One CPU step checks, with this cluster's endpoint and Secret, that the run root holds a prepared run (a
+  wrong root or key fails there, once, with a clear message) and returns the slots; a ParallelFor starts one
+  `ddiloco learner --join RUN_ROOT --site SITE` per slot, with the same GPU placement, retries and deadline
+  as the owner's learners.
+- Each learner claims a free learner id above the owner's (ddiloco/join.py); its join name is this KFP run's
+  id plus its slot, so an Argo retry of a slot takes its id back and resumes from its own checkpoint.
+- `site` labels the learners' reports and metrics; the owner's summary and report break merged tokens down by
+  site. `link_bandwidth` / `link_latency` (empty: none) emulate a slower link for this site's learners.
+- The store Secret is this cluster's own (keys accesskey / secretkey, as in `pretrain`); `s3_endpoint` is how
+  this cluster reaches the owner's store (e.g. its external S3 URL). The run key Secret, when the owner signs
+  its run, must hold the same key here (`ClusterOptions.run_key_secret`, mounted like in `pretrain`).
+- The images (learner, checker) are compile-time, like in every pipeline: `ddiloco pipeline compile
+  --pipeline join --registry REGISTRY`.
+"""
+
+# No `from __future__ import annotations`: kfp reads the pipeline signature's types at definition time.
+from collections.abc import Callable
+from typing import Any
+
+from kfp import dsl
+
+from components.roles import build
+from pipelines.pretrain import DEFAULTS, ClusterOptions, _Wiring
+
+OPTIONS = ClusterOptions(
+    name="ddiloco-join",
+    description="Learners of this cluster join a ddiloco run owned by another cluster (cross-region training).",
+    defaults={
+        "run_root": "s3://mlpipeline/ddiloco/RUN_ID",
+        "site": "remote",
+        "learners": 2,
+        "link_bandwidth": "",
+        "link_latency": "",
+    },
+)
+
+
+def pipeline_function(opts: ClusterOptions = OPTIONS) -> Callable[..., Any]:
+    """The `@dsl.pipeline` function of the join pipeline for these options."""
+    d = {**DEFAULTS, **opts.defaults}
+    if not 1 <= d["learners"] <= opts.max_learners:
+        raise ValueError(
+            f"default learners={d['learners']} must be within 1..max_learners={opts.max_learners}"
+        )
+    c = build(opts.registry, gpu=opts.gpu)
+
+    @dsl.pipeline(name=opts.name, description=opts.description)
+    def join(
+        run_root: str = d["run_root"],
+        site: str = d["site"],
+        learners: int = d["learners"],
+        s3_endpoint: str = d["s3_endpoint"],
+        store_secret: str = d["store_secret"],
+        link_bandwidth: str = d["link_bandwidth"],
+        link_latency: str = d["link_latency"],
+        gpu_node_selector: dict = d["gpu_node_selector"],
+        gpu_tolerations: list = d["gpu_tolerations"],
+        cpu_node_selector: dict = d["cpu_node_selector"],
+    ):
+        k8s = _Wiring(opts, store_secret, gpu_node_selector, gpu_tolerations, cpu_node_selector)
+        check = c.join_check(
+            store=run_root, s3_endpoint=s3_endpoint, learners=learners, max_learners=opts.max_learners
+        )
+        k8s.cpu_step(check, "check-run")
+        with dsl.ParallelFor(items=check.output, parallelism=opts.max_learners, name="learners") as slot:
+            learner = c.joiner(
+                store=run_root, site=site, run_tag=dsl.PIPELINE_JOB_ID_PLACEHOLDER, slot=slot,
+                s3_endpoint=s3_endpoint, link_bandwidth=link_bandwidth, link_latency=link_latency,
+                metrics_port=opts.metrics_port,
+            )  # fmt: skip
+            k8s.learner(learner.after(check))
+
+    return join

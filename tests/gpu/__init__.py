@@ -1,0 +1,1 @@
+"""Tests that need a CUDA device (marker `gpu`; skipped without one)."""

@@ -1,0 +1,83 @@
+"""The data-parallel baseline: two real gloo ranks, checked against one process training on the joint batch."""
+
+import math
+
+import pytest
+import torch
+
+from ddiloco import wire
+from ddiloco.baseline import (
+    BASELINE_MODEL,
+    BASELINE_SUMMARY,
+    baseline_rank_key,
+    load_baseline_model,
+    load_initial_model,
+    ring_factor,
+    run_baseline,
+)
+from ddiloco.config import ConfigError
+from ddiloco.data import ShardLoader
+from ddiloco.globalmodel import read_layout
+from ddiloco.learner import inner_step, lr_at
+from ddiloco.model import configure_optimizer
+from ddiloco.prepare import load_tokens, prepare
+from ddiloco.store import open_store
+from tests._harness import tiny_config
+
+
+def test_ring_factor_is_two_m_minus_one_over_m():
+    assert [ring_factor(m) for m in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
+
+
+def test_memory_store_is_refused_with_a_hint():
+    with pytest.raises(ConfigError, match="file:// or s3://"):
+        run_baseline("memory://nowhere/run")
+
+
+def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
+    cfg = tiny_config("dp", "train.warmup_steps=3")
+    url = f"file://{tmp_path}/dp"
+    store = open_store(url)
+    prepare(store, cfg)
+    M, B, T = 2, cfg.train.batch_size, cfg.model.seq_len
+    tokens = 9 * M * B * T - 5  # not a whole number of global batches: rounds up to 9 steps
+
+    s = run_baseline(url, learners=M, tokens=tokens, timeout=120, tasks=False)
+
+    assert s["status"] == "done" and s["backend"] == "gloo" and s["learners"] == M
+    assert s["steps"] == math.ceil(tokens / (M * B * T)) == 9
+    assert s["tokens_processed"] == 9 * M * B * T
+    payload = s["steps"] * s["model_params"] * 4  # every fp32 gradient, once per step
+    assert s["bytes_allreduced_per_rank"] == payload
+    assert s["bytes_sent_per_rank"] == payload * 2 * (M - 1) / M
+    assert s["bytes_uploaded"] == M * s["bytes_sent_per_rank"]
+    assert s["params_identical"]
+    assert s["final_val_loss"] < s["initial_val_loss"]
+    assert store.get_json(BASELINE_SUMMARY) == s
+    reports = [store.get_json(baseline_rank_key(r)) for r in range(M)]
+    assert len({r["params_sha256"] for r in reports}) == 1
+    assert all(r["allreduce_calls"] >= s["steps"] for r in reports)
+
+    # Reference: one process, the two ranks' batches concatenated, the learner's own inner step.
+    layout = read_layout(store)
+    ref = load_initial_model(store, cfg, layout)
+    t = cfg.train
+    opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
+    loaders = [
+        ShardLoader(
+            load_tokens(store, wire.shard_key(r), cfg.run_id),
+            batch_size=B,
+            seq_len=T,
+            seed=cfg.seed * 1000 + r,
+        )
+        for r in range(M)
+    ]
+    for step in range(s["steps"]):
+        batches = [ld.next_batch() for ld in loaders]
+        x = torch.cat([b[0] for b in batches])  # (M·B, T)
+        y = torch.cat([b[1] for b in batches])  # (M·B, T)
+        inner_step(ref, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
+    dp = load_baseline_model(store, cfg.run_id, layout)
+    for (name, a), (_, b) in zip(sorted(dp.named_parameters()), sorted(ref.named_parameters()), strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{name} differs from the reference")
+    assert store.exists(BASELINE_MODEL)
