@@ -119,7 +119,7 @@ class TrainConfig:
 @dataclass(kw_only=True, slots=True)
 class GraceConfig:
     gamma: float = 1.0
-    """Scale γ of the adaptive window clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap)."""
+    """Scale γ of the adaptive window clamp(γ·(τ·(H/P)·ξ_step − ξ_quorum − ξ_sync), 0, cap)."""
     cap_seconds: float = 2.0
     """Upper bound of the grace window in seconds."""
     ema: float = 0.2

@@ -5,7 +5,7 @@ Design choices:
   seconds (ξ_step: median step-time EMA of the live learners), at most τ rounds in flight, never two for
   the same fragment.
 - A round merges once K answers arrived and the adaptive grace window
-  clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap) has passed (or every live learner answered).
+  clamp(γ·(τ·(H/P)·ξ_step − ξ_quorum − ξ_sync), 0, cap) has passed (or every live learner answered).
 - Answers are parsed and validated as they arrive (`ddiloco.intake`; every rule and reason is listed in
   `ddiloco.validation`), so a merge only does arithmetic. A rejected object never touches the global
   model; it is counted by reason (state, metrics, summary), and the learner it authentically came from is
@@ -293,10 +293,15 @@ class Syncer(Intake):
         return statistics.median(times) if times else DEFAULT_STEP_S
 
     def grace_window(self) -> float:
-        g = self.cfg.diloco.grace
+        """clamp(γ·(τ·ξ_round − ξ_quorum − ξ_sync), 0, cap) with ξ_round = (H/P)·ξ_step, the time between two
+        rounds: a learner keeps training for τ rounds before it needs the merged result. With the paper's
+        H = P this is DESIGN's τ·ξ_step; with H/P steps per round, τ·ξ_step alone would shrink the window to
+        nothing as soon as answers take longer than a step to arrive (learners behind slow links)."""
+        g, d = self.cfg.diloco.grace, self.cfg.diloco
         if g is None:
             return 0.0
-        raw = g.gamma * (self.cfg.diloco.overlap * self.xi_step() - self.xi_quorum - self.xi_sync)
+        xi_round = max(d.sync_every / self.P, 1.0) * self.xi_step()
+        raw = g.gamma * (d.overlap * xi_round - self.xi_quorum - self.xi_sync)
         return min(max(raw, 0.0), g.cap_seconds)
 
     def _ema(self, old: float, new: float) -> float:
