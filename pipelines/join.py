@@ -26,7 +26,7 @@ from typing import Any
 from kfp import dsl
 
 from components.roles import build
-from pipelines.pretrain import DEFAULTS, ClusterOptions, _Wiring
+from pipelines.pretrain import DEFAULTS, ClusterOptions, _Wiring, run_defaults
 
 OPTIONS = ClusterOptions(
     name="ddiloco-join",
@@ -43,11 +43,7 @@ OPTIONS = ClusterOptions(
 
 def pipeline_function(opts: ClusterOptions = OPTIONS) -> Callable[..., Any]:
     """The `@dsl.pipeline` function of the join pipeline for these options."""
-    d = {**DEFAULTS, **opts.defaults}
-    if not 1 <= d["learners"] <= opts.max_learners:
-        raise ValueError(
-            f"default learners={d['learners']} must be within 1..max_learners={opts.max_learners}"
-        )
+    d = run_defaults(DEFAULTS, opts)
     c = build(opts.registry, gpu=opts.gpu)
 
     @dsl.pipeline(name=opts.name, description=opts.description)

@@ -98,13 +98,19 @@ DEFAULTS: dict[str, Any] = {
 releases MinIO at minio-service.kubeflow:9000; multi-user: prefix private/<namespace>/ddiloco)."""
 
 
-def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., Any]:
-    """The `@dsl.pipeline` function for these options (compile it with `kfp.compiler.Compiler`)."""
-    d = {**DEFAULTS, **opts.defaults}
+def run_defaults(defaults: dict[str, Any], opts: ClusterOptions) -> dict[str, Any]:
+    """A pipeline's run-time parameter defaults with the options' overrides, learners within the options."""
+    d = {**defaults, **opts.defaults}
     if not 1 <= d["learners"] <= opts.max_learners:
         raise ValueError(
             f"default learners={d['learners']} must be within 1..max_learners={opts.max_learners}"
         )
+    return d
+
+
+def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., Any]:
+    """The `@dsl.pipeline` function for these options (compile it with `kfp.compiler.Compiler`)."""
+    d = run_defaults(DEFAULTS, opts)
     c = build(opts.registry, gpu=opts.gpu)
 
     @dsl.pipeline(name=opts.name, description=opts.description)
