@@ -32,11 +32,11 @@ from typing import Any
 import torch
 
 from ddiloco import wire
+from ddiloco.accel import inner_step, lr_at, resolve_device
 from ddiloco.config import ConfigError, RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.evaluate import validation_loss
 from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_global, read_layout
-from ddiloco.learner import inner_step, lr_at, resolve_device
 from ddiloco.model import GPT, configure_optimizer
 from ddiloco.prepare import load_run_config, load_tokens
 from ddiloco.store import Store, open_store

@@ -39,10 +39,9 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from ddiloco import signing, wire
-from ddiloco.accel import (  # inner_step, lr_at, resolve_device: re-exported for the baseline and benchmarks
+from ddiloco.accel import (
     HostCopier,
     HostSnapshot,
-    inner_step,
     lr_at,
     maybe_compile,
     pin,
@@ -71,7 +70,7 @@ from ddiloco.model import configure_optimizer, init_model
 from ddiloco.prepare import load_run_config, load_tokens
 from ddiloco.store import NotFound, Store, StoreError, StoreUnavailable
 
-__all__ = ["FragmentState", "Learner", "inner_step", "lr_at", "resolve_device"]
+__all__ = ["FragmentState", "Learner"]
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ddiloco import wire
+from ddiloco.accel import inner_step, lr_at
 from ddiloco.baseline import (
     BASELINE_MODEL,
     BASELINE_SUMMARY,
@@ -18,7 +19,6 @@ from ddiloco.baseline import (
 from ddiloco.config import ConfigError
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import read_layout
-from ddiloco.learner import inner_step, lr_at
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import load_tokens, prepare
 from ddiloco.store import open_store
