@@ -5,7 +5,10 @@ turns in the UI is an input. The images already hold ddiloco and kfp (`install_k
 their tag is the package version (`components.images`). Lightweight Python components, not container
 components, so that the same components also run under `kfp.local.SubprocessRunner` in the tests.
 
-Store access: `store` is the run root (`s3://bucket/prefix/run_id`); `s3_endpoint` becomes
+Store access: `store` is the store base (`s3://bucket/prefix`, `{namespace}` = the pod's namespace) and
+`run_id` the run; the run root is `{store}/{run_id}` (`components.runtime.run_root`; an empty run_id takes
+`store` as the run root, for use by hand). The pipelines pass `run_id` as the whole value
+`{{$.pipeline_job_uuid}}`, the only form KFP's driver resolves. `s3_endpoint` becomes
 DDILOCO_S3_ENDPOINT for the role, and the credentials come from a Secret as environment variables (the
 pipeline maps them). An empty `s3_endpoint` keeps the environment's (local runs, `file://` stores).
 """
@@ -31,30 +34,34 @@ def prepare(
     chaos: str = "",
     max_learners: int = 64,
 ) -> list[int]:
-    """Write the run config, tokenizer, data shards, validation split and global version 0 to the store;
+    """Write the run config, tokenizer, data shards, validation split and global version 0 to the run root;
     return the learner ids. quorum / token_budget 0 keep the recipe's; chaos is a YAML/JSON chaos section."""
-    from components.runtime import ddiloco, prepare_settings
+    from components.runtime import ddiloco, prepare_settings, run_root
 
     settings = prepare_settings(overrides, learners, quorum, token_budget, chaos, max_learners)
-    ddiloco("prepare", store=store, recipe=recipe, run_id=run_id, set=settings, s3_endpoint=s3_endpoint)
+    root = run_root(store, run_id)
+    ddiloco("prepare", store=root, recipe=recipe, run_id=run_id, set=settings, s3_endpoint=s3_endpoint)
     return list(range(learners))
 
 
 def learner(
     store: str,
     learner_id: int,
+    run_id: str = "",
     s3_endpoint: str = "",
     device: str = "",
     max_steps: int = 0,
     metrics_port: int = -1,
+    restarts: int = 0,
 ):
     """One learner until the run is done (max_steps > 0: stop after that many inner steps); Prometheus
-    /metrics on metrics_port (-1: off)."""
-    from components.runtime import ddiloco
+    /metrics on metrics_port (-1: off); a crash is restarted in the pod up to `restarts` times."""
+    from components.runtime import ddiloco, run_root
 
     ddiloco(
         "learner",
-        store=store,
+        store=run_root(store, run_id),
+        restarts=restarts,
         learner_id=learner_id,
         device=device or None,
         max_steps=max_steps or None,
@@ -66,37 +73,43 @@ def learner(
 def syncer(
     store: str,
     final_model: Output[Model],
+    run_id: str = "",
     s3_endpoint: str = "",
     max_seconds: float = 0.0,
     metrics_port: int = -1,
+    restarts: int = 0,
 ):
     """The syncer until the token budget is merged (Prometheus /metrics on metrics_port, -1: off); the final
-    model stays in the store (the Model artifact points at it)."""
-    from components.runtime import ddiloco, store_model
+    model stays in the store (the Model artifact points at it); a crash is restarted in the pod up to
+    `restarts` times (it resumes from its state in the store)."""
+    from components.runtime import ddiloco, run_root, store_model
 
+    root = run_root(store, run_id)
     ddiloco(
         "syncer",
-        store=store,
+        store=root,
         max_seconds=max_seconds or None,
         metrics_port=None if metrics_port < 0 else metrics_port,
         s3_endpoint=s3_endpoint,
+        restarts=restarts,
     )
-    store_model(final_model, store, "final", s3_endpoint)
+    store_model(final_model, root, "final", s3_endpoint)
 
 
 def chaos(
     store: str,
     events: Output[Markdown],
+    run_id: str = "",
     s3_endpoint: str = "",
     backend: str = "kubernetes",
     selector: str = "ddiloco.io/role in (learner,syncer)",
 ):
     """Fire the run's timed chaos schedule at this run's learner / syncer pods; Markdown = what it did."""
-    from components.runtime import ddiloco
+    from components.runtime import ddiloco, run_root
 
     ddiloco(
         "chaos",
-        store=store,
+        store=run_root(store, run_id),
         backend=backend,
         selector=selector,
         markdown_out=events.path,
@@ -107,30 +120,34 @@ def chaos(
 def evaluate(
     store: str,
     metrics: Output[Metrics],
+    run_id: str = "",
     s3_endpoint: str = "",
     model: str = "final",
     extra_args: list = [],  # noqa: B006 (a KFP default, never mutated)
 ):
     """Validation loss, perplexity and task accuracy of a checkpoint (final, sft, latest, round:N);
     extra_args go to `ddiloco evaluate` as they are."""
-    from components.runtime import ddiloco, log_metrics
+    from components.runtime import ddiloco, log_metrics, run_root
 
-    log_metrics(metrics, ddiloco("evaluate", *extra_args, store=store, model=model, s3_endpoint=s3_endpoint))
+    root = run_root(store, run_id)
+    log_metrics(metrics, ddiloco("evaluate", *extra_args, store=root, model=model, s3_endpoint=s3_endpoint))
 
 
 def sft(
     store: str,
     metrics: Output[Metrics],
     sft_model: Output[Model],
+    run_id: str = "",
     s3_endpoint: str = "",
     extra_args: list = [],  # noqa: B006 (a KFP default, never mutated)
 ):
     """Supervised fine-tuning of the final model; the result stays in the store (Model = pointer);
     extra_args go to `ddiloco sft` as they are."""
-    from components.runtime import ddiloco, log_metrics, store_model
+    from components.runtime import ddiloco, log_metrics, run_root, store_model
 
-    log_metrics(metrics, ddiloco("sft", *extra_args, store=store, s3_endpoint=s3_endpoint))
-    store_model(sft_model, store, "sft", s3_endpoint)
+    root = run_root(store, run_id)
+    log_metrics(metrics, ddiloco("sft", *extra_args, store=root, s3_endpoint=s3_endpoint))
+    store_model(sft_model, root, "sft", s3_endpoint)
 
 
 def report(
@@ -138,12 +155,14 @@ def report(
     html: Output[HTML],
     markdown: Output[Markdown],
     summary: Output[Metrics],
+    run_id: str = "",
     s3_endpoint: str = "",
 ):
-    """The run report (HTML and Markdown, rendered by the KFP UI) and the summary's headline numbers."""
-    from components.runtime import run_report
+    """The run report (HTML and Markdown, rendered by the KFP UI) and the summary's headline numbers; the
+    pipeline's exit handler, so a failed run gets one too (saying how far it got)."""
+    from components.runtime import run_report, run_root
 
-    run_report(store, html, markdown, summary, s3_endpoint)
+    run_report(run_root(store, run_id), html, markdown, summary, s3_endpoint)
 
 
 def join_check(store: str, s3_endpoint: str = "", learners: int = 2, max_learners: int = 8) -> list[int]:
@@ -164,15 +183,17 @@ def joiner(
     link_bandwidth: str = "",
     link_latency: str = "",
     metrics_port: int = -1,
+    restarts: int = 0,
 ):
     """One learner of this cluster joined to the run at `store` (`ddiloco learner --join`): it claims a free
-    learner id, and a retry of the same slot takes that id back; reports and metrics carry `site`."""
+    learner id, and a retry of the same slot takes that id back; reports and metrics carry `site`; a crash
+    is restarted in the pod up to `restarts` times."""
     from components.runtime import ddiloco, join_name
 
     ddiloco(
         "learner", join=store, site=site, join_name=join_name(run_tag, slot), device=device or None,
         link_bandwidth=link_bandwidth or None, link_latency=link_latency or None,
-        metrics_port=None if metrics_port < 0 else metrics_port, s3_endpoint=s3_endpoint,
+        metrics_port=None if metrics_port < 0 else metrics_port, s3_endpoint=s3_endpoint, restarts=restarts,
     )  # fmt: skip
 
 

@@ -7,6 +7,15 @@ Design choices:
 - A failing role fails the component with the role's exit code in the message; the role has already said
   why on stderr (one line for anything a user can fix).
 - Imports neither kfp nor torch: artifacts are duck-typed (`.path`, `.metadata`, `.log_metric`).
+- The run root is built here, not in the pipeline: KFP 2.17's driver replaces `{{$.pipeline_job_uuid}}` only
+  when it is a parameter's *whole* value (backend/src/v2/driver/resolve.go, resolveInputParameter), so the
+  pipeline passes the run id on its own and `run_root` joins it to the store base. `{namespace}` in the base
+  is the pod's namespace (downward API): multi-user Kubeflow lets a profile's store identity write only
+  under `private/<namespace>/`.
+- Long-running roles (learner, syncer) are restarted in their pod when they crash (`supervise`): KFP 2.17's
+  stock Argo setting retries deleted pods (retryPolicy OnError) but not failed containers, and a
+  controller-wide `Always` would also retry every other team's failing steps and whole DAGs. Exit code 2
+  (a mistake the message explains) is never retried.
 """
 
 from __future__ import annotations
@@ -17,13 +26,47 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+NAMESPACE_ENV = "DDILOCO_K8S_NAMESPACE"
+"""The pod's namespace (the pipeline sets it from the downward API `metadata.namespace`)."""
+POD_NAME_ENV = "DDILOCO_POD_NAME"
+"""The pod's name (downward API `metadata.name`): what learners and the syncer report as their host, because
+the kubelet truncates hostnames to 63 characters and Argo's pod names are longer (ddiloco.wire.host_name)."""
+USAGE_ERROR = 2
+"""`ddiloco` exits 2 for a mistake its one-line message explains: restarting cannot help."""
+
 
 class RoleFailed(RuntimeError):
     pass
+
+
+def run_root(store: str, run_id: str = "") -> str:
+    """The run root `{store}/{run_id}` (`store` alone when run_id is empty), `{namespace}` in `store` replaced
+    by the pod's namespace. Refuses what a real backend would leave unresolved."""
+    for name, value in (("store", store), ("run_id", run_id)):
+        if "{{" in value:
+            raise ValueError(
+                f"{name}={value!r} holds an unresolved KFP placeholder: KFP replaces `{{{{$.pipeline_job_uuid}}}}` "
+                "only as a parameter's whole value. Recompile the pipeline with this ddiloco version "
+                "(`ddiloco pipeline compile`) and upload it again"
+            )
+    if "{namespace}" in store:
+        namespace = os.environ.get(NAMESPACE_ENV, "")
+        if not namespace:
+            raise ValueError(
+                f"store {store!r} contains {{namespace}} but {NAMESPACE_ENV} is not set (the pipeline sets it "
+                "from the pod's namespace); outside a pipeline, write the namespace into the prefix"
+            )
+        store = store.replace("{namespace}", namespace)
+    if not run_id:
+        return store
+    if "/" in run_id or run_id.strip(".") == "" or run_id != run_id.strip():
+        raise ValueError(f"run_id {run_id!r} must be one path segment (a KFP run id, e.g. 3f2a…)")
+    return f"{store.rstrip('/')}/{run_id}"
 
 
 def command(role: str, *args: Any, **flags: Any) -> list[str]:
@@ -44,22 +87,39 @@ def command(role: str, *args: Any, **flags: Any) -> list[str]:
     return cmd
 
 
-def ddiloco(role: str, *args: Any, s3_endpoint: str = "", **flags: Any) -> dict[str, Any] | None:
+def ddiloco(
+    role: str,
+    *args: Any,
+    s3_endpoint: str = "",
+    restarts: int = 0,
+    restart_delay_s: float = 10.0,
+    **flags: Any,
+) -> dict[str, Any] | None:
     """Run a role to completion; return the JSON object it printed last on stdout (None if it printed none).
-    `s3_endpoint` (host:port or URL) becomes DDILOCO_S3_ENDPOINT for the role; empty keeps the environment's."""
+    `s3_endpoint` (host:port or URL) becomes DDILOCO_S3_ENDPOINT for the role; empty keeps the environment's.
+    A crash (any exit but 0 and 2, or a signal) is restarted up to `restarts` times after `restart_delay_s`:
+    the role comes back as a new incarnation from its checkpoint in the store, as after a pod retry."""
     env = dict(os.environ)
     if s3_endpoint:
         env["DDILOCO_S3_ENDPOINT"] = s3_endpoint
     cmd = command(role, *args, **flags)
-    print("+ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, check=False)
-    sys.stdout.write(proc.stdout)
-    sys.stdout.flush()
-    if proc.returncode != 0:
-        raise RoleFailed(
-            f"`ddiloco {role}` exited with code {proc.returncode} (its error is in the log above)"
+    for attempt in range(restarts + 1):
+        print("+ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, check=False)
+        sys.stdout.write(proc.stdout)
+        sys.stdout.flush()
+        if proc.returncode == 0:
+            return last_json(proc.stdout)
+        if proc.returncode == USAGE_ERROR or attempt == restarts:
+            break
+        print(
+            f"`ddiloco {role}` exited with code {proc.returncode}; restart {attempt + 1} of {restarts} "
+            f"in {restart_delay_s:g} s",
+            file=sys.stderr,
+            flush=True,
         )
-    return last_json(proc.stdout)
+        time.sleep(restart_delay_s)
+    raise RoleFailed(f"`ddiloco {role}` exited with code {proc.returncode} (its error is in the log above)")
 
 
 def last_json(stdout: str) -> dict[str, Any] | None:
@@ -182,10 +242,63 @@ def store_model(model: Any, store_url: str, which: str, s3_endpoint: str = "") -
 
 def run_report(store_url: str, html: Any, markdown: Any, summary: Any, s3_endpoint: str = "") -> None:
     """`ddiloco report RUN --out DIR` (ddiloco/report.py writes report.html, summary.md, metrics.json there),
-    then report.html -> HTML, summary.md -> Markdown and the flat metrics.json -> Metrics."""
+    then report.html -> HTML, summary.md -> Markdown and the flat metrics.json -> Metrics. The report step is
+    the pipeline's exit handler: when the run failed before there was anything to report (no config, or a
+    report the partial run cannot give), it still writes both artifacts, saying how far the run got."""
     out = Path(html.path).parent / "ddiloco-report"
-    printed = ddiloco("report", store_url, out=out, s3_endpoint=s3_endpoint)
+    try:
+        printed = ddiloco("report", store_url, out=out, s3_endpoint=s3_endpoint)
+    except RoleFailed as e:
+        write_incomplete_report(store_url, html, markdown, summary, str(e), s3_endpoint)
+        return
     publish_file(out / "report.html", html)
     publish_file(out / "summary.md", markdown)
     written = out / "metrics.json"
     log_metrics(summary, json.loads(written.read_text()) if written.is_file() else printed)
+
+
+RUN_MARKERS = (
+    ("config.json", "prepared (config.json)"),
+    ("status.json", "syncer started (status.json)"),
+    ("done.json", "token budget merged (done.json)"),
+    ("final/meta.json", "final model written"),
+    ("eval/final.json", "final model evaluated"),
+    ("sft/meta.json", "fine-tuned"),
+    ("eval/sft.json", "fine-tuned model evaluated"),
+)
+"""Objects of the run root (ddiloco.wire / evaluate key names) that say how far a run got."""
+
+
+def write_incomplete_report(
+    store_url: str, html: Any, markdown: Any, summary: Any, why: str, s3_endpoint: str = ""
+) -> None:
+    """HTML + Markdown for a run the full report cannot describe (it failed or was stopped early)."""
+    try:
+        present = [(label, store_json(store_url, key, s3_endpoint) is not None) for key, label in RUN_MARKERS]
+        reached = ""
+    except Exception as e:  # noqa: BLE001 (the store itself may be what failed the run)
+        present, reached = [], f"The run's store could not be read: {e}"
+    done = sum(ok for _, ok in present)
+    rows = "".join(f"| {label} | {'yes' if ok else 'no'} |\n" for label, ok in present)
+    md = (
+        f"# ddiloco run at {store_url}: incomplete\n\nThe full report could not be made: {why}.\n\n"
+        + (f"{reached}\n" if reached else f"| stage | reached |\n|---|---|\n{rows}")
+        + "\nThe run's logs are in each step's pod logs in the KFP UI; `ddiloco summary --store "
+        f"{store_url}` shows its token ledger from any machine that reaches the store.\n"
+    )
+    items = "".join(f"<tr><td>{label}</td><td>{'yes' if ok else 'no'}</td></tr>" for label, ok in present)
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>ddiloco run (incomplete)</title></head><body>"
+        f"<h1>ddiloco run: incomplete</h1><p>{_escape(store_url)}</p><p>The full report could not be made: "
+        f"{_escape(why)}.</p>{_escape(reached)}<table><tr><th>stage</th><th>reached</th></tr>{items}</table>"
+        "</body></html>"
+    )
+    for artifact, text in ((html, page), (markdown, md)):
+        Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(artifact.path).write_text(text)
+    summary.log_metric("run_complete", 0.0)
+    summary.log_metric("stages_reached", float(done))
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -28,7 +28,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any, Protocol
 from ddiloco import wire
 from ddiloco.chaos import ChaosEvent, schedule_from_config
 from ddiloco.config import RunConfig
+from ddiloco.hostname import host_name
 from ddiloco.store import Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class LocalProcesses:
     name = "local"
 
     def __init__(self, store_url: str, proc_root: str = "/proc") -> None:
-        self.store_url, self.proc_root, self.hostname = store_url, Path(proc_root), socket.gethostname()
+        self.store_url, self.proc_root, self.hostname = store_url, Path(proc_root), host_name()
 
     def _cmdline(self, pid: int) -> list[str]:
         try:

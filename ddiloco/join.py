@@ -30,12 +30,12 @@ import os
 import random
 import re
 import secrets
-import socket
 import time
 from collections.abc import Callable, Mapping
 
 from ddiloco import wire
 from ddiloco.config import ConfigError
+from ddiloco.hostname import host_name
 from ddiloco.store import Store, StoreConfigError
 from ddiloco.store.shaped import Link, LinkConfig, shape
 
@@ -123,7 +123,7 @@ def claim_learner_id(
         claim = {
             "site": site,
             "name": name,
-            "host": socket.gethostname(),
+            "host": host_name(),
             "pid": os.getpid(),
             "time": time.time(),
         }

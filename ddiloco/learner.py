@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -57,6 +56,7 @@ from ddiloco.config import ConfigError
 from ddiloco.data import ShardLoader
 from ddiloco.ddp import Group, rank_seed
 from ddiloco.globalmodel import latest_version, read_global, read_layout
+from ddiloco.hostname import host_name
 from ddiloco.learner_io import (
     CheckpointWriter,
     StatusPoller,
@@ -414,7 +414,7 @@ class Learner:
         return {
             "run_id": self.run_id, "learner_id": self.learner_id, "incarnation": self.incarnation, "seq": self.seq,
             "time": time.time(), "started_at": self.started_at, "joined_at": self.joined_at, "inner_step": self.inner_step,
-            "host": socket.gethostname(), "pid": os.getpid(), "site": self.site,
+            "host": host_name(), "pid": os.getpid(), "site": self.site,
             "tokens_processed": self.tokens_processed, "busy_seconds": self.busy_seconds, "loss": self.loss,
             "loss_ema": self.loss_ema, "step_time_ema": self.step_time_ema, "rounds_answered": self.rounds_answered,
             "bytes_up": bytes_up, "bytes_down": bytes_down, "upload_failures": self.upload_failures,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import statistics
 import time
 from collections import Counter, deque
@@ -35,6 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from ddiloco import signing, validation, wire
 from ddiloco.globalmodel import latest_version, publish_global, read_global, read_layout
+from ddiloco.hostname import host_name
 from ddiloco.intake import Intake, Round
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.outer import OuterNesterov, merge_with_stats, token_weight
@@ -247,7 +247,7 @@ class Syncer(Intake):
             wire.STATUS,
             {
                 "run_id": self.run_id, "time": self.wall(), "syncer_incarnation": self.incarnation, "done": done,
-                "syncer_host": socket.gethostname(), "syncer_pid": os.getpid(),
+                "syncer_host": host_name(), "syncer_pid": os.getpid(),
                 "next_round": self.next_round, "versions": {str(p): v for p, v in enumerate(self.versions)},
                 "open_rounds": [{"round": r.round, "fragment_id": r.fragment_id, "opened_at": r.opened_wall} for r in self.open.values()],
                 "merged": list(self.merged_recent), "tokens_merged": self.tokens_merged(),

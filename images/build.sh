@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Build (and push) the ddiloco images, tagged with the package version so that the compiled pipeline
-# (`ddiloco pipeline compile --registry REGISTRY`) and the images always match:
-#   REGISTRY/ddiloco-learner:VERSION   CUDA PyTorch   (images/learner.Dockerfile)
-#   REGISTRY/ddiloco-syncer:VERSION    CPU PyTorch    (images/syncer.Dockerfile)
+# Build (and push) the ddiloco images with an immutable tag, VERSION-DIGEST (package version + 12 hex digits
+# of a hash of the sources the images install, components/images.py), the tag the compiled pipeline
+# (`ddiloco pipeline compile --registry REGISTRY`) names for the same tree:
+#   REGISTRY/ddiloco-learner:TAG   CUDA PyTorch   (images/learner.Dockerfile)
+#   REGISTRY/ddiloco-syncer:TAG    CPU PyTorch    (images/syncer.Dockerfile)
 #
 # usage: images/build.sh REGISTRY [--push] [--only learner|syncer] [--platform linux/amd64] [--dry-run]
 #   DOCKER=podman images/build.sh ...   to use another builder CLI
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 registry="${1%/}"; shift
 [ -n "$registry" ] && [ "${registry#-}" = "$registry" ] || usage
@@ -25,8 +26,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-version="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' ddiloco/__init__.py)"
-[ -n "$version" ] || { echo "cannot read __version__ from ddiloco/__init__.py" >&2; exit 1; }
+version="$(python3 components/images.py tag)"
+[ -n "$version" ] || { echo "cannot compute the image tag (python3 components/images.py tag)" >&2; exit 1; }
 docker="${DOCKER:-docker}"
 
 run() { echo "+ $*"; [ "$dry" = 1 ] || "$@"; }

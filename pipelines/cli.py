@@ -132,6 +132,7 @@ def _compile_changes(args: argparse.Namespace) -> dict[str, Any]:
         "accelerator": args.accelerator, "learner_retries": args.learner_retries, "syncer_retries": args.syncer_retries,
         "learner_cpu": args.learner_cpu, "learner_memory": args.learner_memory, "syncer_cpu": args.syncer_cpu,
         "syncer_memory": args.syncer_memory, "run_timeout_s": None if hours is None else int(hours * 3600),
+        "crash_restarts": getattr(args, "crash_restarts", None),
     }  # fmt: skip
 
 
@@ -255,7 +256,11 @@ def _compile_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--learner-memory")
     g.add_argument("--syncer-cpu")
     g.add_argument("--syncer-memory")
-    g.add_argument("--run-timeout-hours", type=float, help="deadline of each learner / syncer / chaos pod")
+    g.add_argument(
+        "--run-timeout-hours", type=float,
+        help="deadline of each learner / syncer / chaos pod, and the window in which any step is retried",
+    )  # fmt: skip
+    g.add_argument("--crash-restarts", type=int, help="restarts of a crashed learner/syncer inside its pod")
 
 
 def _host_flags(p: argparse.ArgumentParser) -> None:

@@ -68,7 +68,7 @@ def pipeline_function(opts: ClusterOptions = OPTIONS) -> Callable[..., Any]:
             learner = c.joiner(
                 store=run_root, site=site, run_tag=dsl.PIPELINE_JOB_ID_PLACEHOLDER, slot=slot,
                 s3_endpoint=s3_endpoint, link_bandwidth=link_bandwidth, link_latency=link_latency,
-                metrics_port=opts.metrics_port,
+                metrics_port=opts.metrics_port, restarts=opts.crash_restarts,
             )  # fmt: skip
             k8s.learner(learner.after(check))
 

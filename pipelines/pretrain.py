@@ -12,11 +12,25 @@ Design choices:
 - The syncer is a sibling on CPU nodes (no GPU, no GPU toleration, optional CPU node selector); the chaos
   step is a third sibling that deletes pods of this run only (it reads the run's Argo workflow label and its
   namespace through the downward API). Evaluation waits for the syncer only: learners exit on `done`.
-- The run root is `s3://{bucket}/{prefix}/{KFP run id}`; the run id is also the ddiloco run id. Store
-  credentials come from a Secret as env (default KFP's `mlpipeline-minio-artifact`, keys accesskey/secretkey).
+- The run root is `s3://{bucket}/{prefix}/{KFP run id}`; the run id is also the ddiloco run id, so every run
+  of a recurring schedule gets its own prefix. The KFP 2.17 driver resolves `{{$.pipeline_job_uuid}}` only
+  as a parameter's whole value (backend/src/v2/driver/resolve.go, resolveInputParameter), so every step gets
+  `run_id` on its own and the store base `s3://{bucket}/{prefix}`, and joins them (components.runtime).
+  The default prefix `private/{namespace}/ddiloco` is one a profile namespace's store identity may write in
+  multi-user Kubeflow (pipelines-profile-controller/sync.py); `{namespace}` is the pod's namespace, from the
+  downward API. Store credentials come from a Secret as env (default KFP's `mlpipeline-minio-artifact`).
 - Caching is off everywhere: every step has side effects in the store.
-- A pod deleted by the chaos step ends in Argo's `Error` phase, which `set_retry` alone (Argo's default
-  retryPolicy OnFailure) does not retry: apply `manifests/argo-retry` (docs/cluster.md explains).
+- Retries: Argo counts a backoff's `maxDuration` from the first attempt's start and cuts retried attempts at
+  that deadline too (argo-workflows v4.0.5 workflow/controller/operator.go, processNodeRetries), so it is
+  the run timeout, not a few minutes; the factor is an integer (Argo parses it with intstr.Int32) and 1,
+  a constant backoff: with 100 retries any growth would leave a learner waiting for hours. A deleted pod
+  (chaos, preemption) is retried by KFP 2.17's stock Argo setting (retryPolicy OnError; older KFP: apply
+  `manifests/argo-retry`); a crashed learner or syncer is restarted inside its pod (`crash_restarts`).
+- Learners and the syncer name themselves by their pod name (downward API `metadata.name`): the kubelet
+  truncates hostnames to 63 characters and Argo's pod names are longer.
+- No default node selector: the GPU resource request already puts learners on GPU nodes, and labels such
+  as `nvidia.com/gpu.present` exist only where NVIDIA's GPU operator runs. `gpu_node_selector` is opt-in.
+- The report is the exit handler: failed runs, the ones people review, get a report too.
 """
 
 # No `from __future__ import annotations`: kfp reads the pipeline signature's types at definition time.
@@ -28,6 +42,7 @@ from kfp import dsl, kubernetes
 
 from components.images import DEFAULT_REGISTRY
 from components.roles import build
+from components.runtime import NAMESPACE_ENV, POD_NAME_ENV
 from ddiloco.chaos_k8s import DEFAULT_SELECTOR, ROLE_LABEL
 
 KFP_SECRET = "mlpipeline-minio-artifact"
@@ -66,10 +81,11 @@ class ClusterOptions:
     step_retries: int = 3
     """Retries of prepare, chaos, evaluate, sft and report."""
     backoff: str = "10s"
-    backoff_factor: float = 2.0
-    backoff_max: str = "300s"
+    """Wait before each retry of a deleted or failed pod (constant: factor 1)."""
+    crash_restarts: int = 5
+    """Restarts of a crashed learner / syncer inside its pod (Argo retries deleted pods, not crashes)."""
     run_timeout_s: int = 3 * 24 * 3600
-    """Deadline of each learner / syncer / chaos pod."""
+    """Deadline of each learner / syncer / chaos pod, and the window in which any step is retried."""
     run_key_secret: str | None = "ddiloco-run-key"
     """Secret (key `key`: hex, `openssl rand -hex 32`) mounted optionally as DDILOCO_RUN_KEY: every update and
     global version is then signed and verified. A missing Secret leaves the run unsigned (logged); None: never."""
@@ -87,15 +103,17 @@ DEFAULTS: dict[str, Any] = {
     "token_budget": 0,
     "chaos": "",
     "store_bucket": "mlpipeline",
-    "store_prefix": "ddiloco",
+    "store_prefix": "private/{namespace}/ddiloco",
     "s3_endpoint": "seaweedfs.kubeflow:9000",
     "store_secret": KFP_SECRET,
-    "gpu_node_selector": {"nvidia.com/gpu.present": "true"},
+    "gpu_node_selector": {},
     "gpu_tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     "cpu_node_selector": {},
 }
 """Run-time parameters and their defaults (KFP ≥ 2.16 ships SeaweedFS at seaweedfs.kubeflow:9000; older
-releases MinIO at minio-service.kubeflow:9000; multi-user: prefix private/<namespace>/ddiloco)."""
+releases MinIO at minio-service.kubeflow:9000). `{namespace}` in store_prefix is the run's namespace."""
+RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+"""Always passed as a parameter's whole value: the only form the KFP 2.17 driver replaces."""
 
 
 def run_defaults(defaults: dict[str, Any], opts: ClusterOptions) -> dict[str, Any]:
@@ -129,31 +147,49 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         gpu_tolerations: list = d["gpu_tolerations"],
         cpu_node_selector: dict = d["cpu_node_selector"],
     ):
-        store = f"s3://{store_bucket}/{store_prefix}/{dsl.PIPELINE_JOB_ID_PLACEHOLDER}"
+        store = f"s3://{store_bucket}/{store_prefix}"
         k8s = _Wiring(opts, store_secret, gpu_node_selector, gpu_tolerations, cpu_node_selector)
-        prep = c.prepare(
-            store=store, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, s3_endpoint=s3_endpoint, recipe=recipe,
-            overrides=overrides, learners=learners, quorum=quorum, token_budget=token_budget, chaos=chaos,
-            max_learners=opts.max_learners,
-        )  # fmt: skip
-        k8s.cpu_step(prep, "prepare")
-        with dsl.ParallelFor(items=prep.output, parallelism=opts.max_learners, name="learners") as lid:
-            learner = c.learner(
-                store=store, learner_id=lid, s3_endpoint=s3_endpoint, metrics_port=opts.metrics_port
+        report = k8s.cpu_step(c.report(store=store, run_id=RUN_ID, s3_endpoint=s3_endpoint), "report")
+        with dsl.ExitHandler(report, name="run"):
+            prep = c.prepare(
+                store=store,
+                run_id=RUN_ID,
+                s3_endpoint=s3_endpoint,
+                recipe=recipe,
+                overrides=overrides,
+                learners=learners,
+                quorum=quorum,
+                token_budget=token_budget,
+                chaos=chaos,
+                max_learners=opts.max_learners,
             )
-            k8s.learner(learner.after(prep))
-        sync = k8s.syncer(
-            c.syncer(store=store, s3_endpoint=s3_endpoint, metrics_port=opts.metrics_port).after(prep)
-        )
-        k8s.chaos(c.chaos(store=store, s3_endpoint=s3_endpoint, selector=DEFAULT_SELECTOR).after(prep))
-        pre = k8s.gpu_step(
-            c.evaluate(store=store, s3_endpoint=s3_endpoint, model="final").after(sync), "evaluate-final"
-        )
-        tune = k8s.gpu_step(c.sft(store=store, s3_endpoint=s3_endpoint).after(pre), "sft")
-        post = k8s.gpu_step(
-            c.evaluate(store=store, s3_endpoint=s3_endpoint, model="sft").after(tune), "evaluate-sft"
-        )
-        k8s.cpu_step(c.report(store=store, s3_endpoint=s3_endpoint).after(post), "report")
+            k8s.cpu_step(prep, "prepare")
+            with dsl.ParallelFor(items=prep.output, parallelism=opts.max_learners, name="learners") as lid:
+                learner = c.learner(
+                    store=store,
+                    run_id=RUN_ID,
+                    learner_id=lid,
+                    s3_endpoint=s3_endpoint,
+                    metrics_port=opts.metrics_port,
+                    restarts=opts.crash_restarts,
+                )
+                k8s.learner(learner.after(prep))
+            sync = c.syncer(
+                store=store,
+                run_id=RUN_ID,
+                s3_endpoint=s3_endpoint,
+                metrics_port=opts.metrics_port,
+                restarts=opts.crash_restarts,
+            )
+            sync = k8s.syncer(sync.after(prep))
+            chaos_task = c.chaos(
+                store=store, run_id=RUN_ID, s3_endpoint=s3_endpoint, selector=DEFAULT_SELECTOR
+            )
+            k8s.chaos(chaos_task.after(prep))
+            common = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
+            pre = k8s.gpu_step(c.evaluate(model="final", **common).after(sync), "evaluate-final")
+            tune = k8s.gpu_step(c.sft(**common).after(pre), "sft")
+            k8s.gpu_step(c.evaluate(model="sft", **common).after(tune), "evaluate-sft")
 
     return pretrain
 
@@ -171,9 +207,15 @@ class _Wiring:
     def _common(self, task: Any, name: str, retries: int, role: str | None = None) -> Any:
         o = self.opts
         task.set_display_name(name).set_caching_options(False)
-        task.set_retry(num_retries=retries, backoff_duration=o.backoff, backoff_factor=o.backoff_factor,
-                       backoff_max_duration=o.backoff_max)  # fmt: skip
+        task.set_retry(
+            num_retries=retries,
+            backoff_duration=o.backoff,
+            backoff_factor=1.0,
+            backoff_max_duration=f"{o.run_timeout_s}s",
+        )
         kubernetes.use_secret_as_env(task, secret_name=self.secret, secret_key_to_env=SECRET_KEYS)
+        kubernetes.use_field_path_as_env(task, NAMESPACE_ENV, "metadata.namespace")
+        kubernetes.use_field_path_as_env(task, POD_NAME_ENV, "metadata.name")
         if o.run_key_secret:
             kubernetes.use_secret_as_env(
                 task, secret_name=o.run_key_secret, secret_key_to_env={"key": RUN_KEY_ENV}, optional=True
@@ -217,6 +259,5 @@ class _Wiring:
     def chaos(self, task: Any) -> Any:
         self.cpu_step(task, "chaos")
         kubernetes.use_field_path_as_env(task, "DDILOCO_K8S_WORKFLOW", WORKFLOW_LABEL_PATH)
-        kubernetes.use_field_path_as_env(task, "DDILOCO_K8S_NAMESPACE", "metadata.namespace")
         kubernetes.set_timeout(task, self.opts.run_timeout_s)
         return task

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import yaml
 
-from ddiloco import __version__
+from components.images import image_tag
 from pipelines.compile import PIPELINES, compile_pipeline, golden_path, stable_header
 from pipelines.pretrain import SECRET_KEYS
+
+TAG = re.compile(r"(ddiloco-(?:learner|syncer)):\d+\.\d+\.\d+-[0-9a-f]{12}")
+
+
+def without_tags(text: str) -> str:
+    """The image tags hold a digest of the sources (components/images.py): they change with every code change,
+    so the golden files are compared without them (test_images checks the tag itself)."""
+    return TAG.sub(r"\1:TAG", text)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +33,8 @@ def test_golden_file_matches(compiled, name):
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(fresh)
     assert golden.is_file(), f"{golden} is missing: run UPDATE_GOLDEN=1 pytest {__file__}"
-    assert fresh == golden.read_text(), (
+    assert TAG.search(golden.read_text()), f"{golden.name} names no VERSION-DIGEST image tag"
+    assert without_tags(fresh) == without_tags(golden.read_text()), (
         f"{golden.name} is stale: the pipeline changed. Review the diff, then UPDATE_GOLDEN=1 pytest {__file__}"
     )
 
@@ -74,11 +84,17 @@ def test_learners_syncer_and_chaos_run_side_by_side_after_prepare(pretrain):
     assert loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--prepare-Output"
 
 
-def test_evaluate_after_the_syncer_then_sft_then_evaluate_then_report(pretrain):
+def test_evaluate_after_the_syncer_then_sft_then_evaluate_then_report_as_the_exit_handler(pretrain):
     assert pretrain.deps("evaluate-final") == ["syncer"]
     assert pretrain.deps("sft") == ["evaluate-final"]
     assert pretrain.deps("evaluate-sft") == ["sft"]
-    assert pretrain.deps("report") == ["evaluate-sft"]
+    # The report runs however the run ended: KFP's exit handler is a task after the DAG that holds every
+    # other step, triggered when that DAG completes in any state (not only on success).
+    report = pretrain.tasks["report"][1]
+    assert report["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert pretrain.deps("report") == ["run"]
+    inside = pretrain.ir["components"][pretrain.tasks["run"][1]["componentRef"]["name"]]["dag"]["tasks"]
+    assert {t["taskInfo"]["name"] for t in inside.values()} >= {"prepare", "learners", "syncer", "sft"}
     inputs = {
         n: pretrain.tasks[n][1]["inputs"]["parameters"]["model"]["runtimeValue"]["constant"]
         for n in ("evaluate-final", "evaluate-sft")
@@ -86,27 +102,90 @@ def test_evaluate_after_the_syncer_then_sft_then_evaluate_then_report(pretrain):
     assert inputs == {"evaluate-final": "final", "evaluate-sft": "sft"}
 
 
-def test_retries_with_backoff_and_no_caching(pretrain):
+def _duration_s(text):
+    assert text.endswith("s"), text
+    return float(text[:-1])
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_retries_cover_the_whole_run_with_a_constant_integer_backoff(compiled, name):
+    """Argo v4.0.5 (workflow/controller/operator.go, processNodeRetries) counts backoff.maxDuration from the
+    FIRST attempt's start, refuses a retry whose wait ends after it, and cuts retried pods at that deadline;
+    it parses the factor with intstr.Int32, and KFP 2.17 renders the IR's float with Go's %v ("2", "1.5")."""
+    spec, opts = Spec(compiled[name]), PIPELINES[name]
+    policies = {
+        n: t["retryPolicy"] for n, (_, t) in spec.tasks.items() if "componentRef" in t and "retryPolicy" in t
+    }
+    assert policies, name
+    for task, policy in policies.items():
+        assert _duration_s(policy["backoffMaxDuration"]) >= opts.run_timeout_s, (task, policy)
+        factor = float(policy["backoffFactor"])
+        assert factor.is_integer() and factor == 1.0, (task, policy)
+        waits = _duration_s(policy["backoffDuration"]) * policy["maxRetryCount"]
+        assert waits < opts.run_timeout_s, (task, policy)
+
+
+def test_retries_and_no_caching(pretrain):
     opts = PIPELINES["pretrain"]
     expected = {"learner": opts.learner_retries, "syncer": opts.syncer_retries, "chaos": opts.step_retries}
     for name, retries in expected.items():
         policy = pretrain.tasks[name][1]["retryPolicy"]
         assert policy["maxRetryCount"] == retries and policy["backoffDuration"] == opts.backoff
-        assert (
-            policy["backoffMaxDuration"] == opts.backoff_max
-            and policy["backoffFactor"] == opts.backoff_factor
-        )
     assert opts.learner_retries >= 50
     for name, (_, task) in pretrain.tasks.items():
-        if "componentRef" in task and name != "learners":
+        if "componentRef" in task and name not in ("learners", "run"):
             assert task["cachingOptions"] == {}, (
                 f"{name} must not be cached (enableCache false is the empty message)"
             )
 
 
+PLACEHOLDER = re.compile(r"\{\{\$\.pipeline_[a-z_]+\}\}")
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_no_runtime_constant_embeds_a_pipeline_placeholder(compiled, name):
+    """KFP 2.17's driver replaces `{{$.pipeline_job_uuid}}` and its kin only when a constant IS the placeholder
+    (backend/src/v2/driver/resolve.go, resolveInputParameter: `switch valStr`), and the launcher's placeholder
+    map (launcher_v2.go, getPlaceholders) has no such key: embedded, it reaches the component literally."""
+    spec = Spec(compiled[name])
+    found = []
+    for task_name, (_, task) in spec.tasks.items():
+        for param, value in task.get("inputs", {}).get("parameters", {}).items():
+            const = value.get("runtimeValue", {}).get("constant")
+            if isinstance(const, str) and PLACEHOLDER.search(const) and not PLACEHOLDER.fullmatch(const):
+                found.append((task_name, param, const))
+    assert not found, f"embedded pipeline placeholders (never resolved on a real cluster): {found}"
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_learners_and_syncer_export_their_pod_name_and_namespace(compiled, name):
+    """The kubelet truncates hostnames to 63 characters; Argo v4's pod names for our tasks are longer. The
+    chaos step finds a pod by the name its process reports, so that name is the downward API's."""
+    spec = Spec(compiled[name])
+    roles = ("learner", "syncer") if name != "join" else ("learner",)
+    for role in roles:
+        _, k8s = spec.executor(role)
+        env = {e["name"]: e["fieldPath"] for e in k8s["fieldPathAsEnv"]}
+        assert env["DDILOCO_POD_NAME"] == "metadata.name", (name, role)
+        assert env["DDILOCO_K8S_NAMESPACE"] == "metadata.namespace", (name, role)
+
+
+# pipelines-profile-controller/sync.py (KFP 2.17): what a profile namespace's store identity may write.
+PROFILE_WRITABLE = ("artifacts/", "private-artifacts/{namespace}/", "private/{namespace}/", "shared/")
+
+
+@pytest.mark.parametrize("name", ["pretrain", "smoke"])
+def test_defaults_need_no_vendor_labels_and_write_where_a_profile_may(compiled, name):
+    params = Spec(compiled[name]).ir["root"]["inputDefinitions"]["parameters"]
+    defaults = {k: v.get("defaultValue") for k, v in params.items()}
+    assert defaults["gpu_node_selector"] == {} and defaults["cpu_node_selector"] == {}
+    assert defaults["store_prefix"].startswith(PROFILE_WRITABLE), defaults["store_prefix"]
+    assert defaults["store_bucket"] == "mlpipeline"
+
+
 def test_gpus_pools_labels_and_deadlines(pretrain):
     learner, learner_k8s = pretrain.executor("learner")
-    assert learner["image"] == f"ghcr.io/ddiloco/ddiloco-learner:{__version__}"
+    assert learner["image"] == f"ghcr.io/ddiloco/ddiloco-learner:{image_tag()}"
     assert learner["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
     assert learner["resources"]["accelerator"]["resourceCount"] == "1"
     assert learner_k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith(
@@ -119,25 +198,30 @@ def test_gpus_pools_labels_and_deadlines(pretrain):
     assert int(learner_k8s["activeDeadlineSeconds"]) == PIPELINES["pretrain"].run_timeout_s
 
     syncer, syncer_k8s = pretrain.executor("syncer")
-    assert syncer["image"] == f"ghcr.io/ddiloco/ddiloco-syncer:{__version__}"
+    assert syncer["image"] == f"ghcr.io/ddiloco/ddiloco-syncer:{image_tag()}"
     assert "accelerator" not in syncer.get("resources", {}) and "tolerations" not in syncer_k8s
-    assert syncer_k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == "cpu_node_selector"
+    assert syncer_k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith(
+        "cpu_node_selector"
+    )
     assert syncer_k8s["podMetadata"]["labels"]["ddiloco.io/role"] == "syncer"
     for name in ("evaluate-final", "sft", "evaluate-sft"):
         assert pretrain.executor(name)[0]["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
 
     _, chaos_k8s = pretrain.executor("chaos")
     env = {e["name"]: e["fieldPath"] for e in chaos_k8s["fieldPathAsEnv"]}
-    assert env == {
-        "DDILOCO_K8S_WORKFLOW": "metadata.labels['workflows.argoproj.io/workflow']",
-        "DDILOCO_K8S_NAMESPACE": "metadata.namespace",
-    }
+    assert env["DDILOCO_K8S_WORKFLOW"] == "metadata.labels['workflows.argoproj.io/workflow']"
+    assert env["DDILOCO_K8S_NAMESPACE"] == "metadata.namespace"
 
 
 def test_store_credentials_come_from_the_secret_as_env(pretrain):
-    store = pretrain.tasks["prepare"][1]["inputs"]["parameters"]["store"]["runtimeValue"]["constant"]
-    assert store.startswith("s3://{{$.inputs.parameters['pipelinechannel--store_bucket']}}/")
-    assert store.endswith("/{{$.pipeline_job_uuid}}")
+    for name in ("prepare", "learner", "syncer", "chaos", "evaluate-final", "sft", "evaluate-sft", "report"):
+        params = pretrain.tasks[name][1]["inputs"]["parameters"]
+        store = params["store"]["runtimeValue"]["constant"]
+        assert store == (
+            "s3://{{$.inputs.parameters['pipelinechannel--store_bucket']}}/"
+            "{{$.inputs.parameters['pipelinechannel--store_prefix']}}"
+        ), name
+        assert params["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}", name
     for name in ("prepare", "learner", "syncer", "chaos", "evaluate-final", "sft", "evaluate-sft", "report"):
         _, k8s = pretrain.executor(name)
         secret, run_key = k8s["secretAsEnv"]
@@ -184,7 +268,7 @@ def test_compile_options_change_parallelism_and_images(tmp_path):
     )
     spec = Spec(out)
     assert spec.tasks["learners"][1]["iteratorPolicy"]["parallelismLimit"] == 16
-    assert spec.executor("learner")[0]["image"] == f"r.example/team/ddiloco-learner:{__version__}"
+    assert spec.executor("learner")[0]["image"] == f"r.example/team/ddiloco-learner:{image_tag()}"
 
 
 def test_join_pipeline_checks_the_run_then_starts_learners_with_their_site(compiled):
@@ -196,7 +280,7 @@ def test_join_pipeline_checks_the_run_then_starts_learners_with_their_site(compi
     params = join.ir["root"]["inputDefinitions"]["parameters"]
     assert {"run_root", "site", "learners", "store_secret", "s3_endpoint", "link_bandwidth"} <= set(params)
     container, k8s = join.executor("learner")
-    assert "joiner" in container["args"] and container["image"].endswith(f":{__version__}")
+    assert "joiner" in container["args"] and container["image"].endswith(f":{image_tag()}")
     assert any(
         e["secretNameParameter"]["componentInputParameter"].endswith("store_secret")
         for e in k8s["secretAsEnv"]

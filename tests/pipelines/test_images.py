@@ -42,3 +42,29 @@ def test_dockerfile_runs_as_non_root_from_the_repository_without_secrets(name):
         assert f"!{copied}/" in ignore or f"!{copied}" in ignore, (
             f"{copied} is excluded from the build context"
         )
+
+
+def test_the_tag_is_version_plus_a_digest_of_the_installed_sources(tmp_path):
+    """Immutable tags: a code change gives a new tag (nodes never run a stale image under an old tag), and
+    build.sh computes the same tag as the compiled pipeline (components/images.py, stdlib only)."""
+    import shutil
+
+    from components.images import PACKAGES, image_tag, source_digest, version
+
+    tag = image_tag()
+    assert re.fullmatch(rf"{re.escape(version())}-[0-9a-f]{{12}}", tag)
+    out = subprocess.run(
+        ["bash", str(IMAGES / "build.sh"), "r.example", "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"-t r.example/ddiloco-syncer:{tag} ." in out
+    copy = tmp_path / "src"
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, copy / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
+    assert source_digest(copy) == source_digest(ROOT), "YAML and caches are not part of the image's sources"
+    (copy / "ddiloco" / "learner.py").write_text(
+        (ROOT / "ddiloco" / "learner.py").read_text() + "\n# changed\n"
+    )
+    assert source_digest(copy) != source_digest(ROOT)

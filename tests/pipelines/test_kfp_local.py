@@ -54,18 +54,17 @@ def comps(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(comps, tmp_path_factory):
-    """prepare, then two learners and the syncer at once: (store URL, {step: task})."""
+    """prepare, then two learners and the syncer at once: (run root URL, {step: task}). Every step gets the
+    store base and the run id, as in the pipeline, and works in `{base}/{run_id}`."""
     c = comps
-    store = f"file://{tmp_path_factory.mktemp('kfp-local')}/run"
-    tasks = {
-        "prepare": c.prepare(
-            store=store, run_id="kfp-local", recipe="tiny-cpu", overrides=TINY, learners=2, token_budget=12000
-        )
-    }
+    base = f"file://{tmp_path_factory.mktemp('kfp-local')}"
+    run = {"store": base, "run_id": "kfp-local"}
+    tasks = {"prepare": c.prepare(**run, recipe="tiny-cpu", overrides=TINY, learners=2, token_budget=12000)}
+    store = f"{base}/kfp-local"
     ids = [int(i) for i in tasks["prepare"].output]  # kfp.local returns JSON numbers as floats
     with ThreadPoolExecutor(len(ids) + 1) as pool:
-        syncer = pool.submit(c.syncer, store=store, max_seconds=400.0)
-        learners = [pool.submit(c.learner, store=store, learner_id=i) for i in ids]
+        syncer = pool.submit(c.syncer, **run, max_seconds=400.0)
+        learners = [pool.submit(c.learner, **run, learner_id=i) for i in ids]
         done, _ = wait([syncer, *learners], timeout=600, return_when=FIRST_EXCEPTION)
         failed = [f for f in done if f.exception() is not None]
         if failed:

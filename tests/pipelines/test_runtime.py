@@ -102,3 +102,95 @@ def test_a_failing_role_fails_the_component(tmp_path, capfd):
     with pytest.raises(RoleFailed, match="exited with code 2"):
         ddiloco("prepare", store=f"file://{tmp_path}/run", set=["diloco.nope=1"])
     assert "diloco.nope" in capfd.readouterr().err  # the role's one-line error is in the step's log
+
+
+# --- the run root, in-pod restarts and the exit-handler report (issue 14) ---------------------------------
+def test_the_run_root_joins_base_and_run_id_and_expands_the_namespace(monkeypatch):
+    from components.runtime import NAMESPACE_ENV, run_root
+
+    assert run_root("s3://b/p", "3f2a") == "s3://b/p/3f2a"
+    assert run_root("file:///tmp/run") == "file:///tmp/run"  # no run id: the store is the run root
+    monkeypatch.setenv(NAMESPACE_ENV, "team-a")
+    assert run_root("s3://mlpipeline/private/{namespace}/ddiloco", "r1") == (
+        "s3://mlpipeline/private/team-a/ddiloco/r1"
+    )
+    monkeypatch.delenv(NAMESPACE_ENV)
+    with pytest.raises(ValueError, match="DDILOCO_K8S_NAMESPACE is not set"):
+        run_root("s3://mlpipeline/private/{namespace}/ddiloco", "r1")
+    for bad in ("a/b", "..", " r"):
+        with pytest.raises(ValueError, match="one path segment"):
+            run_root("s3://b/p", bad)
+
+
+def test_an_unresolved_kfp_placeholder_is_refused_with_what_to_do():
+    """What today's YAML delivered on a real KFP 2.17 cluster: the literal placeholder (driver resolve.go)."""
+    from components.runtime import run_root
+
+    with pytest.raises(ValueError, match="Recompile the pipeline"):
+        run_root("s3://mlpipeline/ddiloco/{{$.pipeline_job_uuid}}")
+    with pytest.raises(ValueError, match="unresolved KFP placeholder"):
+        run_root("s3://mlpipeline/ddiloco", "{{$.pipeline_job_uuid}}")
+
+
+def _fake_role(tmp_path, monkeypatch, script: str):
+    """`python -m ddiloco.cli ROLE` replaced by a script that counts its runs in tmp_path/runs."""
+    import components.runtime as rt
+
+    prog = tmp_path / "role.py"
+    prog.write_text(script)
+    monkeypatch.setattr(rt, "command", lambda role, *a, **f: [sys.executable, str(prog), str(tmp_path)])
+
+
+def test_a_crashed_role_is_restarted_in_its_pod_and_its_result_returned(tmp_path, monkeypatch):
+    from components.runtime import ddiloco
+
+    _fake_role(tmp_path, monkeypatch, (
+        "import json, os, pathlib, signal, sys\n"
+        "runs = pathlib.Path(sys.argv[1]) / 'runs'\n"
+        "n = int(runs.read_text()) + 1 if runs.exists() else 1\n"
+        "runs.write_text(str(n))\n"
+        "if n == 1: os.kill(os.getpid(), signal.SIGKILL)\n"  # an OOM kill
+        "if n == 2: sys.exit(1)\n"  # a crash
+        "print(json.dumps({'run': n}))\n"
+    ))  # fmt: skip
+    assert ddiloco("learner", restarts=2, restart_delay_s=0.01) == {"run": 3}
+
+
+def test_a_usage_error_is_not_restarted_and_restarts_are_bounded(tmp_path, monkeypatch):
+    from components.runtime import RoleFailed, ddiloco
+
+    _fake_role(tmp_path, monkeypatch, (
+        "import pathlib, sys\n"
+        "runs = pathlib.Path(sys.argv[1]) / 'runs'\n"
+        "runs.write_text(str(int(runs.read_text()) + 1 if runs.exists() else 1))\n"
+        "sys.exit(int((pathlib.Path(sys.argv[1]) / 'code').read_text()))\n"
+    ))  # fmt: skip
+    (tmp_path / "code").write_text("2")
+    with pytest.raises(RoleFailed, match="code 2"):
+        ddiloco("syncer", restarts=5, restart_delay_s=0.01)
+    assert (tmp_path / "runs").read_text() == "1"
+    (tmp_path / "runs").unlink()
+    (tmp_path / "code").write_text("3")
+    with pytest.raises(RoleFailed, match="code 3"):
+        ddiloco("syncer", restarts=2, restart_delay_s=0.01)
+    assert (tmp_path / "runs").read_text() == "3"
+
+
+class _Artifact:
+    def __init__(self, path):
+        self.path, self.metadata, self.metrics = str(path), {}, {}
+
+    def log_metric(self, name, value):
+        self.metrics[name] = value
+
+
+def test_a_run_that_failed_before_prepare_still_gets_its_report(tmp_path):
+    """The report step is the exit handler: its artifacts exist even when there is nothing to report."""
+    from components.runtime import run_report
+
+    html, md, summary = (_Artifact(tmp_path / n) for n in ("report.html", "summary.md", "metrics"))
+    run_report(f"file://{tmp_path}/never-prepared", html, md, summary)
+    page, text = Path(html.path).read_text(), Path(md.path).read_text()
+    assert "incomplete" in page and "<table>" in page
+    assert "| prepared (config.json) | no |" in text and "ddiloco summary --store" in text
+    assert summary.metrics == {"run_complete": 0.0, "stages_reached": 0.0}

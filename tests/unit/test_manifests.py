@@ -132,7 +132,18 @@ def validate_strict(obj: dict, version: str) -> None:
 
 
 def test_there_are_overlays_for_kubeflow_and_standalone():
-    assert {p.name for p in OVERLAYS} == {"kubeflow", "standalone"}
+    assert {p.name for p in OVERLAYS} == {"kubeflow", "standalone", "standalone-minio"}
+
+
+def test_standalone_uses_the_store_current_kfp_ships_and_minio_is_an_option():
+    """KFP >= 2.16 standalone ships SeaweedFS (seaweedfs.kubeflow:9000), which the pipeline defaults name."""
+    from pipelines.pretrain import DEFAULTS
+
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in kustomize(MANIFESTS / "overlays" / "standalone")}
+    assert not any("minio" in name for _, name in kinds)
+    assert DEFAULTS["s3_endpoint"] == "seaweedfs.kubeflow:9000" and DEFAULTS["store_bucket"] == "mlpipeline"
+    minio = {o["kind"] for o in kustomize(MANIFESTS / "overlays" / "standalone-minio")}
+    assert {"Deployment", "Service", "Job"} <= minio
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
@@ -164,7 +175,12 @@ def test_strict_validation_catches_a_typo():
 
 def test_chaos_rbac_is_list_and_delete_pods_only_bound_to_the_pipeline_runner():
     by_overlay = {p.name: {o["kind"]: o for o in kustomize(p)} for p in OVERLAYS}
-    for name, sa in (("kubeflow", "default-editor"), ("standalone", "pipeline-runner")):
+    overlays = (
+        ("kubeflow", "default-editor"),
+        ("standalone", "pipeline-runner"),
+        ("standalone-minio", "pipeline-runner"),
+    )
+    for name, sa in overlays:
         objs = by_overlay[name]
         assert objs["Role"]["rules"] == [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]}
@@ -186,14 +202,26 @@ def test_podmonitor_scrapes_the_port_the_pipeline_serves_metrics_on():
     assert pm["spec"]["selector"]["matchExpressions"][0]["values"] == ["learner", "syncer"]
 
 
-def test_argo_retry_component_adds_workflow_defaults_and_keeps_kfp_settings(tmp_path):
-    """Built on top of a stand-in of KFP's own workflow-controller-configmap, as a KFP kustomization would."""
+# KFP 2.17.0's stock workflowDefaults, as shipped in manifests/kustomize/third-party/argo/base/
+# workflow-controller-configmap-patch.yaml (the facts the test holds our patch against).
+KFP_217_WORKFLOW_DEFAULTS = {
+    "spec": {
+        "ttlStrategy": {
+            "secondsAfterCompletion": 3600,
+            "secondsAfterSuccess": 3600,
+            "secondsAfterFailure": 3600,
+        },
+        "templateDefaults": {"retryStrategy": {"limit": "2", "retryPolicy": "OnError"}},
+    }
+}
+
+
+def _controller_config(tmp_path, data):
     (tmp_path / "kfp-controller-config.yaml").write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "workflow-controller-configmap", "namespace": "kubeflow"},
-                "data": {"artifactRepository": "archiveLogs: true\n", "executor": "imagePullPolicy: IfNotPresent\n"},
+                "metadata": {"name": "workflow-controller-configmap", "namespace": "kubeflow"}, "data": data,
             }
         )
     )  # fmt: skip
@@ -202,12 +230,32 @@ def test_argo_retry_component_adds_workflow_defaults_and_keeps_kfp_settings(tmp_
         yaml.safe_dump({"resources": ["kfp-controller-config.yaml"], "components": [component]})
     )
     (cm,) = kustomize(tmp_path)
-    assert set(cm["data"]) == {"artifactRepository", "executor", "workflowDefaults"}
-    defaults = yaml.safe_load(cm["data"]["workflowDefaults"])
-    assert defaults == {
-        "spec": {"templateDefaults": {"retryStrategy": {"limit": "0", "retryPolicy": "Always"}}}
+    return cm
+
+
+def test_argo_retry_on_kfp_217_changes_nothing_and_keeps_the_ttl(tmp_path):
+    """Merged into KFP 2.17's stock ConfigMap: the TTL stays (workflows and pods of recurring runs are
+    collected) and deleted pods are retried (OnError), as stock 2.17 already does."""
+    stock = {
+        "artifactRepository": "archiveLogs: true\n",
+        "executor": "imagePullPolicy: IfNotPresent\n",
+        "workflowDefaults": yaml.safe_dump(KFP_217_WORKFLOW_DEFAULTS),
     }
+    cm = _controller_config(tmp_path, stock)
+    assert set(cm["data"]) == set(stock)
+    assert cm["data"]["artifactRepository"] == stock["artifactRepository"]
+    assert yaml.safe_load(cm["data"]["workflowDefaults"]) == KFP_217_WORKFLOW_DEFAULTS
     validate_strict(cm, K8S_VERSIONS[-1])
     # the same file is a valid merge patch for `kubectl patch --type merge --patch-file` on a running cluster
     patch = yaml.safe_load((MANIFESTS / "argo-retry" / "workflow-defaults.yaml").read_text())
     assert set(patch["data"]) == {"workflowDefaults"}
+
+
+def test_argo_retry_on_kfp_216_adds_what_217_ships(tmp_path):
+    """KFP <= 2.16 has no workflowDefaults: Argo's default OnFailure never retries a deleted pod (Error)."""
+    cm = _controller_config(tmp_path, {"artifactRepository": "archiveLogs: true\n"})
+    defaults = yaml.safe_load(cm["data"]["workflowDefaults"])
+    assert defaults == KFP_217_WORKFLOW_DEFAULTS
+    retry = defaults["spec"]["templateDefaults"]["retryStrategy"]
+    # Not Always: template defaults reach DAG templates and other teams' steps too (docs/cluster.md).
+    assert retry["retryPolicy"] == "OnError"
