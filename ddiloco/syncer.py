@@ -92,6 +92,8 @@ class Syncer(Intake):
         self.xi_sync = 0.0
         self.last_open = -math.inf
         self.learners: dict[int, dict[str, Any]] = {}
+        self.heard: dict[int, tuple[tuple[int, int], float]] = {}
+        """learner id -> ((incarnation, seq) of its newest report, this syncer's `clock()` when it changed)."""
         self._next_refresh = 0.0
         self.bytes_published = 0
         self.late_answers = 0
@@ -272,6 +274,9 @@ class Syncer(Intake):
                 continue
             if validation.report_ok(report, lid):
                 self.learners[lid] = report
+                mark = (int(report["incarnation"]), int(report.get("seq") or 0))
+                if lid not in self.heard or self.heard[lid][0] != mark:
+                    self.heard[lid] = (mark, self.clock())
             else:
                 log.warning("syncer: ignoring malformed learner report %s", key)
 
@@ -284,9 +289,17 @@ class Syncer(Intake):
         self._live_prev = live
 
     def live_learners(self) -> list[dict[str, Any]]:
-        """Learners whose report is fresh (a missed heartbeat or five means dead) and not final."""
-        now, timeout = self.wall(), max(3.0, 5 * self.cfg.train.heartbeat_every_s)
-        return [r for r in self.learners.values() if not r.get("final") and now - r["time"] < timeout]
+        """Learners whose report changed recently (five missed heartbeats mean dead) and is not final.
+
+        Judged on this syncer's own clock only: when it *saw* a report change, never the report's `time`,
+        which the learner's host wrote with its own clock (a host whose clock runs 30 s behind would never
+        look live, and with every learner behind no round would ever open)."""
+        now, timeout = self.clock(), max(3.0, 5 * self.cfg.train.heartbeat_every_s)
+        return [
+            r
+            for lid, r in self.learners.items()
+            if not r.get("final") and lid in self.heard and now - self.heard[lid][1] < timeout
+        ]
 
     def xi_step(self) -> float:
         times = [r["step_time_ema"] for r in self.live_learners() if r.get("step_time_ema")]
