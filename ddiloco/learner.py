@@ -8,9 +8,10 @@ Design choices:
   (the global version received) and an anchor copy of the tensors, so an answer is a delta against the anchor.
 - Token accounting is exact on the learner side: for every fragment, tokens processed by this incarnation =
   merged + discarded + outstanding (c_tokens). An answer is credited as merged only when the syncer's status
-  names this incarnation among the round's contributors; everything else a new version overwrites is
-  discarded. The report (heartbeat) is written *before* each upload so a crash between the two cannot make
-  the syncer merge tokens the reports never mention.
+  or round record (`RoundRecords`) names this incarnation among the round's contributors; everything else a
+  new version overwrites is discarded. A fragment is not overwritten while its pending answer's fate is
+  unknown. The report (heartbeat) is written *before* each upload, and reports are written in order
+  (`ReportWriter`), so a crash cannot make the syncer merge tokens the reports never mention.
 - A learner never publishes from a random init: it waits for global version 0 and overwrites its params
   with the current globals before its first step (after restoring its own checkpoint, if any).
 - Trust (`ddiloco.signing`): uploads and checkpoints are signed, every global, shard and checkpoint read is
@@ -59,6 +60,8 @@ from ddiloco.globalmodel import latest_version, read_global, read_layout
 from ddiloco.hostname import host_name
 from ddiloco.learner_io import (
     CheckpointWriter,
+    ReportWriter,
+    RoundRecords,
     StatusPoller,
     next_incarnation,
     pack_update,
@@ -160,6 +163,7 @@ class Learner:
         self.started_at = time.time()
         self.joined_at: float | None = None
         self.incarnation = next_incarnation(store, learner_id, self.started_at)
+        self.reports = ReportWriter(store, wire.report_key(learner_id, self.incarnation))
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         self._lock = threading.Lock()
@@ -170,6 +174,7 @@ class Learner:
         self.uploads: list[Future] = []
         self._report_future: Future | None = None
         self._answered: set[int] = set()
+        self.rounds = RoundRecords(store)  # the syncer's word on rounds of pending answers
         self.rejected_globals: Counter[str] = Counter()
         self.rejected_updates: Counter[str] = Counter()
         self._bad_globals: set[tuple[int, int]] = set()
@@ -273,11 +278,14 @@ class Learner:
         self.metrics.discarded_tokens.inc(discarded / P)
 
     def _credited(self, status: dict, p: int, round_: int, version: int) -> bool:
-        me = wire.contributor(self.learner_id, self.incarnation)
-        for m in status.get("merged", []):
-            if m["round"] == round_ and m["fragment_id"] == p and m["version"] <= version:
-                return me in m["contributors"]
-        return False
+        m = self.rounds.merge_of(status, round_, p, version)
+        return m is not None and wire.contributor(self.learner_id, self.incarnation) in m["contributors"]
+
+    def _fate_known(self, status: dict, p: int) -> bool:
+        """False while p's pending answer is in a round not known to be merged: applying a version would
+        settle its tokens before the syncer's word (an open round, or a closed one whose record is read)."""
+        pend = self.frags[p].pending
+        return pend is None or self.rounds.decided(status, pend["round"])
 
     def _first_global(self, p: int, latest: int) -> tuple[int, dict[str, torch.Tensor]]:
         """The newest version ≤ latest of fragment p that verifies (a learner must start from a real one)."""
@@ -310,9 +318,13 @@ class Learner:
 
     def _sync_fragments(self, status: dict) -> None:
         """Apply finished downloads, start new ones, settle answers whose round closed without a merge."""
+        pending = {fs.pending["round"]: fs for fs in self.frags if fs.pending is not None}
+        for s in self.rounds.follow(self.pool, status, pending):
+            # Closed without merging us: the tokens stay outstanding for the next answer.
+            pending[s].pending = None
         for p, fut in list(self.downloads.items()):
-            if not fut.done():
-                continue
+            if not fut.done() or not self._fate_known(status, p):
+                continue  # a version waits until the fate of the answer it would settle is known
             del self.downloads[p]
             try:
                 version, tensors = fut.result()
@@ -327,8 +339,6 @@ class Learner:
                 self._apply(p, version, tensors, status=status)
         self._read_notices(status)
         versions = status.get("versions", {})
-        open_rounds = {r["round"] for r in status.get("open_rounds", [])}
-        merged_rounds = {m["round"] for m in status.get("merged", [])}
         for p, fs in enumerate(self.frags):
             v = int(versions.get(str(p), fs.anchor))
             self.metrics.staleness.labels(learner_id=self.metrics.learner_id, fragment=str(p)).set(
@@ -336,12 +346,6 @@ class Learner:
             )
             if v > fs.anchor and p not in self.downloads and (p, v) not in self._bad_globals:
                 self.downloads[p] = self.pool.submit(self._download, p, v)
-            pend = fs.pending
-            if pend is not None and pend["round"] not in open_rounds and pend["round"] not in merged_rounds:
-                if pend["round"] < status.get("next_round", 0):
-                    fs.pending = (
-                        None  # closed without merging us: tokens stay outstanding for the next answer
-                    )
 
     def _read_notices(self, status: dict) -> None:
         """The syncer's rejections of this incarnation's answers: log, count, and drop the pending answer
@@ -389,7 +393,7 @@ class Learner:
     def _upload(self, p: int, s: int, snap: HostSnapshot, header: dict, report: dict) -> None:
         blob = pack_update(snap, self.cfg.diloco.codec, header, self.key)
         try:
-            self.store.put_json(wire.report_key(self.learner_id, self.incarnation), report)
+            self.reports.write(report)  # or a newer one is stored already, which names this answer too
             self.store.put(wire.update_key(p, s, self.learner_id, self.incarnation), blob)
         except StoreError as e:
             with self._lock:
@@ -426,17 +430,14 @@ class Learner:
     def _put_report(self, final: bool = False, reason: str | None = None) -> None:
         report = self._report(final, reason)
         try:
-            self.store.put_json(wire.report_key(self.learner_id, self.incarnation), report)
+            self.reports.write(report)
         except StoreError as e:
             log.warning("learner %d: report not written (%s)", self.learner_id, e)
 
     def _report_async(self) -> None:
         self.metrics.store_retries.set(self.store.stats.retries)
         if self._report_future is None or self._report_future.done():
-            report = self._report()
-            self._report_future = self.pool.submit(
-                self.store.put_json, wire.report_key(self.learner_id, self.incarnation), report
-            )
+            self._report_future = self.pool.submit(self.reports.write, self._report())
 
     def _checkpoint_async(self) -> None:
         """Snapshot at this step boundary into host buffers (asynchronous on CUDA); an I/O thread writes it."""
@@ -543,13 +544,20 @@ class Learner:
             except Exception as e:  # the upload thread already logged its own store errors
                 log.debug("upload ended with %s", e)
         if reason == "done":
-            # The run is over: answers the final status names as merged are credited, the rest is discarded.
+            # The run is over: answers the final status or their round record names as merged are credited,
+            # the rest is discarded.
             try:
                 self.poller.poll_once()
             except StoreError:
                 pass
             status = self.poller.latest or {}
             for p, fs in enumerate(self.frags):
+                if not self._fate_known(status, p):  # merged too long ago for the status to list it?
+                    try:
+                        self.rounds.read(fs.pending["round"])
+                    except StoreError as e:  # the final report keeps it pending: the summary settles it
+                        log.warning("learner %d: answer left pending (%s)", self.learner_id, e)
+                        continue
                 credited = fs.pending is not None and self._credited(status, p, fs.pending["round"], 1 << 62)
                 if credited:
                     fs.merged_tokens += fs.pending["tokens"]

@@ -6,6 +6,12 @@ Design choices:
 - A checkpoint is snapshotted at a step boundary into host buffers (`ddiloco.accel.HostCopier`: pinned and
   asynchronous on CUDA) and written by an I/O thread, which rebuilds a parameter-less model on the meta
   device around the host tensors: no random init, no second copy of the model, nothing on the loop.
+- Reports are built on the loop (numbered by `seq`) and written by I/O threads through one `ReportWriter`:
+  one write at a time, never an older report over a newer one. An answer's report is written before its
+  update, so the store's report always names every answer the syncer may merge.
+- Whether an answer was merged is the syncer's round record (what `ddiloco.summary` reads). The status
+  lists only the last 8P+16 merges; `RoundRecords` reads the record of a closed round it no longer lists
+  (a learner stopped for longer misses its own merge), on the I/O pool.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Collection
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -50,6 +57,91 @@ def sample_history(
         if len(history) > HISTORY_POINTS:
             history[:] = history[:-1:2] + history[-1:]
     return list(history)
+
+
+class ReportWriter:
+    """Writes one incarnation's report from any I/O thread: one write at a time, newest `seq` wins. A report
+    older than the one last written is dropped, so a slow heartbeat can never overwrite the report an answer
+    was uploaded after (which names that answer as pending) and hide merged tokens from every report."""
+
+    def __init__(self, store: Store, key: str) -> None:
+        self.store, self.key = store, key
+        self._lock = threading.Lock()
+        self.written_seq = 0
+
+    def write(self, report: dict[str, Any]) -> bool:
+        """Write `report` unless a newer one is already stored (False); a store error is raised."""
+        with self._lock:
+            if report["seq"] <= self.written_seq:
+                return False
+            self.store.put_json(self.key, report)
+            self.written_seq = report["seq"]
+            return True
+
+
+class RoundRecords:
+    """The syncer's merges of rounds this learner has pending answers to: the status's recent `merged` list,
+    and round records read from the store for closed rounds the status no longer lists. Used by the loop
+    thread only; the I/O pool just fetches."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.known: dict[int, dict[str, Any]] = {}  # round -> its merge, as the status lists one
+        self._reads: dict[int, Future] = {}
+
+    def _fetch(self, round_: int) -> dict[str, Any] | None:
+        rec = self.store.get_json_or_none(wire.round_record_key(round_))
+        if rec is None:
+            return None
+        return {"round": round_, "fragment_id": rec["fragment_id"], "version": rec["version"],
+                "contributors": list(rec["contributors"])}  # fmt: skip
+
+    def read(self, round_: int) -> dict[str, Any] | None:
+        """Read the round's record into `known` now; None if it has none (it never merged). May raise
+        StoreError."""
+        merge = self._fetch(round_)
+        if merge is not None:
+            self.known[round_] = merge
+        return merge
+
+    def merge_of(self, status: dict, round_: int, p: int, version: int) -> dict[str, Any] | None:
+        """The merge of `round_` (fragment p) into a version ≤ `version`, if the status or a record shows one."""
+        for m in [*status.get("merged", []), self.known.get(round_)]:
+            if m is not None and m["round"] == round_ and m["fragment_id"] == p and m["version"] <= version:
+                return m
+        return None
+
+    def decided(self, status: dict, round_: int) -> bool:
+        """Whether the status or a record read so far shows the round merged (with this learner or not)."""
+        return round_ in self.known or any(m["round"] == round_ for m in status.get("merged", []))
+
+    def follow(self, pool: ThreadPoolExecutor, status: dict, pending: Collection[int]) -> list[int]:
+        """Start or collect record reads for pending rounds that closed unlisted; returns those found without
+        a record (closed without a merge). Forgets rounds no longer pending."""
+        self.known = {s: m for s, m in self.known.items() if s in pending}
+        self._reads = {s: f for s, f in self._reads.items() if s in pending}
+        open_rounds = {r["round"] for r in status.get("open_rounds", [])}
+        unmerged = []
+        for s in pending:
+            if self.decided(status, s) or s in open_rounds or s >= status.get("next_round", 0):
+                continue
+            fut = self._reads.get(s)
+            if fut is None:
+                self._reads[s] = pool.submit(self._fetch, s)
+                continue
+            if not fut.done():
+                continue
+            del self._reads[s]
+            try:
+                merge = fut.result()
+            except StoreError as e:
+                log.warning("round record %d unreadable (%s); will retry", s, e)
+                continue
+            if merge is None:
+                unmerged.append(s)
+            else:
+                self.known[s] = merge
+        return unmerged
 
 
 class StatusPoller(threading.Thread):

@@ -199,10 +199,22 @@ METRIC_NAMES = frozenset(
 
 
 def serve(registry: CollectorRegistry, port: int | None, host: str = "0.0.0.0") -> int | None:
-    """Serve /metrics on host:port (None: off). Returns the bound port."""
+    """Serve /metrics on host:port (None: off). Returns the bound port, or None when the port cannot be bound:
+    metrics are never worth a training process (a port taken by another program would otherwise fail every
+    restart of the role the same way); the error is logged with what to change."""
     if port is None:
         return None
-    server, _ = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        log.error(
+            "metrics: cannot serve /metrics on %s:%d (%s); training goes on without it. Free the port or pass "
+            "another --metrics-port",
+            host,
+            port,
+            e,
+        )
+        return None
     bound = server.server_address[1]
     log.info("metrics on http://%s:%d/metrics", host, bound)
     return bound

@@ -1,5 +1,8 @@
 """Learners and the syncer driven step by step in one process over a memory store: exact and fast."""
 
+from concurrent.futures import Future, wait
+
+import pytest
 import torch
 
 from ddiloco import wire
@@ -114,3 +117,107 @@ def test_learner_checkpoint_restores_step_optimizer_and_cursor():
     p = next(iter(b.params.values()))
     assert b.opt.state[p]["exp_avg"].abs().sum() > 0
     b._finish("max_steps")
+
+
+def _tick(learner) -> bool:
+    learner.poller.poll_once()
+    return learner.tick()
+
+
+@pytest.mark.parametrize("resume", ["mid_run", "after_done"])
+def test_books_balance_when_a_learner_is_stopped_past_its_merge_leaving_the_status(resume):
+    """Issue 17 item 8: a learner stopped (SIGSTOP) while its answer merges comes back after the status's
+    bounded `merged` list has dropped that round; it must still credit the merged tokens, whether it resumes
+    mid-run or only once the run is done."""
+    store, cfg = _prepared(f"eng-stall-{resume}", "diloco.token_budget=100000000")  # ended by the test
+    syncer = Syncer(store, poll_s=0)
+    learners = [Learner(store, i) for i in range(2)]
+    for learner in learners:
+        learner.start()
+    stalled, other = learners[1], learners[0]
+    for _ in range(2000):  # until the learner to stop has an answer in flight
+        assert not syncer.step()
+        for learner in learners:
+            _tick(learner)
+        p = next((p for p, fs in enumerate(stalled.frags) if fs.pending is not None), None)
+        if p is not None:
+            break
+    assert p is not None
+    pend = stalled.frags[p].pending
+    wait(stalled.uploads)  # its update is in the store: the round is still open and merges it
+    record = wire.round_record_key(pend["round"])
+    for _ in range(20000):  # stopped: neither steps nor reads the status; the other learner goes on
+        assert not syncer.step()
+        _tick(other)
+        if store.exists(record) and all(m["round"] != pend["round"] for m in syncer.merged_recent):
+            break
+    rec = store.get_json(record)
+    assert wire.contributor(1, stalled.incarnation) in rec["contributors"]
+    assert all(m["round"] != pend["round"] for m in syncer.merged_recent), "the status still lists it"
+    if resume == "mid_run":
+        for _ in range(2000):  # until it has applied the version that carries its answer
+            assert not syncer.step()
+            for learner in learners:
+                _tick(learner)
+            if stalled.frags[p].anchor >= rec["version"]:
+                break
+        assert stalled.frags[p].anchor >= rec["version"]
+    syncer.finish()  # the token budget is reached
+    for learner in learners:
+        assert _tick(learner) is False
+        learner._finish("done")
+    s = build_summary(store)
+    assert s["ledger_balanced"], (
+        s["tokens_merged_per_fragment"],
+        s["tokens_merged_by_learners_per_fragment"],
+    )
+    assert s["tokens_processed"] == s["tokens_merged"] + s["tokens_discarded"]
+
+
+class _ManualPool:
+    """An I/O pool whose tasks run only when the test says, in the order it chooses."""
+
+    def __init__(self) -> None:
+        self.tasks: list[tuple[Future, object, tuple]] = []
+
+    def submit(self, fn, *args) -> Future:
+        fut: Future = Future()
+        self.tasks.append((fut, fn, args))
+        return fut
+
+    def run(self, i: int) -> None:
+        fut, fn, args = self.tasks[i]
+        fut.set_result(fn(*args))
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+def test_an_older_heartbeat_landing_after_an_answer_cannot_hide_it_from_the_books():
+    """Issue 17 item 8: the heartbeat and the answer's report are written by different I/O threads. If the
+    older heartbeat lands last and the learner then dies, its last report must still name the answer."""
+    store, cfg = _prepared("eng-report-order")
+    syncer = Syncer(store, poll_s=0)
+    learner = Learner(store, 0)
+    learner.start()
+    learner._stop.set()  # no poller thread: the test reads the status itself
+    learner.pool = pool = _ManualPool()
+    assert not syncer.step() and syncer.open, "the syncer opened a round"
+    learner.poller.poll_once()
+    learner.step()
+    learner._report_async()  # a heartbeat, built first ...
+    learner._answer_rounds(learner.poller.latest)  # ... then an answer: its report, then its update
+    assert len(pool.tasks) == 2
+    pool.run(1)  # the answer's I/O thread finishes first,
+    pool.run(0)  # the heartbeat's last
+    for _ in range(5):
+        syncer.step()
+    assert syncer.rounds_merged == 1
+    # The learner dies here (SIGKILL): the books are its last report and the syncer's ledger.
+    report = store.get_json(wire.report_key(0, learner.incarnation))
+    assert report["fragments"][str(syncer.merged_recent[0]["fragment_id"])]["pending"] is not None
+    s = build_summary(store)
+    assert s["ledger_balanced"], (
+        s["tokens_merged_per_fragment"],
+        s["tokens_merged_by_learners_per_fragment"],
+    )

@@ -36,3 +36,22 @@ def test_push_sends_the_task_gauges_to_the_gateway():
 def test_unreachable_gateway_does_not_fail_the_task():
     push_task_metrics("127.0.0.1:9", "prepare", "r1", {"seconds": 1.0})
     push_task_metrics(None, "prepare", "r1", {"seconds": 1.0})
+
+
+def test_a_taken_metrics_port_is_logged_and_training_goes_on(caplog):
+    """A port another program holds must not kill a learner (every restart would fail the same way)."""
+    import socket
+
+    from prometheus_client import CollectorRegistry
+
+    from ddiloco.metrics import serve
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    try:
+        port = holder.getsockname()[1]
+        assert serve(CollectorRegistry(), port, "127.0.0.1") is None
+    finally:
+        holder.close()
+    assert "training goes on without it" in caplog.text
