@@ -1,0 +1,183 @@
+"""The compiled `pretrain` pipeline end to end through the twin (issue 14): prepare → 2 learners ∥ syncer ∥
+chaos → evaluate → SFT → evaluate → report, on a real S3 server (SeaweedFS on loopback), with two chaos
+kills landing after the 5-minute mark of cluster time (time_scale 60: 300 s of Argo time is 5 s here).
+
+What must hold on a real KFP 2.17 cluster, and fails with the YAML ddiloco 0.1.0 compiled (the db5ec2f
+fixture): the run root resolves (the run id is a whole-value placeholder), the kills find their pods (pod
+names from the downward API, not 63-character hostnames), the killed learners are retried with their
+learner id (maxDuration covers the run: the old 300 s refused any retry after 5 minutes), and the report
+exists. The broken YAML fails at its first step; `test_chaos_and_fixture.py` shows how.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddiloco.store import open_store
+from pipelines.compile import compile_pipeline
+from tests.twin import KFP_2_17, Cluster, Twin, stragglers
+
+pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow]
+
+EXTRA_ENV = {"PYTHONPATH": os.environ["TWIN_PYTHONPATH"]} if os.environ.get("TWIN_PYTHONPATH") else {}
+"""TWIN_PYTHONPATH=DIR: the pods import ddiloco from DIR (a second checkout) instead of the installed one."""
+FIXTURE = Path(__file__).parent / "fixtures" / "pretrain-db5ec2f.yaml"
+TIME_SCALE = 60.0
+OLD_MAX_DURATION_S = 300.0  # the db5ec2f YAML's backoffMaxDuration
+NAMESPACE = "team-a"  # a profile namespace: the default prefix must be one its identity may write
+TINY = [
+    "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.seq_len=32", "train.batch_size=4",
+    "data.synthetic_docs=600", "data.synthetic_entities=8", "diloco.fragments=2", "eval.val_batches=2",
+    "train.checkpoint_every_s=1", "train.threads=1", "sft.steps=20",
+]  # fmt: skip
+KILLS_AT_S = (8.0, 12.0)  # real seconds after prepare: 480 s and 720 s of cluster time, past 300 s
+
+
+def twin_and_args(yaml_path: Path, s3, work: Path, token_budget: int) -> tuple[Twin, dict]:
+    chaos = {"events": [{"kind": "kill_learner", "learner": i, "at_s": t} for i, t in enumerate(KILLS_AT_S)]}
+    cluster = Cluster(
+        namespace=NAMESPACE,
+        secrets={"mlpipeline-minio-artifact": {"accesskey": s3.access_key, "secretkey": s3.secret_key}},
+    )
+    twin = Twin(
+        yaml_path, work, cluster=cluster, workflow_defaults=KFP_2_17, time_scale=TIME_SCALE, timeout_s=420,
+        env={"OMP_NUM_THREADS": "1", **EXTRA_ENV},
+    )  # fmt: skip
+    args = {
+        "recipe": "tiny-cpu", "overrides": TINY, "learners": 2, "token_budget": token_budget,
+        "chaos": json.dumps(chaos), "store_bucket": s3.bucket, "s3_endpoint": s3.endpoint.split("://")[-1],
+    }  # fmt: skip
+    return twin, args
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> Path:
+    return compile_pipeline("pretrain", tmp_path_factory.mktemp("twin-compiled") / "pretrain.yaml")
+
+
+@pytest.fixture(scope="module")
+def pretrain_run(s3_server, compiled, tmp_path_factory):
+    twin, args = twin_and_args(compiled, s3_server, tmp_path_factory.mktemp("twin-pretrain"), 600_000)
+    return twin.run(args), s3_server
+
+
+def test_the_pipeline_runs_end_to_end_and_writes_where_the_profile_may(pretrain_run):
+    run, s3 = pretrain_run
+    assert run.phase == "Succeeded", run.explain()
+    for name in ("prepare", "syncer", "chaos", "evaluate", "sft", "evaluate-2", "report"):  # task keys
+        assert run.task(name).phase == "Succeeded", (name, run.explain())
+    root = f"s3://{s3.bucket}/private/{NAMESPACE}/ddiloco/{run.run_id}"
+    store = open_store(root, env=s3.env())
+    assert store.get_json("config.json")["run_id"] == run.run_id
+    assert (
+        store.exists("done.json")
+        and store.exists("final/model.safetensors")
+        and store.exists("sft/meta.json")
+    )
+    assert stragglers(run.run_id) == []
+
+
+def test_kills_after_the_five_minute_mark_find_their_pods_and_are_retried_with_the_same_learner_id(
+    pretrain_run,
+):
+    run, s3 = pretrain_run
+    learners = sorted(
+        run.find("learner"), key=lambda t: t.executor_input["inputs"]["parameterValues"]["learner_id"]
+    )
+    assert len(learners) == 2
+    for lid, task in enumerate(learners):
+        first, *retries = task.attempts
+        assert first.phase == "Error" and first.message == "pod deleted", run.explain()
+        # The kill landed after the old YAML's maxDuration: a 300 s window would have refused this retry.
+        assert first.finished_cluster - first.started_cluster > OLD_MAX_DURATION_S, (
+            first.started_cluster,
+            first.finished_cluster,
+        )
+        assert retries and retries[-1].phase == "Succeeded", run.explain()
+        assert task.executor_input["inputs"]["parameterValues"]["learner_id"] == lid
+        # The pod name the learner reported is the pod's, not its 63-character hostname.
+        assert len(first.pod_name) > 63 and first.hostname == first.pod_name[:63].rstrip("-.")
+        assert all(a.env["DDILOCO_POD_NAME"] == a.pod_name for a in task.attempts)
+    root = f"s3://{s3.bucket}/private/{NAMESPACE}/ddiloco/{run.run_id}"
+    store = open_store(root, env=s3.env())
+    for lid in range(len(learners)):
+        incarnations = {
+            k.split("/")[2] for k in store.list(f"learners/{lid:03d}/") if k.endswith("report.json")
+        }
+        assert len(incarnations) >= 2, (lid, incarnations)  # the retried pod came back as learner lid
+    fired = [store.get_json(k) for k in store.list("chaos/k8s/")]
+    kills = [r for r in fired if r.get("kind") == "kill_learner"]
+    assert len(kills) == 2 and all(r["action"] == "deleted pod" for r in kills), kills
+    assert {r["pod"] for r in kills} == {
+        learners[0].attempts[0].pod_name,
+        learners[1].attempts[0].pod_name,
+    }
+
+
+def test_the_report_is_produced(pretrain_run):
+    run, _ = pretrain_run
+    report = run.task("report")
+    html = Path(report.artifacts["html"]["uri"])
+    assert "<html" in html.read_text().lower()
+    assert Path(report.artifacts["markdown"]["uri"]).read_text().strip()
+
+
+# --- each defect of the YAML ddiloco 0.1.0 compiled, put back alone: the same run fails ----------------------
+def test_the_yaml_ddiloco_0_1_0_compiled_fails_at_its_first_step(s3_server, tmp_path):
+    """The db5ec2f YAML: `store` embeds {{$.pipeline_job_uuid}}, which the driver resolves only as a whole
+    value; prepare gets the literal and fails, and nothing else runs (KFP 2.17 does not retry it)."""
+    twin, args = twin_and_args(FIXTURE, s3_server, tmp_path, 600_000)
+    args["store_prefix"] = "ddiloco"  # its own default; it had no {namespace}
+    run = twin.run(args)
+    assert run.phase == "Failed"
+    prep = run.task("prepare")
+    assert prep.phase == "Failed" and "{{$.pipeline_job_uuid}}" in prep.attempts[0].log.read_text()
+    assert all(t.phase == "Omitted" for t in run.find("learner") + run.find("syncer"))
+    assert stragglers(run.run_id) == []
+
+
+def test_with_the_old_300s_max_duration_kills_after_five_minutes_are_not_retried(
+    s3_server, compiled, tmp_path
+):
+    """Argo counts maxDuration from the first attempt's start (operator.go, processNodeRetries)."""
+    old = tmp_path / "pretrain-300s.yaml"
+    old.write_text(compiled.read_text().replace("backoffMaxDuration: 259200s", "backoffMaxDuration: 300s"))
+    twin, args = twin_and_args(old, s3_server, tmp_path / "run", 600_000)
+    with twin.start(args) as ex:
+        run = ex.wait_until(
+            lambda r: (
+                len(r.find("learner")) == 2 and all(t.phase in ("Error", "Failed") for t in r.find("learner"))
+            ),
+            90,
+        )
+        for task in run.find("learner"):
+            assert [a.message for a in task.attempts] == ["pod deleted"], run.explain()
+            assert "Max duration limit exceeded" in task.reason, task.reason
+    assert stragglers(run.run_id) == []
+
+
+def test_with_hostnames_instead_of_pod_names_the_kills_find_no_pod(s3_server, compiled, tmp_path):
+    """Every learner's hostname is the same 63-character prefix of its pod name, which names no pod."""
+    spec = list(yaml.safe_load_all(compiled.read_text()))
+    for ex in spec[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values():
+        ex["fieldPathAsEnv"] = [e for e in ex.get("fieldPathAsEnv", []) if e["name"] != "DDILOCO_POD_NAME"]
+    old = tmp_path / "pretrain-hostname.yaml"
+    old.write_text(yaml.safe_dump_all(spec, sort_keys=False))
+    twin, args = twin_and_args(old, s3_server, tmp_path / "run", 600_000)
+    with twin.start(args) as ex:
+        # both kills are due by 12 s after prepare; give the chaos step time to try them
+        run = ex.wait_until(lambda r: r.task("chaos").attempts[0].started_real is not None, 90)
+        time.sleep(KILLS_AT_S[-1] + 8)
+        with ex.lock:
+            learners = run.find("learner")
+            assert len(learners) == 2 and all(len(t.attempts) == 1 for t in learners), run.explain()
+            hosts = {t.attempts[0].hostname for t in learners}
+            assert len(hosts) == 1, hosts  # both learners report the same truncated hostname
+            assert not [r for r in run.api_requests if r["method"] == "DELETE"], "no pod was deletable"
+    assert stragglers(run.run_id) == []
