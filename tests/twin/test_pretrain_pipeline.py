@@ -181,3 +181,35 @@ def test_with_hostnames_instead_of_pod_names_the_kills_find_no_pod(s3_server, co
             assert len(hosts) == 1, hosts  # both learners report the same truncated hostname
             assert not [r for r in run.api_requests if r["method"] == "DELETE"], "no pod was deletable"
     assert stragglers(run.run_id) == []
+
+
+# --- the exit handler: failed and terminated runs get their report, and nothing is left running -----------
+def test_a_failed_run_still_gets_its_report(s3_server, compiled, tmp_path):
+    twin, args = twin_and_args(compiled, s3_server, tmp_path, 600_000)
+    args["recipe"] = "no-such-recipe"  # prepare fails with a one-line error (exit 2, not retried)
+    run = twin.run(args)
+    assert run.phase == "Failed" and run.task("prepare").phase == "Failed", run.explain()
+    report = run.task("report")
+    assert report.phase == "Succeeded", run.explain()
+    text = Path(report.artifacts["markdown"]["uri"]).read_text()
+    assert "incomplete" in text and "| prepared (config.json) | no |" in text
+    assert "<html" in Path(report.artifacts["html"]["uri"]).read_text()
+    assert stragglers(run.run_id) == []
+
+
+def test_terminate_stops_every_pod_and_still_reports(s3_server, compiled, tmp_path):
+    """KFP's Terminate sets activeDeadlineSeconds 0: Argo kills running pods, retries nothing, and still
+    runs exit hooks (the twin's engine cites the sources)."""
+    twin, args = twin_and_args(compiled, s3_server, tmp_path, 600_000)
+    args["chaos"] = ""
+    with twin.start(args) as ex:
+        ex.wait_until(lambda r: r.task("syncer").attempts[0].started_real is not None, 90)
+        time.sleep(5)  # learners and syncer training
+        ex.terminate()
+        run = ex.wait(120)
+    assert run.terminated and run.phase == "Failed", run.explain()
+    for task in run.find("learner") + run.find("syncer"):
+        assert len(task.attempts) == 1 and task.attempts[0].phase in ("Failed", "Error"), run.explain()
+    report = run.task("report")
+    assert report.phase == "Succeeded" and Path(report.artifacts["html"]["uri"]).is_file(), run.explain()
+    assert stragglers(run.run_id) == []
