@@ -4,6 +4,8 @@ memory://NAME[/prefix]     in-process (tests, single-process runs)
 file:///abs/dir            a directory, shared by processes on one machine or a shared volume;
                            a plain path (absolute or relative) means the same
 s3://bucket[/prefix]       any S3 endpoint (MinIO, SeaweedFS, AWS); settings from DDILOCO_S3_* env vars
+
+Every store has `create(key, data) -> bool`, an atomic write-once (see base.Store.create).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from ddiloco.store.base import (
+    AtomicCreateUnsupported,
     NotFound,
     ObjectTooLarge,
     Store,
@@ -31,6 +34,7 @@ from ddiloco.store.retry import RetryPolicy, call_with_retry
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "AtomicCreateUnsupported",
     "FileStore",
     "MemoryStore",
     "NotFound",

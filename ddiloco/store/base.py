@@ -4,7 +4,8 @@ Design choices:
 - Keys are '/'-separated relative paths with a small character set, so the same key is a valid file path, a
   valid S3 object name and a valid Prometheus-safe label; anything else is a programming error (ValueError).
 - The public methods live here and do validation, prefixing and counting once; a backend implements five
-  raw operations (`_put`, `_get`, `_exists`, `_list`, `_delete`) on *full* keys relative to its own root.
+  raw operations (`_put`, `_get`, `_exists`, `_list`, `_delete`) and `_create` on *full* keys relative to its
+  own root.
   That is what makes `child()` cheap: a child is a shallow copy with a longer prefix, sharing the backend's
   connection and the same `StoreStats` object.
 - `list(prefix)` matches whole path segments: `list("updates/3")` returns keys under `updates/3/`, never
@@ -12,6 +13,12 @@ Design choices:
 - Errors a caller can act on are distinct types: `NotFound` (absent key), `StoreUnavailable` (transient,
   retries exhausted: keep going and try later), `StoreConfigError` (the user must fix something; the message
   is one line saying what), `ObjectTooLarge` (refuse to read an oversized, likely hostile, object).
+- `create` is the one write that is conditional: write-once, atomic on every backend that can do it (memory:
+  under its lock; file: hard link of a complete temp file; S3: `If-None-Match: *`). It is how racing
+  processes claim something exactly once. A backend that retried a create after an ambiguous failure (the
+  first attempt may have landed) and then finds the object already there compares the stored bytes with its
+  own: identical means it was this call's write, so True. Claimants should therefore write content unique
+  to themselves (an incarnation id, a random nonce): then True is exact even across retries.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "AtomicCreateUnsupported",
     "NotFound",
     "ObjectTooLarge",
     "Store",
@@ -59,6 +67,12 @@ class ObjectTooLarge(StoreError):
 
 class StoreConfigError(StoreError):
     """Misconfiguration the user must fix (URL, credentials, bucket, permissions); the message says how."""
+
+
+class AtomicCreateUnsupported(StoreConfigError):
+    """`create` cannot be atomic here: raised for an S3 endpoint without conditional PUT only when the caller
+    asked for `strict=True` (else a warned, racy fallback), and always for a file system without hard links
+    (there is no safe fallback)."""
 
 
 _SEGMENT_RE = re.compile(r"[A-Za-z0-9._=-]+")
@@ -105,6 +119,10 @@ class StoreStats:
     lists: int = 0
     deletes: int = 0
     heads: int = 0
+    creates: int = 0
+    """create() calls, whatever their outcome (a successful one also counts in bytes_written)."""
+    create_conflicts: int = 0
+    """create() calls that found the key taken and returned False."""
     retries: int = 0
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -151,6 +169,11 @@ class Store(abc.ABC):
     def _delete(self, full_key: str) -> None:
         """Delete the object; do nothing if it does not exist."""
 
+    @abc.abstractmethod
+    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+        """Write the object only if the key is free, atomically; True if this call wrote it. `strict`: raise
+        AtomicCreateUnsupported rather than fall back to a racy create where atomicity is impossible."""
+
     def check(self) -> None:
         """Fail fast with StoreConfigError if the store cannot be used (missing bucket, bad credentials...)."""
         return None  # nothing to check for in-process stores
@@ -170,11 +193,42 @@ class Store(abc.ABC):
 
     def put(self, key: str, data: bytes) -> None:
         """Write the object atomically: a reader sees the previous object, the whole new one, or nothing."""
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"store put({key!r}) needs bytes, got {type(data).__name__}")
-        data = bytes(data)
+        data = _as_bytes("put", key, data)
         self._put(self._full(key), data)
         self.stats.add(puts=1, bytes_written=len(data))
+
+    def create(self, key: str, data: bytes, *, strict: bool = False) -> bool:
+        """Write the object only if no object exists at `key`, atomically (write-once).
+
+        Returns True if this call created it, False if the key was already taken (that object is left
+        untouched). Of any number of racing callers, in threads or processes, exactly one gets True. Readers
+        never see a partial object. Where the backend cannot do it atomically (an S3 endpoint that ignores
+        `If-None-Match`), it logs one warning and falls back to a racy exists-then-put, or raises
+        AtomicCreateUnsupported if `strict`. See the module docstring for retries (write unique content).
+        A caller that retries create itself after StoreUnavailable should do the same: on False, compare
+        `get(key)` with its own bytes, since the failed call may have created the object.
+        """
+        data = _as_bytes("create", key, data)
+        created = self._create(self._full(key), data, strict)
+        if created:
+            self.stats.add(creates=1, bytes_written=len(data))
+        else:
+            self.stats.add(creates=1, create_conflicts=1)
+        return created
+
+    def _holds(self, full_key: str, data: bytes) -> bool:
+        """Whether the object at `full_key` is exactly `data`: how a backend settles a create it retried
+        after an ambiguous failure and then found taken (identical bytes: it was that call's own write)."""
+        try:
+            existing = self._get(full_key, len(data))
+        except (NotFound, ObjectTooLarge):
+            return False
+        if existing != data:
+            return False
+        logger.info(
+            "create %s: a retried attempt found its own bytes there; counting it as created", full_key
+        )
+        return True
 
     def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
         """Read the object; NotFound if absent, ObjectTooLarge (body unread) if larger than max_bytes."""
@@ -212,6 +266,10 @@ class Store(abc.ABC):
     def put_json(self, key: str, obj: Any) -> None:
         self.put(key, json.dumps(obj, ensure_ascii=False).encode("utf-8"))
 
+    def create_json(self, key: str, obj: Any, *, strict: bool = False) -> bool:
+        """`create` of a JSON document: True if this call created it, False if the key was taken."""
+        return self.create(key, json.dumps(obj, ensure_ascii=False).encode("utf-8"), strict=strict)
+
     def get_json(self, key: str, *, max_bytes: int = 1 << 20) -> Any:
         """Read and parse a JSON object; NotFound if absent, StoreError naming the key if it is not JSON."""
         data = self.get(key, max_bytes=max_bytes)
@@ -245,3 +303,9 @@ class Store(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+def _as_bytes(op: str, key: str, data: object) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"store {op}({key!r}) needs bytes, got {type(data).__name__}")
+    return bytes(data)

@@ -6,6 +6,11 @@ Design choices:
   process, thread and call, so concurrent writers never share a temp file, and `list` never shows them.
 - fsync is off by default: a lost write after a machine crash is equivalent to a learner dying before it
   wrote, which the protocol already tolerates; turn it on for a store that must survive power loss.
+- Atomic create (write-once): the same complete temp file, then `os.link(tmp, final)`, which fails with
+  EEXIST if anything is there, and the temp is unlinked either way. The final name only ever appears with
+  all its bytes, and of racing creators (threads, processes, NFS clients) exactly one link succeeds. A file
+  system without hard links raises AtomicCreateUnsupported (there is no safe fallback). A create retried
+  after a transient errno that finds the key taken compares bytes (see base.Store.create).
 - Deleting a key prunes the directories it leaves empty, so a deleted `a/b/c` does not block a later `a/b`
   (as on S3). A writer racing with that pruning recreates the directory and tries again.
 - Errors: EIO/ESTALE/EAGAIN/... (network file systems) are retried under the RetryPolicy and end as
@@ -26,6 +31,7 @@ from typing import TypeVar
 
 from ddiloco.store.base import (
     TEMP_NAME_RE,
+    AtomicCreateUnsupported,
     NotFound,
     ObjectTooLarge,
     Store,
@@ -45,6 +51,8 @@ _TRANSIENT_ERRNOS = frozenset(
     {errno.EIO, errno.EAGAIN, errno.EBUSY, errno.ESTALE, errno.ETIMEDOUT, errno.ECONNRESET, errno.ENOLCK}
 )
 _RACE_ATTEMPTS = 8  # how often put re-creates a directory that a concurrent delete pruned
+# os.link on a file system without hard links (FAT, some FUSE and SMB mounts)
+_NO_LINK_ERRNOS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -114,27 +122,10 @@ class FileStore(Store):
 
     def _put_once(self, full_key: str, path: Path, data: bytes) -> None:
         for _ in range(_RACE_ATTEMPTS):
+            tmp = self._write_temp("put", full_key, path, data)
+            if tmp is None:
+                continue
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except (FileExistsError, NotADirectoryError) as exc:
-                if self._parent_is_object(path):
-                    raise StoreError(
-                        f"cannot put {self._where(full_key)}: a parent of it is an object"
-                    ) from exc
-                continue  # a concurrent delete pruned the directory while mkdir checked it: try again
-            tmp = (
-                path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}"
-            )
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-            except FileNotFoundError:
-                continue  # a concurrent delete pruned the directory between mkdir and open
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    if self._fsync:
-                        f.flush()
-                        os.fsync(f.fileno())
                 self._replace(full_key, tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -144,6 +135,61 @@ class FileStore(Store):
                 self._fsync_dir(path.parent)
             return
         raise StoreError(f"cannot put {self._where(full_key)}: its directory keeps disappearing")
+
+    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+        path = self._path(full_key)
+        attempts = 0
+
+        def once() -> bool:
+            nonlocal attempts
+            attempts += 1
+            return self._create_once(full_key, path, data)
+
+        # A transient errno (NFS) may come after the link landed: a retry then finds the key taken.
+        return self._io("create", path, once) or (attempts > 1 and self._holds(full_key, data))
+
+    def _create_once(self, full_key: str, path: Path, data: bytes) -> bool:
+        for _ in range(_RACE_ATTEMPTS):
+            tmp = self._write_temp("create", full_key, path, data)
+            if tmp is None:
+                continue
+            try:
+                created = self._link(full_key, tmp, path)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            if created is None:
+                continue
+            if created and self._fsync:
+                self._fsync_dir(path.parent)
+            return created
+        raise StoreError(f"cannot create {self._where(full_key)}: its directory keeps disappearing")
+
+    def _write_temp(self, op: str, full_key: str, path: Path, data: bytes) -> Path | None:
+        """Write `data` to a new temp file beside `path`, creating the directory; None when a concurrent
+        delete pruned the directory meanwhile (the caller tries again)."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            if self._parent_is_object(path):
+                raise StoreError(f"cannot {op} {self._where(full_key)}: a parent of it is an object") from exc
+            return None  # a concurrent delete pruned the directory while mkdir checked it
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileNotFoundError:
+            return None  # a concurrent delete pruned the directory between mkdir and open
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                if self._fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return tmp
 
     def _parent_is_object(self, path: Path) -> bool:
         """True if some directory on the way from the root to `path` is a file (a key, not a prefix)."""
@@ -164,6 +210,31 @@ class FileStore(Store):
             except OSError as exc:
                 raise StoreError(f"cannot put {self._where(full_key)}: it is a prefix of other keys") from exc
             os.replace(tmp, path)
+
+    def _link(self, full_key: str, tmp: Path, path: Path) -> bool | None:
+        """Hard-link the complete temp file to `path` unless something is there: True (linked), False (an
+        object is there), None (an empty directory was in the way and is gone now: try again)."""
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno in _NO_LINK_ERRNOS:
+                raise AtomicCreateUnsupported(
+                    f"cannot create {self._where(full_key)}: the file system under {self._root} does not "
+                    f"support hard links ({exc.strerror}), which atomic create needs; use a local disk or NFS"
+                ) from exc
+            raise
+        if not path.is_dir():
+            return False
+        try:  # an empty directory left by a crashed writer or a racing put: the key itself wins, as in put
+            os.rmdir(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot create {self._where(full_key)}: it is a prefix of other keys") from exc
+        return None
 
     def _get(self, full_key: str, max_bytes: int | None) -> bytes:
         path = self._path(full_key)

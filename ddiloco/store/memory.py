@@ -64,19 +64,27 @@ class MemoryStore(Store):
         return f"memory://{self.name}/{full_key}"
 
     def _put(self, full_key: str, data: bytes) -> None:
+        with self._ns.lock:
+            self._put_locked(full_key, data)
+
+    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+        with self._ns.lock:  # the check and the write are one step for every store of this namespace
+            if full_key in self._ns.objects:
+                return False
+            self._put_locked(full_key, data)
+            return True
+
+    def _put_locked(self, full_key: str, data: bytes) -> None:
         ns = self._ns
-        with ns.lock:
-            if ns.dirs.get(full_key):
-                raise StoreError(f"cannot put {self._where(full_key)}: it is a prefix of other keys")
+        if ns.dirs.get(full_key):
+            raise StoreError(f"cannot put {self._where(full_key)}: it is a prefix of other keys")
+        for parent in _parents(full_key):
+            if parent in ns.objects:
+                raise StoreError(f"cannot put {self._where(full_key)}: its parent {parent!r} is an object")
+        if full_key not in ns.objects:
             for parent in _parents(full_key):
-                if parent in ns.objects:
-                    raise StoreError(
-                        f"cannot put {self._where(full_key)}: its parent {parent!r} is an object"
-                    )
-            if full_key not in ns.objects:
-                for parent in _parents(full_key):
-                    ns.dirs[parent] += 1
-            ns.objects[full_key] = data
+                ns.dirs[parent] += 1
+        ns.objects[full_key] = data
 
     def _get(self, full_key: str, max_bytes: int | None) -> bytes:
         with self._ns.lock:

@@ -9,8 +9,9 @@ Design choices:
   max_bytes + 1 bytes when the length is absent), so a hostile object costs one round trip, not a download.
 - The bucket is checked once, lazily, on first use (shared with child stores): a missing bucket or rejected
   credentials become StoreConfigError saying what to set, instead of a NotFound on every key.
-- Transient: connection errors, timeouts, truncated bodies, HTTP 5xx/429 and the SlowDown/RequestTimeout/
-  InternalError family. Everything else fails at once.
+- Transient: connection errors, timeouts, truncated bodies, HTTP 5xx (but 501 Not Implemented)/429 and the
+  SlowDown/RequestTimeout/InternalError/ConditionalRequestConflict family. Everything else fails at once.
+- `create` (write-once, `If-None-Match: *`, probed once per connection) lives in s3_create.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from minio.helpers import MAX_PART_SIZE, check_bucket_name
 
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreConfigError, StoreError, validate_key
 from ddiloco.store.retry import RetryPolicy, call_with_retry
+from ddiloco.store.s3_create import CreateSupport, S3CreateMixin
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ _TRANSIENT_CODES = frozenset(
         "ServiceUnavailable",
         "OperationAborted",
         "XMinioServerNotInitialized",
+        "ConditionalRequestConflict",  # 409 on AWS: a conflicting conditional write is in flight
     }
 )
 _AUTH_CODES = frozenset(
@@ -189,7 +192,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, S3Error) and exc.code in _TRANSIENT_CODES:
         return True
     status = _status(exc)
-    return status is not None and (status >= 500 or status == 429)
+    return status is not None and ((status >= 500 and status != 501) or status == 429)
 
 
 @dataclasses.dataclass
@@ -200,11 +203,14 @@ class _Connection:
     http: urllib3.PoolManager
     settings: S3Settings
     bucket: str
+    root_prefix: str = ""
+    """The store URL's prefix (children add to theirs, not to this)."""
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     bucket_ok: bool = False
+    create: CreateSupport = dataclasses.field(default_factory=CreateSupport)
 
 
-class S3Store(Store):
+class S3Store(S3CreateMixin, Store):
     """Objects in `bucket` under an optional prefix, over any S3-compatible endpoint."""
 
     def __init__(
@@ -235,7 +241,9 @@ class S3Store(Store):
             )
         except ValueError as exc:
             raise _bad_endpoint(settings.endpoint, str(exc)) from exc
-        self._conn = _Connection(client=client, http=http, settings=settings, bucket=bucket)
+        self._conn = _Connection(
+            client=client, http=http, settings=settings, bucket=bucket, root_prefix=self._prefix
+        )
         self._retry = retry if retry is not None else RetryPolicy()
 
     @classmethod

@@ -8,7 +8,8 @@ Design choices:
   full-duplex link: two token buckets of the same rate), and every request pays one round trip (2 × the
   one-way latency): a put waits latency + its transfer before the object lands and latency for the answer;
   a get waits latency for the request, then its transfer and latency for the answer; exists, list and
-  delete pay the round trip only. One `ShapedStore` per process = per learner; its children share the
+  delete pay the round trip only; a create is priced like a put, even when the key is taken (the body went
+  up before the store refused it). One `ShapedStore` per process = per learner; its children share the
   buckets, so concurrent transfers of one learner share its link (first come, first served).
 - The token bucket never busy-waits: a reservation may drive the bucket into debt and returns how long the
   caller must sleep, so later reservations queue behind it. Clock and sleep are injectable (tests).
@@ -237,6 +238,15 @@ class ShapedStore(DelegatingStore):
         self.inner._put(self.inner._full(full_key), data)
         self._wait(self.link.latency)  # the answer comes back
         self.link_stats.add(2 * self.link.latency + transfer, up=len(data))
+
+    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+        """Priced like a put whatever the outcome: the body goes up before the store can refuse it."""
+        transfer = self.up.reserve(len(data)) if self.up else 0.0
+        self._wait(self.link.latency + transfer)
+        created = self.inner._create(self.inner._full(full_key), data, strict)
+        self._wait(self.link.latency)
+        self.link_stats.add(2 * self.link.latency + transfer, up=len(data))
+        return created
 
     def _get(self, full_key: str, max_bytes: int | None) -> bytes:
         self._wait(self.link.latency)

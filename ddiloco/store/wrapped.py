@@ -1,7 +1,12 @@
 """Stores that wrap another store: the base for fault injection and link shaping.
 
 A wrapper shares the inner store's URL and stats and delegates the raw backend operations, so a wrapped
-store behaves exactly like the inner one unless the wrapper decides otherwise.
+store behaves exactly like the inner one unless the wrapper decides otherwise. Counting happens once, in the
+outer store's public method (the inner store's raw operations do not count).
+
+`create` passes straight through to the inner backend, which owns the atomicity and settles its own
+ambiguous retries. A wrapper that refuses an operation (OutageStore) does so before calling the inner store,
+so a refused create has certainly not happened: it raises, and never turns into a wrong False.
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ class DelegatingStore(Store):
     def _delete(self, full_key: str) -> None:
         self.before("delete", full_key)
         self.inner._delete(self.inner._full(full_key))
+
+    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+        self.before("create", full_key)
+        return self.inner._create(self.inner._full(full_key), data, strict)
 
 
 class OutageStore(DelegatingStore):

@@ -1,8 +1,10 @@
-"""S3Store against a real SeaweedFS server (tests/_seaweed.py): the store contract, errors, outages."""
+"""S3Store against a real SeaweedFS server (tests/_seaweed.py): the store contract, errors, outages, and
+write-once creates (If-None-Match: *, its probe and the fallback for endpoints without it)."""
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import socket
 import threading
@@ -15,8 +17,17 @@ from pathlib import Path
 import pytest
 import urllib3
 from minio import Minio
+from minio.error import S3Error
 
-from ddiloco.store import ObjectTooLarge, RetryPolicy, Store, StoreConfigError, StoreUnavailable, open_store
+from ddiloco.store import (
+    AtomicCreateUnsupported,
+    ObjectTooLarge,
+    RetryPolicy,
+    Store,
+    StoreConfigError,
+    StoreUnavailable,
+    open_store,
+)
 from ddiloco.store.s3 import S3Store
 from tests._seaweed import SeaweedServer, seaweed_server
 from tests._store_contract import CONTRACT, ContractCheck
@@ -93,7 +104,8 @@ def test_aws_style_environment_is_accepted(s3_server: SeaweedServer) -> None:
 
 def test_missing_bucket_is_a_config_error_saying_what_to_do(s3_server: SeaweedServer) -> None:
     store = open_store("s3://no-such-bucket-ddiloco/run", env=s3_server.env(), retry=FAST)
-    for op in (lambda: store.put("k", b"v"), lambda: store.get("k"), store.list, store.check):
+    ops = (lambda: store.put("k", b"v"), lambda: store.get("k"), store.list, store.check)
+    for op in (*ops, lambda: store.create("k", b"v")):
         with pytest.raises(StoreConfigError) as info:
             op()
         message = str(info.value)
@@ -191,3 +203,174 @@ def test_list_skips_objects_that_are_not_keys(store: Store, s3_server: SeaweedSe
         client.put_object(s3_server.bucket, f"{prefix}/{name}", io.BytesIO(b"1"), 1)
     store.put("ok/key", b"2")
     assert store.list() == ["ok/key"]
+
+
+# ---- create: If-None-Match: * on SeaweedFS (see ddiloco/store/s3_create.py) ----
+
+
+def _probe_objects(server: SeaweedServer, store: Store) -> list[str]:
+    prefix = store.url.removeprefix(f"s3://{server.bucket}/")
+    client = _raw_client(server)
+    return [o.object_name for o in client.list_objects(server.bucket, f"{prefix}/_probe/", recursive=True)]
+
+
+def test_seaweedfs_refuses_a_second_conditional_put_with_412(store: Store, s3_server: SeaweedServer) -> None:
+    assert isinstance(store, S3Store)
+    assert store.create("lease", b"first") is True
+    assert store._conn.create.atomic is True  # the probe found real support: no fallback
+    assert _probe_objects(s3_server, store) == []  # and cleaned up after itself
+    name = store.url.removeprefix(f"s3://{s3_server.bucket}/") + "/lease"
+    client = _raw_client(s3_server)
+    with pytest.raises(S3Error) as info:
+        client._put_object(s3_server.bucket, name, b"second", {"If-None-Match": "*"})
+    assert info.value.code == "PreconditionFailed" and info.value.response.status == 412
+    assert client.get_object(s3_server.bucket, name).read() == b"first"
+
+
+def test_separate_connections_racing_get_one_winner(s3_server: SeaweedServer) -> None:
+    """Separate connections, as separate learner processes have (the contract race shares one)."""
+    url = s3_server.url(f"race-{uuid.uuid4().hex[:8]}")
+    stores = [open_store(url, env=s3_server.env(), retry=FAST) for _ in range(4)]
+    for n, s in enumerate(stores):
+        assert s.create(f"warm/{n}", b"w")  # each connection probes before the race
+    contents = [f"claimant-{i}".encode() for i in range(4)]
+    barrier = threading.Barrier(4)
+    results: list[bool | None] = [None] * 4
+
+    def claim(i: int) -> None:
+        barrier.wait(timeout=10)
+        results[i] = stores[i].create("claim", contents[i])
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results.count(True) == 1 and results.count(False) == 3, results
+    assert stores[0].get("claim") == contents[results.index(True)]
+
+
+def _after_probe(store: Store) -> Minio:
+    assert isinstance(store, S3Store)
+    assert store.create("warm-up", b"w")  # the probe runs on the first create
+    return store._conn.client
+
+
+def test_create_retried_after_a_lost_answer_reports_true(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, calls = _after_probe(store), []
+    real = client._put_object
+
+    def landed_then_timed_out(*args, **kwargs):
+        calls.append(args[1])
+        result = real(*args, **kwargs)
+        if len(calls) == 1:
+            raise urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out")
+        return result
+
+    monkeypatch.setattr(client, "_put_object", landed_then_timed_out)
+    before = store.stats.retries
+    assert store.create("lease", b"mine") is True  # the retry met 412 but the bytes are its own
+    assert len(calls) == 2 and store.stats.retries == before + 1
+    assert store.create("lease", b"mine") is False  # a new call, answered at once: taken
+
+
+def test_create_retried_after_a_failure_loses_to_a_racer(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, calls = _after_probe(store), []
+    real = client._put_object
+
+    def failed_while_racer_won(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 1:
+            real(args[0], args[1], b"racer", {"If-None-Match": "*"})
+            raise urllib3.exceptions.ProtocolError("Connection aborted")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client, "_put_object", failed_while_racer_won)
+    assert store.create("lease", b"mine") is False
+    assert store.get("lease") == b"racer"
+
+
+def test_conditional_request_conflict_409_is_retried(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    client, calls = _after_probe(store), []
+    real = client._put_object
+
+    def conflict_once(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 1:
+            raise S3Error(
+                urllib3.HTTPResponse(status=409), "ConditionalRequestConflict", "retry", "/", "r", "h"
+            )
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client, "_put_object", conflict_once)
+    assert store.create("lease", b"mine") is True and store.get("lease") == b"mine"
+    assert len(calls) == 2
+
+
+def test_endpoint_ignoring_if_none_match_is_detected(
+    store: Store, s3_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert isinstance(store, S3Store)
+    client = store._conn.client
+    real = client._put_object
+
+    def ignores_the_header(bucket, name, data, headers=None, *rest):
+        return real(bucket, name, data, {k: v for k, v in (headers or {}).items() if k != "If-None-Match"})
+
+    monkeypatch.setattr(client, "_put_object", ignores_the_header)
+    with caplog.at_level(logging.WARNING, logger="ddiloco.store.s3_create"):
+        assert store.create("lease", b"first") is True  # best effort: exists, then put
+        assert store.create("lease", b"second") is False
+        assert store.child("run").create("x", b"1") is True  # children share the probe's answer
+    assert store.get("lease") == b"first"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and s3_server.endpoint in warnings[0] and "racy" in warnings[0]
+    assert "overwrote" in warnings[0]
+    with pytest.raises(AtomicCreateUnsupported, match="If-None-Match"):
+        store.create("strict-lease", b"x", strict=True)
+    assert not store.exists("strict-lease")
+    assert _probe_objects(s3_server, store) == []
+
+
+def test_endpoint_refusing_if_none_match_is_detected_without_retries(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert isinstance(store, S3Store)
+    client = store._conn.client
+    real = client._put_object
+
+    def refuses_the_header(bucket, name, data, headers=None, *rest):
+        if "If-None-Match" in (headers or {}):
+            raise S3Error(urllib3.HTTPResponse(status=501), "NotImplemented", "no", "/", "r", "h")
+        return real(bucket, name, data, headers, *rest)
+
+    monkeypatch.setattr(client, "_put_object", refuses_the_header)
+    assert store.create("lease", b"first") is True and store.create("lease", b"2") is False
+    assert store._conn.create.atomic is False and "refused" in store._conn.create.reason
+    assert store.stats.retries == 0
+
+
+def test_probe_that_cannot_reach_the_endpoint_decides_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert isinstance(store, S3Store)
+    store.check()
+    client = store._conn.client
+    real = client._put_object
+    down = [True]
+
+    def unreachable(*args, **kwargs):
+        if down[0]:
+            raise urllib3.exceptions.NewConnectionError(None, "connection refused")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client, "_put_object", unreachable)
+    with pytest.raises(StoreUnavailable):
+        store.create("lease", b"x")
+    assert store._conn.create.atomic is None
+    down[0] = False
+    assert store.create("lease", b"x") is True and store._conn.create.atomic is True

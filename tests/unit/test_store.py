@@ -373,6 +373,10 @@ def _s3_error(code: str, status: int) -> S3Error:
         (_s3_error("RequestTimeout", 400), True),
         (_s3_error("NoSuchKey", 404), False),
         (_s3_error("AccessDenied", 403), False),
+        (_s3_error("ConditionalRequestConflict", 409), True),  # a conditional write racing another
+        (_s3_error("PreconditionFailed", 412), False),  # create's "the key is taken": an answer
+        (_s3_error("NotImplemented", 501), False),  # an endpoint without the feature never gains it
+        (ServerError("not implemented", 501), False),
         (ValueError("bug"), False),
     ],
 )
