@@ -17,6 +17,8 @@ Design choices:
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import threading
 import time
 from collections.abc import Collection
@@ -30,6 +32,7 @@ from ddiloco.accel import HostCopier, HostSnapshot
 from ddiloco.checkpoint import load_optimizer_tensors, optimizer_tensors, save_learner_checkpoint
 from ddiloco.compression import encode
 from ddiloco.globalmodel import Layout
+from ddiloco.hostname import host_name
 from ddiloco.model import GPT, configure_optimizer
 from ddiloco.store import Store, StoreError
 
@@ -40,9 +43,15 @@ HISTORY_EVERY_S = 1.0
 
 
 def next_incarnation(store: Store, learner_id: int, started_at: float) -> int:
-    """Claim this start's incarnation number (previous + 1, or 0)."""
+    """Claim this start's incarnation number atomically: the first free number from the pointer's hint on
+    whose write-once claim object (`wire.incarnation_claim_key`, created with `Store.create`) this process
+    wins. Two processes that start as the same learner at once (an Argo retry while the old pod still runs,
+    a person starting one by hand) get different numbers, so their reports and updates never collide."""
     prev = store.get_json_or_none(wire.incarnation_key(learner_id))
     inc = 0 if prev is None else int(prev["incarnation"]) + 1
+    claim = {"started_at": started_at, "host": host_name(), "pid": os.getpid(), "nonce": secrets.token_hex(8)}
+    while not store.create_json(wire.incarnation_claim_key(learner_id, inc), {"incarnation": inc, **claim}):
+        inc += 1  # another start took it (or the hint was stale): the next one
     store.put_json(wire.incarnation_key(learner_id), {"incarnation": inc, "started_at": started_at})
     return inc
 

@@ -87,8 +87,9 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     for lid, entry in per_learner.items():
         # Count started processes, not reports: one killed before its first report still was an incarnation.
         pointer = store.get_json_or_none(wire.incarnation_key(int(lid))) or {"incarnation": -1}
+        claims = len(store.list(wire.incarnation_claim_prefix(int(lid))))
         entry["incarnations"] = max(
-            pointer["incarnation"] + 1, sum(r["learner_id"] == int(lid) for r in reports)
+            pointer["incarnation"] + 1, claims, sum(r["learner_id"] == int(lid) for r in reports)
         )
 
     syncer_per_frag = [led["merged_tokens"] for led in state.get("ledger", [{"merged_tokens": 0}] * P)]

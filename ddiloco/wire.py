@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,7 +83,17 @@ def learner_prefix(learner_id: int) -> str:
 
 
 def incarnation_key(learner_id: int) -> str:
+    """The newest incarnation a learner claimed: a hint for readers (two starts may write it out of order)."""
     return f"{learner_prefix(learner_id)}incarnation.json"
+
+
+def incarnation_claim_key(learner_id: int, incarnation: int) -> str:
+    """Write-once claim of one incarnation number (Store.create): exactly one process gets each number."""
+    return f"{learner_prefix(learner_id)}incarnations/{incarnation:04d}.json"
+
+
+def incarnation_claim_prefix(learner_id: int) -> str:
+    return f"{learner_prefix(learner_id)}incarnations/"
 
 
 def report_key(learner_id: int, incarnation: int) -> str:
@@ -100,6 +111,30 @@ def ckpt_latest_key(learner_id: int) -> str:
 def contributor(learner_id: int, incarnation: int) -> str:
     """The name a learner incarnation goes by in round records and the status object."""
     return f"{learner_id}-{incarnation}"
+
+
+LOGS = "logs/"
+_LOG_NAME = re.compile(r"(?:(\d{3,9})-)?(\d{4,9})(?:\.dup(\d{1,4}))?\.json")
+
+
+def log_key(role: str, incarnation: int, ident: int | None = None, dup: int = 0) -> str:
+    """Where a process ships its log (`ddiloco.logship`): `logs/learner/002-0001.json` (learner 2,
+    incarnation 1), `logs/syncer/0003.json`, `logs/evaluate/0000.json`. Numbers are zero-padded so names sort;
+    `.dupN` marks a second process that got a number already taken (one died before its role counted it)."""
+    if not role.isalpha() or not role.islower():
+        raise ValueError(f"log role must be lowercase letters, got {role!r}")
+    name = f"{incarnation:04d}" if ident is None else f"{ident:03d}-{incarnation:04d}"
+    return f"{LOGS}{role}/{name}{f'.dup{dup}' if dup else ''}.json"
+
+
+def parse_log_key(key: str) -> tuple[str, int | None, int, int] | None:
+    """(role, ident or None, incarnation, dup) of a `log_key`, or None if `key` is not one."""
+    parts = key.split("/")
+    m = _LOG_NAME.fullmatch(parts[-1]) if len(parts) == 3 and f"{parts[0]}/" == LOGS else None
+    if m is None or not (parts[1].isalpha() and parts[1].islower()):
+        return None
+    role, ident, inc, dup = parts[1], None if m[1] is None else int(m[1]), int(m[2]), int(m[3] or 0)
+    return (role, ident, inc, dup) if log_key(role, inc, ident, dup) == key else None
 
 
 # --- payloads ------------------------------------------------------------------------------------------------
