@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
-from ddiloco import __version__, signing, wire
+from ddiloco import __version__, logship, signing, wire
 from ddiloco.config import RECIPES, ConfigError, load_config
 from ddiloco.metrics import push_task_metrics, serve
 from ddiloco.store import StoreError, StoreUnavailable, open_store
@@ -180,6 +180,7 @@ def _run_learner(args: argparse.Namespace, group) -> int:
     learner = until_store_answers(
         lambda: Learner(store, lid, device=args.device, secret=secret, site=site, group=group), "learner"
     )
+    logship.bind(url, ident=lid, incarnation=learner.incarnation)
     serve(learner.registry, args.metrics_port, args.metrics_host)
     learner.run(max_steps=args.max_steps, wait_timeout=args.wait_timeout)
     return 0
@@ -191,6 +192,7 @@ def cmd_syncer(args: argparse.Namespace) -> int:
     secret = signing.key_from_env()
     store = _role_store(args.store, "syncer")
     syncer = until_store_answers(lambda: Syncer(store, secret=secret), "syncer")
+    logship.bind(args.store, incarnation=syncer.incarnation)
     serve(syncer.registry, args.metrics_port, args.metrics_host)
     syncer.run(max_seconds=args.max_seconds)
     return 0
@@ -277,7 +279,25 @@ def build_parser() -> argparse.ArgumentParser:
     from ddiloco.baseline_cli import register as register_baseline
 
     register_baseline(sub)
+    from ddiloco.logs_cli import register as register_logs
+
+    register_logs(sub)
     return parser
+
+
+# Roles whose log goes to the run root (`ddiloco.logship`); learner and syncer bind once they know their
+# incarnation, the others at once (the next free number).
+SHIPPED_ROLES = ("learner", "syncer", "prepare", "evaluate", "sft", "chaos", "report")
+
+
+def _ship_logs(args: argparse.Namespace) -> logship.StoreLogHandler | None:
+    if args.command not in SHIPPED_ROLES:
+        return None
+    handler = logship.install(args.command)
+    url = getattr(args, "store", None) or (args.runs[0] if len(getattr(args, "runs", ())) == 1 else None)
+    if handler is not None and url and args.command not in ("learner", "syncer"):
+        handler.bind(url)
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    ship = _ship_logs(args)
     try:
         return int(args.func(args) or 0)
     except (ConfigError, StoreError, OSError, TimeoutError, ValueError) as e:
@@ -296,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception:
+        if ship is not None:
+            ship.note_exception()
+        raise
+    finally:
+        if ship is not None:
+            logship.uninstall(ship)
 
 
 if __name__ == "__main__":
