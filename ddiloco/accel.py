@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ddiloco.config import ConfigError
+from ddiloco.schedule import warmup_factor
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,9 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 
 def lr_at(step: int, peak: float, warmup: int) -> float:
-    """Linear warm-up to the peak inner learning rate, then constant."""
-    return peak * min(1.0, (step + 1) / max(1, warmup))
+    """The warm-up part of the inner schedule alone (global progress 0): linear to the peak, then constant.
+    Learners and the baseline use `ddiloco.schedule.lr_at`, which also decays with the run's progress."""
+    return peak * warmup_factor(step, warmup)
 
 
 def train_step(

@@ -3,8 +3,10 @@
 Design choices:
 - Same everything as a DiLoCo run of the same prepared store: rank r reads shard r mod num_shards with the
   learner's data seed (seed·1000 + r), starts from global version 0, and updates with the learner's own
-  `inner_step` (AdamW, `lr_at` warm-up, gradient clipping) — the only difference is that gradients are
-  averaged over the M ranks before clipping, every step. The global batch is M × train.batch_size.
+  `inner_step` (AdamW, gradient clipping) and schedule (`ddiloco.schedule.lr_at`: warm-up on the step,
+  decay on progress = tokens all ranks processed before the step / the token budget it trains for, the
+  axis a learner reads as tokens merged) — the only difference is that gradients are averaged over the M
+  ranks before clipping, every step. The global batch is M × train.batch_size.
 - M real OS processes (`torch.multiprocessing` spawn) over `torch.distributed`: gloo on CPU, NCCL on GPU,
   rendezvous on loopback (127.0.0.1, a free port). Gradients are averaged by DistributedDataParallel
   (`init_sync=False`: every rank loads the identical version 0 from the store, as learners do; the model
@@ -32,13 +34,14 @@ from typing import Any
 import torch
 
 from ddiloco import wire
-from ddiloco.accel import inner_step, lr_at, resolve_device
+from ddiloco.accel import inner_step, resolve_device
 from ddiloco.config import ConfigError, RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.evaluate import validation_loss
 from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_global, read_layout
 from ddiloco.model import GPT, configure_optimizer
 from ddiloco.prepare import load_run_config, load_tokens
+from ddiloco.schedule import lr_at, progress_of
 from ddiloco.store import Store, open_store
 from ddiloco.store.shaped import Link
 
@@ -66,6 +69,8 @@ class Plan:
     url: str
     world_size: int
     steps: int
+    token_budget: int
+    """Tokens the run trains for (the schedule's progress is tokens processed / token_budget)."""
     backend: str
     device: str
     master_port: int
@@ -183,13 +188,15 @@ def _rank_main(rank: int, plan: Plan) -> None:
         counter = ByteCounter(Link.from_config(cfg.link), plan.world_size)
         ddp.register_comm_hook(counter, counting_allreduce_hook)
         history: list[list[float]] = []
-        tokens = 0
+        tokens, lr = 0, t.lr
+        global_batch = plan.world_size * t.batch_size * cfg.model.seq_len
         dist.barrier()
         t0 = time.time()
         for step in range(plan.steps):
             x, y = loader.next_batch()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = inner_step(ddp, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
+            lr = lr_at(progress_of(step * global_batch, plan.token_budget), step, t)
+            loss = inner_step(ddp, opt, x, y, lr, t.grad_clip)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"rank {rank}: loss is {loss} at step {step}; lower train.lr")
             tokens += x.numel()
@@ -201,7 +208,7 @@ def _rank_main(rank: int, plan: Plan) -> None:
             "device": str(device), "steps": plan.steps, "tokens_processed": tokens, "train_seconds": wall,
             "started_at": t0, "bytes_allreduced": counter.bytes, "allreduce_calls": counter.calls,
             "bytes_sent": counter.bytes * ring_factor(plan.world_size), "params_sha256": params_sha256(model),
-            "link_seconds": counter.link_seconds,
+            "link_seconds": counter.link_seconds, "last_lr": lr,
             "first_loss": history[0][1] if history else None,
             "last_loss": sum(h[1] for h in history[-20:]) / len(history[-20:]) if history else None,
             "history": _sample(history),
@@ -247,7 +254,7 @@ def run_baseline(
         )
     global_batch_tokens = M * cfg.train.batch_size * cfg.model.seq_len
     plan = Plan(
-        url=url, world_size=M, steps=math.ceil(budget / global_batch_tokens),
+        url=url, world_size=M, steps=math.ceil(budget / global_batch_tokens), token_budget=budget,
         backend="nccl" if dev == "cuda" else "gloo", device=dev, master_port=_free_port(),
         threads=cfg.train.threads, log_level=log.getEffectiveLevel(),
     )  # fmt: skip

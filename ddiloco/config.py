@@ -27,6 +27,7 @@ from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 MERGES = ("rda", "mean")
 PRECISIONS = ("auto", "fp32", "bf16")
+LR_SCHEDULES = ("cosine", "linear", "constant")
 
 
 class ConfigError(ValueError):
@@ -77,7 +78,11 @@ class TrainConfig:
     lr: float = 3e-3
     """Inner AdamW peak learning rate."""
     warmup_steps: int = 20
-    """Linear warm-up of the inner learning rate."""
+    """Linear warm-up of the inner learning rate over each learner's own first inner steps."""
+    lr_schedule: str = "cosine"
+    """Inner-rate decay on global progress (tokens merged / token budget): cosine, linear or constant."""
+    lr_min_ratio: float = 0.1
+    """The decay's floor, reached at the budget, as a fraction of train.lr (see ddiloco/schedule.py)."""
     weight_decay: float = 0.1
     """AdamW weight decay (2-D tensors only)."""
     beta1: float = 0.9
@@ -304,9 +309,7 @@ class RunConfig:
         _check(d.sync_every >= 1, "diloco.sync_every must be ≥ 1")
         _check(d.merge in MERGES, f"diloco.merge={d.merge!r}: choose one of {', '.join(MERGES)}")
         _check(d.codec in CODECS, f"diloco.codec={d.codec!r}: choose one of {', '.join(CODECS)}")
-        _check(
-            d.global_dtype in ("fp32", "bf16"), f"diloco.global_dtype={d.global_dtype!r}: choose fp32 or bf16"
-        )
+        _choose("diloco.global_dtype", d.global_dtype, ("fp32", "bf16"))
         _check(0.0 <= d.mixing < 1.0, f"diloco.mixing={d.mixing} must be in [0, 1)")
         _check(
             d.robust_clip is None or d.robust_clip >= 1.0,
@@ -332,10 +335,9 @@ class RunConfig:
         _check(t.device in ("auto", "cpu", "cuda"), f"train.device={t.device!r}: choose auto, cpu or cuda")
         _check(t.threads >= 1, "train.threads must be ≥ 1")
         _check(t.ranks >= 1, "train.ranks must be ≥ 1 (data-parallel ranks per learner)")
-        _check(
-            t.precision in PRECISIONS,
-            f"train.precision={t.precision!r}: choose one of {', '.join(PRECISIONS)}",
-        )
+        _choose("train.precision", t.precision, PRECISIONS)
+        _choose("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
+        _check(0 <= t.lr_min_ratio <= 1, f"train.lr_min_ratio={t.lr_min_ratio} must be in [0, 1]")
         _check(t.warmup_steps >= 0 and t.grad_clip >= 0, "train.warmup_steps and train.grad_clip must be ≥ 0")
         _check(m.seq_len >= 8, "model.seq_len must be ≥ 8")
         _check(data.tokenizer in ("byte", "bpe"), f"data.tokenizer={data.tokenizer!r}: choose byte or bpe")
@@ -360,10 +362,7 @@ class RunConfig:
             self.eval.items_per_task >= 1 and self.eval.curve_points >= 2,
             "eval.items_per_task ≥ 1, eval.curve_points ≥ 2",
         )
-        _check(
-            self.eval.device in ("auto", "cpu", "cuda"),
-            f"eval.device={self.eval.device!r}: choose auto, cpu or cuda",
-        )
+        _choose("eval.device", self.eval.device, ("auto", "cpu", "cuda"))
         if self.sft is not None:
             self.sft.validate()
         if self.link is not None:
@@ -408,6 +407,10 @@ class RunConfig:
 def _check(ok: bool, msg: str) -> None:
     if not ok:
         raise ConfigError(msg)
+
+
+def _choose(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    _check(value in choices, f"{key}={value!r}: choose one of {', '.join(choices)}")
 
 
 # ---------------------------------------------------------------------------------------------------------

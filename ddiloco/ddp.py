@@ -15,8 +15,9 @@ Design choices:
   broadcasts every parameter, its AdamW state, its inner step and the followers' data cursors. From then on
   all ranks hold identical parameters and optimizer state and stay identical: same averaged gradients,
   same AdamW step.
-- Every step boundary rank 0 sends STEP with its inner step (the follower's learning rate) and the fragments
-  it overwrote since the last step (new global versions); all ranks then receive those fragments' values by
+- Every step boundary rank 0 sends STEP with its inner step and the tokens merged it last read (together the
+  follower's learning rate, `ddiloco.schedule`) and the fragments it overwrote since the last step (new
+  global versions); all ranks then receive those fragments' values by
   broadcast from rank 0, so mixing (α) and every other learner-side rule is applied once, on rank 0.
   CURSOR gathers the data cursors for rank 0's checkpoint; STOP ends the followers (exit 0).
 - A rank that dies takes the others down through the process groups; torchrun (or the pod's retry) restarts
@@ -37,7 +38,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddiloco.accel import (
-    lr_at,
     maybe_compile,
     place_optimizer_steps,
     resolve_device,
@@ -49,6 +49,7 @@ from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import Layout
 from ddiloco.model import configure_optimizer, init_model
+from ddiloco.schedule import lr_at, progress_of
 
 log = logging.getLogger(__name__)
 
@@ -111,15 +112,16 @@ class Group:
         )
         return bytes(self._bcast(buf).numpy())
 
-    def _send_control(self, kind: int, step: int = 0, items: Sequence[int] = ()) -> None:
-        self._bcast(torch.tensor([kind, step, len(items)], dtype=torch.int64))
+    def _send_control(self, kind: int, step: int = 0, items: Sequence[int] = (), merged: int = 0) -> None:
+        self._bcast(torch.tensor([kind, step, len(items), merged], dtype=torch.int64))
         if items:
             self._bcast(torch.tensor(list(items), dtype=torch.int64))
 
-    def recv_control(self) -> tuple[int, int, list[int]]:
-        kind, step, n = self._bcast(torch.zeros(3, dtype=torch.int64)).tolist()
+    def recv_control(self) -> tuple[int, int, list[int], int]:
+        """(kind, inner step, fragment ids, tokens merged) of rank 0's next control message."""
+        kind, step, n, merged = self._bcast(torch.zeros(4, dtype=torch.int64)).tolist()
         items = self._bcast(torch.zeros(n, dtype=torch.int64)).tolist() if n else []
-        return kind, step, items
+        return kind, step, items, merged
 
     # --- hand-shake ----------------------------------------------------------------------------------------
     def lead_handshake(
@@ -199,9 +201,12 @@ class Group:
         place_optimizer_steps(opt)
 
     # --- every step ----------------------------------------------------------------------------------------
-    def lead_step(self, inner_step: int, applied: Sequence[int], layout: Layout, params: dict) -> None:
-        """Before rank 0's step: tell the followers to step, and broadcast the fragments it overwrote."""
-        self._send_control(STEP, inner_step, sorted(set(applied)))
+    def lead_step(
+        self, inner_step: int, applied: Sequence[int], layout: Layout, params: dict, merged: int = 0
+    ) -> None:
+        """Before rank 0's step: tell the followers to step (at the tokens merged rank 0 steps at, so every
+        rank computes its learning rate), and broadcast the fragments it overwrote."""
+        self._send_control(STEP, inner_step, sorted(set(applied)), merged)
         self.broadcast_fragments(sorted(set(applied)), layout, params)
 
     def broadcast_fragments(self, fragments: Sequence[int], layout: Layout, params: dict) -> None:
@@ -240,7 +245,7 @@ class Follower:
 
     def __init__(self, group: Group) -> None:
         self.group, self.steps = group, 0
-        kind, _, _ = group.recv_control()
+        kind, _, _, _ = group.recv_control()
         self.stopped = kind == STOP  # rank 0 ended before handing over the run (e.g. the run was done)
         if self.stopped:
             return
@@ -266,7 +271,7 @@ class Follower:
         self.group.follower_start(self.model, self.opt, self.loader)
         log.info("rank %d follows learner %d", self.group.rank, self.learner_id)
         while True:
-            kind, inner_step, applied = self.group.recv_control()
+            kind, inner_step, applied, merged = self.group.recv_control()
             if kind == STOP:
                 log.info("rank %d stops after %d steps", self.group.rank, self.steps)
                 return 0
@@ -275,7 +280,7 @@ class Follower:
                 continue
             self.group.broadcast_fragments(applied, self.layout, self.params)
             x, y = self.loader.next_batch()
-            lr = lr_at(inner_step, t.lr, t.warmup_steps)
+            lr = lr_at(progress_of(merged, self.cfg.diloco.token_budget), inner_step, t)
             train_step(
                 self.net, self.opt, to_device(x, dev), to_device(y, dev), lr, t.grad_clip, precision=self.precision
             )  # fmt: skip

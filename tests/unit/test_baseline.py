@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddiloco import wire
-from ddiloco.accel import inner_step, lr_at
+from ddiloco.accel import inner_step
 from ddiloco.baseline import (
     BASELINE_MODEL,
     BASELINE_SUMMARY,
@@ -21,6 +21,7 @@ from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import read_layout
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import load_tokens, prepare
+from ddiloco.schedule import lr_at, progress_of
 from ddiloco.store import open_store
 from tests._harness import tiny_config
 
@@ -58,7 +59,8 @@ def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
     assert len({r["params_sha256"] for r in reports}) == 1
     assert all(r["allreduce_calls"] >= s["steps"] for r in reports)
 
-    # Reference: one process, the two ranks' batches concatenated, the learner's own inner step.
+    # Reference: one process, the two ranks' batches concatenated, the learner's own inner step and schedule
+    # (issue 17 item 6): progress = tokens processed before the step / the tokens the baseline trains for.
     layout = read_layout(store)
     ref = load_initial_model(store, cfg, layout)
     t = cfg.train
@@ -76,8 +78,11 @@ def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
         batches = [ld.next_batch() for ld in loaders]
         x = torch.cat([b[0] for b in batches])  # (M·B, T)
         y = torch.cat([b[1] for b in batches])  # (M·B, T)
-        inner_step(ref, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
+        inner_step(ref, opt, x, y, lr_at(progress_of(step * M * B * T, tokens), step, t), t.grad_clip)
     dp = load_baseline_model(store, cfg.run_id, layout)
     for (name, a), (_, b) in zip(sorted(dp.named_parameters()), sorted(ref.named_parameters()), strict=True):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{name} differs from the reference")
     assert store.exists(BASELINE_MODEL)
+    last = lr_at(progress_of((s["steps"] - 1) * M * B * T, tokens), s["steps"] - 1, t)
+    assert t.lr_schedule == "cosine" and last < 0.25 * t.lr  # 8/9 of the budget: near the 0.1 × lr floor
+    assert all(r["last_lr"] == last for r in reports)

@@ -1,0 +1,91 @@
+"""The inner learning-rate schedule: warm-up on the caller's own steps, decay on the run's global progress.
+
+Design choices:
+- lr = train.lr · warmup(step) · decay(progress), a pure function (`lr_at`) shared by learners, their
+  data-parallel ranks (`ddiloco.ddp`) and the data-parallel baseline (`ddiloco.baseline`).
+- Warm-up is as before: linear over the first `train.warmup_steps` inner steps *of the caller* (a learner's
+  `inner_step`, restored from its checkpoint on a restart). A learner that joins late starts AdamW from
+  fresh moments, so it ramps up again over its own first steps, then runs at the run's current rate.
+- Decay (`train.lr_schedule`) follows the run's global progress, the fraction of `diloco.token_budget`
+  merged, clamped to [0, 1]: `cosine` (default) from train.lr down to `train.lr_min_ratio`·train.lr at the
+  budget, `linear` between the same two points, or `constant` (no decay: the schedule before issue 17).
+  Beyond the budget it stays at the floor. The progress is global, not per learner, so a learner that joined
+  late runs at the same rate as one that was there from the start once both are past their warm-up.
+- How a learner reads progress (`GlobalSchedule`): `tokens_merged` of the newest syncer status it polled,
+  the same number every learner reads. It is monotone: a stale or older status (a slow poll, a syncer
+  restarted from older state) never moves it back. Between two statuses it holds; it is never extrapolated
+  from the learner's own tokens, which may still be discarded and would make the learners' rates differ.
+  A round merges every H/P inner steps, a small step of the budget, so the staircase is fine-grained.
+  Before the first status (or with no syncer) progress is 0: warm-up only, as before.
+- Progress is kept in whole tokens so rank 0 of a data-parallel learner can hand the exact number to its
+  other ranks (`ddiloco.ddp` STEP messages), and every rank computes the identical learning rate.
+- The baseline's progress is the tokens all its ranks processed before the step, over the token budget it
+  trains for: at equal compute the same axis as tokens merged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ddiloco.config import TrainConfig
+
+__all__ = ["GlobalSchedule", "decay_factor", "lr_at", "progress_of", "warmup_factor"]
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """Linear warm-up: (step + 1) / warmup_steps, capped at 1 (1 throughout when warmup_steps ≤ 1)."""
+    return min(1.0, (step + 1) / max(1, warmup_steps))
+
+
+def progress_of(tokens: float, budget: float) -> float:
+    """Global progress: tokens / budget clamped to [0, 1] (a run may merge a little past its budget)."""
+    if budget <= 0 or not math.isfinite(tokens):
+        return 0.0
+    return min(1.0, max(0.0, tokens / budget))
+
+
+def decay_factor(progress: float, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak rate at `progress` ∈ [0, 1] (clamped): 1 at 0, `min_ratio` at 1 and beyond."""
+    x = min(1.0, max(0.0, progress))
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_ratio) * x
+    if schedule == "cosine":
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * x))
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose cosine, linear or constant")
+
+
+def lr_at(progress: float, step: int, t: TrainConfig) -> float:
+    """The inner learning rate of inner step `step` (the caller's own count) at global `progress`."""
+    return t.lr * warmup_factor(step, t.warmup_steps) * decay_factor(progress, t.lr_schedule, t.lr_min_ratio)
+
+
+class GlobalSchedule:
+    """A learner's view of the schedule: the newest tokens merged from the syncer's status, never going back.
+
+    `observe(status)` once per step boundary (rank 0 sends `tokens` to its other ranks), then `lr(step)`."""
+
+    def __init__(self, t: TrainConfig, token_budget: int) -> None:
+        self.train, self.budget = t, token_budget
+        self.tokens = 0
+        """Whole tokens merged, as the newest status said (monotone)."""
+        self.last_lr: float | None = None
+        """The rate `lr` last handed out (the learner's report and metrics)."""
+
+    def observe(self, status: dict[str, Any] | None) -> int:
+        """Take `tokens_merged` from a status (ignored when missing, malformed or older); returns tokens."""
+        merged = None if status is None else status.get("tokens_merged")
+        if isinstance(merged, int | float) and not isinstance(merged, bool) and math.isfinite(merged):
+            self.tokens = max(self.tokens, int(merged))
+        return self.tokens
+
+    @property
+    def progress(self) -> float:
+        return progress_of(self.tokens, self.budget)
+
+    def lr(self, step: int) -> float:
+        self.last_lr = lr_at(self.progress, step, self.train)
+        return self.last_lr

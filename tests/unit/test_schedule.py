@@ -1,0 +1,156 @@
+"""The inner learning-rate schedule (issue 17 item 6): warm-up, then decay on the run's global progress."""
+
+import math
+
+import pytest
+
+from ddiloco import wire
+from ddiloco.config import RECIPES, ConfigError, TrainConfig, load_config
+from ddiloco.learner import Learner
+from ddiloco.prepare import prepare
+from ddiloco.schedule import GlobalSchedule, decay_factor, lr_at, progress_of
+from ddiloco.store import open_store
+from tests._harness import tiny_config
+
+
+def _t(**kw) -> TrainConfig:
+    return TrainConfig(**{"lr": 1.0, "warmup_steps": 4, **kw})
+
+
+def test_warmup_is_linear_on_the_callers_own_steps():
+    t = _t()
+    assert [lr_at(0.0, s, t) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert lr_at(0.0, 0, _t(warmup_steps=0)) == 1.0
+    assert lr_at(0.5, 1, t) == pytest.approx(0.5 * lr_at(0.5, 99, t))  # warm-up scales the decayed rate
+
+
+def test_cosine_decays_from_the_peak_to_the_floor_and_stays_there():
+    t = _t(lr=2e-3)  # the default schedule: cosine to 0.1 × lr
+    assert (t.lr_schedule, t.lr_min_ratio) == ("cosine", 0.1)
+    assert lr_at(0.0, 10, t) == pytest.approx(2e-3)
+    assert lr_at(0.5, 10, t) == pytest.approx(2e-3 * 0.55)  # halfway between peak and floor
+    assert lr_at(0.25, 10, t) == pytest.approx(2e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi / 4))))
+    assert lr_at(1.0, 10, t) == pytest.approx(2e-4)
+    for beyond in (1.0001, 1.5, 10.0, math.inf):  # merged past the budget: clamped at the floor
+        assert lr_at(beyond, 10, t) == pytest.approx(2e-4)
+    assert lr_at(-0.3, 10, t) == pytest.approx(2e-3)
+    curve = [lr_at(i / 100, 10, t) for i in range(101)]
+    assert all(a >= b for a, b in zip(curve, curve[1:], strict=False))  # monotone non-increasing
+    linear_drop = (curve[0] - curve[-1]) / 100  # per 1% of progress
+    assert (
+        curve[0] - curve[1] < 0.05 * linear_drop and curve[-2] - curve[-1] < 0.05 * linear_drop
+    )  # flat ends
+
+
+def test_linear_and_constant_shapes_and_the_floor_ratio():
+    assert decay_factor(0.25, "linear", 0.1) == pytest.approx(0.775)
+    assert decay_factor(1.0, "linear", 0.0) == 0.0
+    assert decay_factor(2.0, "linear", 0.3) == pytest.approx(0.3)
+    assert all(decay_factor(p, "constant", 0.1) == 1.0 for p in (0.0, 0.5, 1.0, 3.0))
+    assert decay_factor(1.0, "cosine", 0.0) == pytest.approx(0.0, abs=1e-12)
+    assert decay_factor(0.7, "cosine", 1.0) == pytest.approx(1.0)  # ratio 1: no decay
+    with pytest.raises(ValueError, match="cosine, linear or constant"):
+        decay_factor(0.5, "step", 0.1)
+
+
+def test_progress_is_clamped_tokens_over_budget():
+    assert progress_of(500, 1000) == 0.5
+    assert progress_of(1500, 1000) == 1.0 and progress_of(-5, 1000) == 0.0
+    assert progress_of(float("nan"), 1000) == 0.0 and progress_of(5, 0) == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_decays_by_default(name):
+    t = load_config(name).train
+    assert t.lr_schedule == "cosine" and lr_at(1.0, 10**9, t) == pytest.approx(t.lr_min_ratio * t.lr)
+    assert lr_at(1.0, 10**9, t) < 0.2 * t.lr
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr_schedule=step", "train.lr_schedule='step': choose one of cosine, linear, constant"),
+        ("train.lr_min_ratio=1.5", "train.lr_min_ratio=1.5 must be in [0, 1]"),
+        ("train.lr_min_ratio=-0.1", "train.lr_min_ratio=-0.1 must be in [0, 1]"),
+    ],
+)
+def test_bad_schedule_settings_say_what_to_change(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        load_config(overrides=[override])
+    assert (
+        load_config(overrides=["train.lr_schedule=constant", "train.lr_min_ratio=0"]).train.lr_min_ratio == 0
+    )
+
+
+def test_global_progress_never_goes_back_and_ignores_bad_statuses():
+    s = GlobalSchedule(_t(), 1000)
+    assert s.progress == 0.0 and s.observe(None) == 0
+    assert s.observe({"tokens_merged": 500.7}) == 500 and s.progress == 0.5
+    for stale in (
+        {"tokens_merged": 300},
+        {},
+        {"tokens_merged": "many"},
+        {"tokens_merged": math.nan},
+        {"tokens_merged": True},
+    ):
+        assert s.observe(stale) == 500  # an older, stale or malformed status never moves it back
+    assert s.observe({"tokens_merged": 2500}) == 2500 and s.progress == 1.0
+
+
+def test_a_late_joiner_runs_at_the_early_learners_rate_at_the_same_global_progress():
+    t, budget = _t(lr=3e-3, warmup_steps=20), 10_000
+    early, late = GlobalSchedule(t, budget), GlobalSchedule(t, budget)
+    for merged in (0, 1200, 3100, 6000):  # the early learner saw every status
+        early.observe({"tokens_merged": merged})
+    late.observe({"tokens_merged": 6000})  # the late one only the current one
+    assert early.lr(500) == late.lr(20) == pytest.approx(lr_at(0.6, 10**6, t))
+    assert late.lr(0) == pytest.approx(early.lr(500) / 20)  # its own warm-up first
+
+
+def _status(cfg, merged: float) -> dict:
+    return {
+        "run_id": cfg.run_id,
+        "done": False,
+        "tokens_merged": merged,
+        "token_budget": cfg.diloco.token_budget,
+    }
+
+
+def _tick(learner) -> float:
+    learner.poller.poll_once()
+    assert learner.tick()
+    lrs = {g["lr"] for g in learner.opt.param_groups}
+    assert len(lrs) == 1
+    return lrs.pop()
+
+
+def test_learner_optimizer_lr_follows_the_runs_global_progress():
+    store = open_store("memory://sched-learner")
+    cfg = tiny_config("sched-learner", "train.warmup_steps=2", "diloco.token_budget=100000")
+    prepare(store, cfg)
+    t, budget = cfg.train, cfg.diloco.token_budget
+    early = Learner(store, 0)
+    early.start()
+    assert [_tick(early) for _ in range(3)] == pytest.approx(
+        [t.lr / 2, t.lr, t.lr]
+    )  # no status: warm-up only
+
+    store.put_json(wire.STATUS, _status(cfg, budget / 2))  # the syncer says half the budget is merged
+    half = lr_at(0.5, 99, t)
+    assert half == pytest.approx(0.55 * t.lr)
+    assert _tick(early) == pytest.approx(half)
+    assert early.registry.get_sample_value("ddiloco_learner_learning_rate", {"learner_id": "0"}) == half
+    report = early._report()
+    assert report["lr"] == half and report["progress"] == 0.5
+
+    late = Learner(store, 1)  # joins now: warms up over its own steps, then matches the early learner
+    late.start()
+    assert _tick(late) == pytest.approx(half / 2)
+    assert _tick(late) == pytest.approx(half) == _tick(early)
+
+    store.put_json(wire.STATUS, _status(cfg, budget * 0.3))  # a stale status never raises the rate again
+    assert _tick(early) == pytest.approx(half)
+    store.put_json(wire.STATUS, _status(cfg, budget * 1.2))  # past the budget: the floor
+    assert _tick(early) == pytest.approx(t.lr_min_ratio * t.lr) == _tick(late)
+    for learner in (early, late):
+        learner._finish("max_steps")
