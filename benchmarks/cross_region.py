@@ -92,7 +92,8 @@ def run_diloco(
         "wall_seconds": s["wall_seconds"], "tokens_processed": s["tokens_processed"], "tokens_merged": s["tokens_merged"],
         "mb_up_per_learner": s["bytes_uploaded"] / M / 1e6, "mb_down_per_learner": s["bytes_downloaded"] / M / 1e6,
         "late_answers": s["late_answers"], "mean_quorum": s["mean_quorum"], "rounds": s["rounds"],
-        "goodput": s["goodput"], "ledger_balanced": s["ledger_balanced"], "mode": "measured",
+        "goodput": s["goodput"], "merged_token_share": s["merged_token_share"],
+        "ledger_balanced": s["ledger_balanced"], "mode": "measured",
     }  # fmt: skip
 
 

@@ -42,7 +42,6 @@ from ddiloco import signing, wire
 from ddiloco.accel import (
     HostCopier,
     HostSnapshot,
-    lr_at,
     maybe_compile,
     pin,
     place_optimizer_steps,
@@ -53,6 +52,7 @@ from ddiloco.accel import (
 )
 from ddiloco.chaos import LearnerChaos, schedule_from_config
 from ddiloco.checkpoint import load_learner_checkpoint
+from ddiloco.chiptime import StepCadence
 from ddiloco.config import ConfigError
 from ddiloco.data import ShardLoader
 from ddiloco.ddp import Group, rank_seed
@@ -71,6 +71,7 @@ from ddiloco.learner_io import (
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer, init_model
 from ddiloco.prepare import load_run_config, load_tokens
+from ddiloco.schedule import GlobalSchedule
 from ddiloco.store import NotFound, Store, StoreError, StoreUnavailable
 
 __all__ = ["FragmentState", "Learner"]
@@ -149,12 +150,14 @@ class Learner:
         self.frags = [FragmentState() for _ in self.layout.fragments]
         self.anchors: dict[str, torch.Tensor] = {}
         self.inner_step = 0
+        self.schedule = GlobalSchedule(t, self.cfg.diloco.token_budget)  # inner LR on the run's progress
         self.tokens_processed = 0
         self.busy_seconds = 0.0
         self.loss: float | None = None
         self.loss_ema: float | None = None
         self.history: list[list[float]] = []  # [wall time, inner_step, tokens_processed, loss_ema], bounded
         self.step_time_ema: float | None = None
+        self.cadence = StepCadence()  # wall seconds per step with the loop's overhead: what pacing needs
         self.rounds_answered = 0
         self.bytes_up = 0
         self.bytes_down = 0
@@ -228,6 +231,7 @@ class Learner:
         self.poller.poll_once() if self.store.exists(wire.STATUS) else None
         self.poller.start()
         self.joined_at = time.time()
+        self.cadence.begin()
         log.info(
             "learner %d incarnation %d joined run %s at versions %s (device %s)",
             self.learner_id, self.incarnation, self.run_id, versions, self.device,
@@ -421,10 +425,12 @@ class Learner:
             "host": host_name(), "pid": os.getpid(), "site": self.site,
             "tokens_processed": self.tokens_processed, "busy_seconds": self.busy_seconds, "loss": self.loss,
             "loss_ema": self.loss_ema, "step_time_ema": self.step_time_ema, "rounds_answered": self.rounds_answered,
+            "step_wall_ema": self.cadence.ema, "productive_seconds": self.cadence.productive_seconds,
             "bytes_up": bytes_up, "bytes_down": bytes_down, "upload_failures": self.upload_failures,
             "final": final, "exit_reason": reason, "fragments": {str(p): asdict(f) for p, f in enumerate(self.frags)},
             "rejected_globals": dict(self.rejected_globals), "rejected_updates": dict(self.rejected_updates),
             "history": sample_history(self.history, self.loss_ema, self.inner_step, self.tokens_processed),
+            "lr": self.schedule.last_lr, "progress": self.schedule.progress,
         }  # fmt: skip
 
     def _put_report(self, final: bool = False, reason: str | None = None) -> None:
@@ -457,7 +463,7 @@ class Learner:
         x, y = to_device(x, self.device), to_device(y, self.device)
         t = self.cfg.train
         loss_t = train_step(
-            self.net, self.opt, x, y, lr_at(self.inner_step, t.lr, t.warmup_steps), t.grad_clip,
+            self.net, self.opt, x, y, self.schedule.lr(self.inner_step), t.grad_clip,
             precision=self.precision, before_update=self.copier.fence,
         )  # fmt: skip
         if self._defer_loss:
@@ -481,10 +487,12 @@ class Learner:
             fs.c_tokens += n
             fs.c_seconds += dt
         self.step_time_ema = dt if self.step_time_ema is None else 0.9 * self.step_time_ema + 0.1 * dt
+        self.cadence.step_done(dt)
         m = self.metrics
         m.inner_steps.inc()
         m.tokens.inc(n)
         m.tokens_per_second.set(n / self.step_time_ema)
+        m.learning_rate.set(self.schedule.last_lr or 0.0)
         if loss is not None:
             self.loss = loss
             self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
@@ -494,18 +502,19 @@ class Learner:
     def tick(self) -> bool:
         """One iteration of the loop at a step boundary; False once the syncer says the run is done."""
         status = self.poller.latest
+        merged = self.schedule.observe(status)  # read once: all ranks of this learner step at this progress
         if status is not None:
             if status.get("done"):
                 return False
             self._sync_fragments(status)
             self._answer_rounds(status)
         if self.group is not None:  # the other ranks step too, after receiving the fragments overwritten here
-            self.group.lead_step(self.inner_step, self._applied, self.layout, self.params)
+            self.group.lead_step(self.inner_step, self._applied, self.layout, self.params, merged)
         self._applied.clear()
         self.step()
         now = time.monotonic()
         t = self.cfg.train
-        if now >= self._next_report:
+        if now >= self._next_report or self.cadence.just_measured:
             self._report_async()
             self.uploads = [f for f in self.uploads if not f.done()]
             self._next_report = now + t.heartbeat_every_s
@@ -569,6 +578,7 @@ class Learner:
                 )
                 fs.c_steps, fs.c_tokens, fs.c_seconds, fs.pending = 0, 0, 0.0, None
         self.pool.shutdown(wait=True)
+        self.cadence.finish()
         self._put_report(final=True, reason=reason)
         log.info(
             "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens",

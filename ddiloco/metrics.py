@@ -3,9 +3,9 @@
 Design choices:
 - One small class per role owns its metric objects in a registry it is given, so tests read values back
   with `registry.get_sample_value(...)` and two roles in one process never collide.
-- Values that are really state (tokens merged, goodput, live learners, global versions) are exported by a
-  collector that reads the role's state at scrape time, so the exported number is the ledger itself, even
-  across a restart.
+- Values that are really state (tokens merged, goodput and merged-token share, live learners, global
+  versions) are exported by a collector that reads the role's state at scrape time, so the exported number
+  is the ledger itself, even across a restart.
 - Names follow Prometheus conventions: `ddiloco_` prefix, `_total` for counters, base units (seconds,
   bytes). Every name the dashboard uses appears in `METRIC_NAMES` (a test checks the dashboard against it).
 - `serve()` binds an HTTP `/metrics` endpoint; `push()` sends a short-lived task's registry to a
@@ -43,6 +43,10 @@ class LearnerMetrics:
         self.loss = Gauge(
             f"{ns}_loss", "Training loss of the last inner step", ["learner_id"], registry=registry
         ).labels(**lbl)
+        self.learning_rate = Gauge(
+            f"{ns}_learning_rate", "Inner learning rate of the last step (ddiloco.schedule)", ["learner_id"],
+            registry=registry,
+        ).labels(**lbl)  # fmt: skip
         self.tokens_per_second = Gauge(
             f"{ns}_tokens_per_second", "Inner-step throughput (EMA)", ["learner_id"], registry=registry
         ).labels(**lbl)
@@ -123,10 +127,19 @@ class _SyncerCollector(Collector):
         live.add_metric([], s["live_learners"])
         yield live
         goodput = GaugeMetricFamily(
-            "ddiloco_syncer_goodput", "Merged inner-step time / provisioned learner time so far"
+            "ddiloco_syncer_goodput",
+            "Learner time spent training / provisioned learner time so far (the paper's goodput: time lost "
+            "to kills, restarts, rejoins and stalls is the rest)",
         )
         goodput.add_metric([], s["goodput"])
         yield goodput
+        share = GaugeMetricFamily(
+            "ddiloco_syncer_merged_token_share",
+            "Tokens merged / tokens processed by learners so far (overlap steps overwritten by a newer "
+            "global version and late answers are the rest)",
+        )
+        share.add_metric([], s["merged_token_share"])
+        yield share
         version = GaugeMetricFamily(
             "ddiloco_syncer_global_version", "Latest global version per fragment", labels=["fragment"]
         )
@@ -190,9 +203,9 @@ class SyncerMetrics:
 
 METRIC_NAMES = frozenset(
     [f"ddiloco_learner_{n}_total" for n in ("inner_steps", "tokens", "rounds_answered", "uploaded_bytes", "downloaded_bytes", "upload_failures", "merged_tokens", "discarded_tokens")]
-    + [f"ddiloco_learner_{n}" for n in ("loss", "tokens_per_second", "store_retries", "fragment_staleness", "incarnation", "site")]
+    + [f"ddiloco_learner_{n}" for n in ("loss", "learning_rate", "tokens_per_second", "store_retries", "fragment_staleness", "incarnation", "site")]
     + [f"ddiloco_syncer_{n}_total" for n in ("rounds", "merges", "rejected_updates", "published_bytes", "tokens_merged", "tokens_discarded")]
-    + [f"ddiloco_syncer_{n}" for n in ("token_budget", "live_learners", "goodput", "global_version", "outer_gradient_norm")]
+    + [f"ddiloco_syncer_{n}" for n in ("token_budget", "live_learners", "goodput", "merged_token_share", "global_version", "outer_gradient_norm")]
     + [f"ddiloco_syncer_{h}_{s}" for h in ("quorum_size", "grace_wait_seconds", "time_to_quorum_seconds", "merge_seconds", "answer_staleness") for s in ("bucket", "sum", "count")]
     + ["ddiloco_syncer_clipped_updates_total", "ddiloco_learner_rejected_total", "up"]
 )  # fmt: skip

@@ -10,6 +10,8 @@ Design choices:
   renders it in a sandboxed iframe. The same HTML / Markdown / flat metrics feed the KFP `HTML`,
   `Markdown` and `Metrics` artifacts.
 - Missing pieces (no evaluation yet, no chaos) show as "—" or a note; a report never fails for lack of data.
+- Processes that died (a killed learner incarnation, a SIGTERMed syncer, ...) show the last lines of the log
+  they shipped to the store (`ddiloco.logship`): a deleted pod's log is gone from Kubernetes, not from here.
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ import base64
 import html
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddiloco import logship, wire
 from ddiloco import report_plots as plots
-from ddiloco import wire
 from ddiloco.evaluate import SFT_META, eval_key, global_loss_curve
-from ddiloco.store import Store
+from ddiloco.store import Store, StoreError
 from ddiloco.summary import build_summary, read_reports, read_round_records
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ font-size:.9em}th,td{border:1px solid #ddd;padding:4px 10px;text-align:right}th:
 th{background:#f4f4f4}.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:0 28px}
 .wide{grid-column:1/-1}.plots{display:flex;flex-wrap:wrap;gap:12px}img{max-width:100%;border:1px solid #eee}
 .note{color:#666;font-size:.9em}.better{color:#1a7f37;font-weight:600}
+pre{background:#f6f6f6;border:1px solid #eee;padding:6px;font-size:.78em;overflow-x:auto;white-space:pre}
 """
 
 
@@ -53,6 +56,8 @@ class RunData:
     view: plots.RunView
     evals: dict[str, dict[str, Any]]
     sft: dict[str, Any] | None
+    deaths: list[dict[str, Any]] = field(default_factory=list)
+    """`logship.died`: the last log lines of each process incarnation that died."""
 
     @property
     def run_id(self) -> str:
@@ -133,7 +138,14 @@ def load_run(store: Store, *, curve_points: int = 8, curve: bool = True) -> RunD
         num_fragments=int(summary.get("num_fragments") or config["diloco"]["fragments"]),
         events=_events(summary, t0),
     )
-    return RunData(url=store.url, summary=summary, config=config, view=view, evals=evals, sft=sft)
+    try:
+        deaths = logship.died(store, reports, done=store.exists(wire.DONE), tail=DEATH_LINES)
+    except StoreError as e:
+        log.warning("report: shipped logs unreadable (%s)", e)
+        deaths = []
+    return RunData(
+        url=store.url, summary=summary, config=config, view=view, evals=evals, sft=sft, deaths=deaths
+    )
 
 
 # --- numbers -------------------------------------------------------------------------------------------------
@@ -141,8 +153,9 @@ def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """Scalar metrics with flat names (KFP `Metrics.log_metric`); nested dicts become `outer_inner`."""
     out: dict[str, float] = {}
     keys = (
-        "wall_seconds tokens_processed tokens_merged tokens_discarded rounds goodput bytes_uploaded bytes_downloaded "
-        "mean_quorum mean_grace_seconds mean_staleness initial_val_loss final_val_loss final_perplexity "
+        "wall_seconds tokens_processed tokens_merged tokens_discarded rounds goodput merged_token_share "
+        "steps_per_answer bytes_uploaded bytes_downloaded mean_quorum mean_grace_seconds mean_staleness "
+        "initial_val_loss final_val_loss final_perplexity "
         "sft_val_loss sft_perplexity entropy_floor"
     ).split()
     for k in keys:
@@ -192,17 +205,29 @@ def _pct(v: Any) -> str:
     return "—" if v is None else f"{100 * v:.1f}%"
 
 
+GOODPUT_NOTES = (
+    "Goodput: learner time spent training over provisioned learner time (the paper's measure); time lost "
+    "to kills, restarts, rejoins and stalls is what it leaves out, so a run without failures comes close "
+    "to 100%.",
+    "Merged-token share: tokens merged into the global model over tokens the learners processed; overlap "
+    "steps that a newer global version overwrites (α = 0) and late answers count against it, not against "
+    "goodput.",
+)
+
+
 def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         ("status", _fmt(s.get("status"))),
         ("wall time", _seconds(s.get("wall_seconds"))),
         ("learners M / quorum K / fragments P", " / ".join(_fmt(s.get(k)) for k in ("learners", "quorum", "num_fragments"))),
         ("sync every H / overlap τ / codec", " / ".join(_fmt(s.get(k)) for k in ("sync_every", "overlap", "codec"))),
+        ("inner steps per merged answer", _fmt(s.get("steps_per_answer"), 3)),
         ("model parameters", _fmt(s.get("model_params"))),
         ("tokens processed / merged / discarded", " / ".join(_fmt(s.get(k)) for k in ("tokens_processed", "tokens_merged", "tokens_discarded"))),
         ("ledger balanced", _fmt(s.get("ledger_balanced"))),
         ("rounds merged / abandoned", f"{_fmt(s.get('rounds'))} / {_fmt(s.get('rounds_abandoned'))}"),
         ("goodput", _pct(s.get("goodput"))),
+        ("merged-token share", _pct(s.get("merged_token_share"))),
         ("mean quorum / grace / time to quorum", f"{_fmt(s.get('mean_quorum'), 3)} / {_seconds(s.get('mean_grace_seconds'))} / {_seconds(s.get('mean_time_to_quorum_seconds'))}"),
         ("mean staleness", _fmt(s.get("mean_staleness"), 3)),
         ("bytes up / down / published", " / ".join(_mb(s.get(k)) for k in ("bytes_uploaded", "bytes_downloaded", "bytes_published"))),
@@ -271,7 +296,32 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table>{thead}<tbody>{body}</tbody></table>"
 
 
-WIDE = frozenset({"Loss", "Runs"})
+DEATHS = "Processes that died: their last log lines"
+DEATH_LINES = 20
+WIDE = frozenset({"Loss", "Runs", DEATHS})
+
+
+def _death_title(d: dict[str, Any]) -> str:
+    dropped = f", {d['dropped_lines']} older dropped" if d.get("dropped_lines") else ""
+    return f"{d['who']}: {d['why']} (last {len(d['lines'])} of {d['total_lines']} lines{dropped}; {d['key']})"
+
+
+def deaths_html(deaths: list[dict[str, Any]]) -> str:
+    return (
+        "".join(
+            f"<p>{html.escape(_death_title(d))}</p><pre>{html.escape(chr(10).join(d['lines']))}</pre>"
+            for d in deaths
+        )
+        + '<p class="note">All of them: <code>ddiloco logs --store RUN_ROOT --role ROLE [--id N]</code>.</p>'
+    )
+
+
+def deaths_markdown(deaths: list[dict[str, Any]]) -> list[str]:
+    lines = ["", f"## {DEATHS}"]
+    for d in deaths:
+        fence = "~~~~" if any("```" in x for x in d["lines"]) else "```"
+        lines += ["", f"**{_death_title(d)}**", "", fence, *d["lines"], fence]
+    return lines
 
 
 def _page(title: str, subtitle: str, sections: list[tuple[str, str]]) -> str:
@@ -299,7 +349,11 @@ def render_run_html(run: RunData) -> str:
         else '<p class="note">not evaluated yet: run <code>ddiloco evaluate</code>.</p>'
     )
     sections = [
-        ("Summary", _table(["", ""], [list(r) for r in overview_rows(s)])),
+        (
+            "Summary",
+            _table(["", ""], [list(r) for r in overview_rows(s)])
+            + "".join(f'<p class="note">{html.escape(n)}</p>' for n in GOODPUT_NOTES),
+        ),
         ("Evaluation", eval_html),
         (
             "Loss",
@@ -328,6 +382,8 @@ def render_run_html(run: RunData) -> str:
         ("Staleness", _img(plots.staleness([v]), "staleness histogram")),
         ("Traffic", _img(plots.traffic([v]), "bytes per learner")),
     ]
+    if run.deaths:
+        sections.append((DEATHS, deaths_html(run.deaths)))
     if run.sft is not None:
         sft = run.sft
         sections.append(
@@ -349,6 +405,7 @@ def render_run_markdown(run: RunData) -> str:
     s = run.summary
     lines = [f"# ddiloco run {run.run_id}", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in overview_rows(s)]
+    lines += ["", *GOODPUT_NOTES]
     rows = task_rows(s, run.evals)
     if rows:
         lines += [
@@ -371,6 +428,8 @@ def render_run_markdown(run: RunData) -> str:
             "|---|---:|---:|",
         ]
         lines += ["| " + " | ".join(r) + " |" for r in instruction_rows(s)]
+    if run.deaths:
+        lines += deaths_markdown(run.deaths)
     return "\n".join(lines) + "\n"
 
 

@@ -5,8 +5,13 @@ Design choices:
   fragment) and the learners' reports (per incarnation: processed = merged + discarded + outstanding, per
   fragment). An answer still pending in a dead learner's last report is settled here from the round
   records. `ledger_balanced` is true only when both books agree on merged tokens for every fragment.
-- Goodput = Σ over learner incarnations of the inner-step seconds whose tokens were merged (averaged over
-  fragments) / (M × wall time from the first learner start to `done`).
+- Goodput is the paper's quantity (`ddiloco.chiptime`): learner seconds spent in the training loop /
+  provisioned learner seconds (each learner id from when it first joined to the end of the run, M × the wall
+  time for a provisioned id that never reported); kills, restarts, rejoins and stalls are the lost part, so a
+  run without failures comes close to 1. `merged_token_share` = tokens merged / tokens processed: the overlap
+  steps that α = 0 overwrites and late answers count against it, not against goodput.
+- `steps_per_answer`: mean over merged answers (round records) of the inner steps each covered, to compare
+  with H (`sync_every`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from ddiloco import wire
+from ddiloco import chiptime, wire
 from ddiloco.store import Store
 
 
@@ -102,6 +107,10 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         for p in range(P)
     )
     step_times = [r["step_time_ema"] for r in reports if r.get("step_time_ema")]
+    step_walls = [r["step_wall_ema"] for r in reports if r.get("step_wall_ema")]
+    accounting = learner_accounting(reports, done["time"] if done else None, P)
+    never_reported = set(range(M)) - {r["learner_id"] for r in reports}
+    tokens_merged = sum(syncer_per_frag) / P
     summary: dict[str, Any] = {
         "run_id": cfg["run_id"],
         "status": "done" if done else "running",
@@ -110,13 +119,14 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "quorum": cfg["diloco"]["quorum"],
         "num_fragments": P,
         "sync_every": cfg["diloco"]["sync_every"],
+        "steps_per_answer": _mean([c["c_steps"] for r in records for c in r["contributors"].values()]),
         "overlap": cfg["diloco"]["overlap"],
         "codec": cfg["diloco"]["codec"],
         "token_budget": cfg["diloco"]["token_budget"],
         "model_params": meta["model_params"],
         "fragment_bytes": [f["numel"] * 4 for f in layout["fragments"]],
         "tokens_processed": processed,
-        "tokens_merged": sum(syncer_per_frag) / P,
+        "tokens_merged": tokens_merged,
         "tokens_discarded": discarded / P,
         "tokens_outstanding": outstanding / P,
         "tokens_merged_per_fragment": syncer_per_frag,
@@ -135,7 +145,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "chaos_events": chaos_events,
         "learner_events": state.get("learner_events", []),
         "kill_recovery": kill_recovery(chaos_events, state.get("learner_events", []), reports),
-        "learner_accounting": learner_accounting(reports, done["time"] if done else None, P),
+        "learner_accounting": accounting,
         "restarts": events.get("restarts", []),
         "rejected_updates": state.get("rejected", {}),
         "clipped_updates": state.get("clipped", {}),
@@ -144,8 +154,13 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "bytes_downloaded": sum(r["bytes_down"] for r in reports),
         "bytes_published": state.get("bytes_published", 0),
         "late_answers": state.get("late_answers", 0),
-        "goodput": (merged_seconds / P) / (M * wall) if wall else None,
+        "goodput": chiptime.goodput(
+            [(a["productive_seconds"], a["provisioned_seconds"]) for a in accounting.values()],
+            len(never_reported) * (wall or 0.0),
+        ),
+        "merged_token_share": tokens_merged / processed if processed else None,
         "learner_step_seconds": _mean(step_times),
+        "learner_step_wall_seconds": _mean(step_walls),
         "mean_quorum": _mean([r["quorum"] for r in records]),
         "mean_grace_seconds": _mean([r["grace_s"] for r in records]),
         "mean_time_to_quorum_seconds": _mean([r["time_to_quorum"] for r in records]),
@@ -161,17 +176,19 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
 
 
 def learner_accounting(reports: list[dict[str, Any]], end: float | None, P: int) -> dict[str, dict[str, Any]]:
-    """Per learner: seconds up and training vs. provisioned, and the share of its tokens that were merged."""
+    """Per learner: seconds provisioned, up, in the training loop (`productive`, `ddiloco.chiptime`) and
+    computing inner steps (`training`), its goodput, and the share of its tokens that were merged."""
     out: dict[str, dict[str, Any]] = {}
     for lid in sorted({r["learner_id"] for r in reports}):
         incs = sorted((r for r in reports if r["learner_id"] == lid), key=lambda r: r["incarnation"])
-        first = min(r["started_at"] for r in incs)
-        last = end or max(r["time"] for r in incs)
+        productive, provisioned = chiptime.learner_chip_time(incs, end)
         processed = sum(r["tokens_processed"] for r in incs)
         merged = sum(f["merged_tokens"] for r in incs for f in r["fragments"].values()) / P
         out[str(lid)] = {
             "incarnations": len(incs),
-            "provisioned_seconds": last - first,
+            "provisioned_seconds": provisioned,
+            "productive_seconds": productive,
+            "goodput": productive / provisioned if provisioned > 0 else None,
             "up_seconds": sum(r["time"] - r["started_at"] for r in incs),
             "training_seconds": sum(r["busy_seconds"] for r in incs),
             "merged_seconds": sum(f["merged_seconds"] for r in incs for f in r["fragments"].values()) / P,

@@ -2,8 +2,11 @@
 
 Design choices:
 - Syncer-clocked rounds go round-robin over fragments (p = s mod P). A round opens every (H/P)·ξ_step
-  seconds (ξ_step: median step-time EMA of the live learners), at most τ rounds in flight, never two for
-  the same fragment.
+  seconds, at most τ rounds in flight, never two for the same fragment, and a fragment's round no sooner than
+  H·ξ_step after its previous version was published, so an answer covers about H learner steps (the merge's
+  latency is not taken out of them). ξ_step is the median of the live learners' *wall* seconds per step, the
+  loop's overhead included, each measured on the learner's own clock (`ddiloco.chiptime`): compute time alone
+  would open rounds faster than every H/P real steps.
 - A round merges once K answers arrived and the adaptive grace window
   clamp(γ·(τ·(H/P)·ξ_step − ξ_quorum − ξ_sync), 0, cap) has passed (or every live learner answered).
 - Answers are parsed and validated as they arrive (`ddiloco.intake`; every rule and reason is listed in
@@ -32,7 +35,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from ddiloco import signing, validation, wire
+from ddiloco import chiptime, signing, validation, wire
 from ddiloco.globalmodel import latest_version, publish_global, read_global, read_layout
 from ddiloco.hostname import host_name
 from ddiloco.intake import Intake, Round
@@ -73,6 +76,8 @@ class Syncer(Intake):
         self.notices: deque[dict[str, Any]] = deque(maxlen=MAX_NOTICES)
         self.step_clock = validation.StepClock()
         self.published_at: dict[tuple[int, int], float] = {}
+        self.merged_clock: dict[int, float] = {}
+        """fragment -> this syncer's `clock()` when its newest version was published (round pacing)."""
         self.layout = read_layout(store)
         d = self.cfg.diloco
         self.P = self.layout.num_fragments
@@ -94,6 +99,8 @@ class Syncer(Intake):
         self.learners: dict[int, dict[str, Any]] = {}
         self.heard: dict[int, tuple[tuple[int, int], float]] = {}
         """learner id -> ((incarnation, seq) of its newest report, this syncer's `clock()` when it changed)."""
+        self.past_reports: dict[str, dict[str, Any]] = {}
+        """report key -> the last report of an incarnation no longer its learner's newest (for goodput)."""
         self._next_refresh = 0.0
         self.bytes_published = 0
         self.late_answers = 0
@@ -227,18 +234,29 @@ class Syncer(Intake):
         """What the metrics collector exports at scrape time, derived from the syncer's own books."""
         reports = list(self.learners.values())
         discarded = sum(f["discarded_tokens"] for r in reports for f in r["fragments"].values()) / self.P
-        merged_seconds = sum(f["merged_seconds"] for r in reports for f in r["fragments"].values()) / self.P
-        starts = [r["started_at"] for r in reports]
-        elapsed = self.wall() - min(starts) if starts else 0.0
-        provisioned = self.cfg.diloco.learners * elapsed
+        processed = sum(r.get("tokens_processed") or 0 for r in [*reports, *list(self.past_reports.values())])
         return {
             "tokens_merged": self.tokens_merged(),
             "tokens_discarded": discarded,
             "token_budget": self.cfg.diloco.token_budget,
             "live_learners": len(self.live_learners()),
-            "goodput": merged_seconds / provisioned if provisioned > 0 else 0.0,
+            "goodput": self.goodput_so_far(),
+            "merged_token_share": min(self.tokens_merged() / processed, 1.0) if processed else 0.0,
             "versions": list(self.versions),
         }
+
+    def goodput_so_far(self) -> float:
+        """The paper's goodput up to now (`ddiloco.chiptime`). A live learner's books end at its newest
+        report; a dead one's are extended by the time since its report last changed, on this syncer's clock
+        (never by comparing this host's clock with the learner's)."""
+        learners, past, heard = dict(self.learners), list(self.past_reports.values()), dict(self.heard)
+        live = {r["learner_id"] for r in self.live_learners()}  # copies: a scrape runs on another thread
+        now, per_learner = self.clock(), []
+        for lid, newest in learners.items():
+            incs = [newest, *(r for r in past if r["learner_id"] == lid)]
+            down = 0.0 if lid in live or lid not in heard else now - heard[lid][1]
+            per_learner.append(chiptime.learner_chip_time(incs, newest["time"] + down))
+        return chiptime.goodput(per_learner) or 0.0
 
     def tokens_merged(self) -> float:
         return sum(led["merged_tokens"] for led in self.ledger) / self.P
@@ -262,10 +280,16 @@ class Syncer(Intake):
     # --- learners ---------------------------------------------------------------------------------------------
     def refresh_learners(self) -> None:
         newest: dict[int, str] = {}
-        for key in self.store.list("learners/"):
-            if key.endswith("/report.json") and key.split("/")[1].isdigit():
-                lid = int(key.split("/")[1])
-                newest[lid] = max(newest.get(lid, key), key)
+        keys = [
+            k
+            for k in self.store.list("learners/")
+            if k.endswith("/report.json") and k.split("/")[1].isdigit()
+        ]
+        for key in keys:
+            lid = int(key.split("/")[1])
+            newest[lid] = max(newest.get(lid, key), key)
+        for key in set(keys) - set(newest.values()) - set(self.past_reports):
+            self._read_past_report(key, int(key.split("/")[1]))
         for lid, key in newest.items():
             try:
                 report = self.store.get_json(key)
@@ -288,6 +312,20 @@ class Syncer(Intake):
             self.learner_events.append({"event": "lost", "learner": c, "time": now})
         self._live_prev = live
 
+    def _read_past_report(self, key: str, lid: int) -> None:
+        """Once, when an incarnation is superseded (or found so at start): its books for goodput."""
+        try:
+            report = self.store.get_json(key)
+        except StoreError as e:
+            log.debug("report %s unreadable (%s)", key, e)
+            return
+        if validation.report_ok(report, lid):
+            keep = ("learner_id", "incarnation", "time", "started_at", "joined_at", "final", "exit_reason")
+            self.past_reports[key] = {k: report.get(k) for k in keep} | {
+                "tokens_processed": report.get("tokens_processed") or 0,
+                "productive_seconds": chiptime.productive_seconds(report),
+            }
+
     def live_learners(self) -> list[dict[str, Any]]:
         """Learners whose report changed recently (five missed heartbeats mean dead) and is not final.
 
@@ -302,8 +340,12 @@ class Syncer(Intake):
         ]
 
     def xi_step(self) -> float:
-        times = [r["step_time_ema"] for r in self.live_learners() if r.get("step_time_ema")]
-        return statistics.median(times) if times else DEFAULT_STEP_S
+        """Median wall seconds per step of the live learners, loop overhead included (`chiptime.cadence`)."""
+        return self._measured_step() or DEFAULT_STEP_S
+
+    def _measured_step(self) -> float | None:
+        times = [t for r in self.live_learners() if (t := chiptime.cadence(r))]
+        return statistics.median(times) if times else None
 
     def grace_window(self) -> float:
         """clamp(γ·(τ·ξ_round − ξ_quorum − ξ_sync), 0, cap) with ξ_round = (H/P)·ξ_step, the time between two
@@ -326,9 +368,15 @@ class Syncer(Intake):
         d = self.cfg.diloco
         if len(self.open) >= d.overlap or not self.live_learners():
             return
-        interval = (d.sync_every / self.P) * self.xi_step()
+        measured = self._measured_step()
+        xi = measured or DEFAULT_STEP_S
         p = self.next_round % self.P
-        if now - self.last_open < interval or any(r.fragment_id == p for r in self.open.values()):
+        if now - self.last_open < (d.sync_every / self.P) * xi or any(
+            r.fragment_id == p for r in self.open.values()
+        ):
+            return
+        since_merge = now - self.merged_clock.get(p, -math.inf)
+        if measured is not None and since_merge < d.sync_every * xi:  # learners still train on the version
             return
         self.open[self.next_round] = Round(self.next_round, p, now, self.wall())
         self.next_round += 1
@@ -420,6 +468,7 @@ class Syncer(Intake):
             self.store, self.run_id, p, version, theta, d.global_dtype, {"round": rnd.round}, key=self.key
         )
         self.published_at[(p, version)] = published_at
+        self.merged_clock[p] = self.clock()
         self.published_at.pop((p, version - 64), None)
         self.bytes_published += published
         self.metrics.published.inc(published)
@@ -463,7 +512,9 @@ class Syncer(Intake):
         now = self.clock()
         if now >= self._next_refresh:
             self.refresh_learners()
-            self._next_refresh = now + 0.5
+            # Until a learner reported its cadence, rounds are paced by a guess: look again soon.
+            every = min(0.5, self.cfg.train.heartbeat_every_s) if self._measured_step() is not None else 0.05
+            self._next_refresh = now + every
         if self.tokens_merged() >= self.cfg.diloco.token_budget:
             self.finish()
             return True

@@ -232,6 +232,10 @@ def report_ok(r: Any, lid: int) -> bool:
             and isinstance(r["time"], num)
             and isinstance(r["started_at"], num)
             and isinstance(r.get("step_time_ema") or 0.0, num)
+            and isinstance(r.get("step_wall_ema") or 0.0, num)
+            and isinstance(r.get("productive_seconds") or 0.0, num)
+            and isinstance(r.get("joined_at") or 0.0, num)
+            and isinstance(r.get("tokens_processed") or 0, num)
             and isinstance(r.get("loss_ema") or 0.0, num)
             and all(
                 isinstance(f["discarded_tokens"], num) and isinstance(f["merged_seconds"], num)

@@ -27,7 +27,8 @@ def test_local_run_with_real_processes(tmp_path):
     assert s["global_versions_contiguous"]
     assert s["incarnations"] == {"0": 1, "1": 1, "2": 1}
     assert s["final_val_loss"] < s["initial_val_loss"]
-    assert 0 < s["goodput"] <= 1
+    assert 0.9 <= s["goodput"] <= 1, s["learner_accounting"]  # no failures: (almost) no learner time lost
+    assert 0 < s["merged_token_share"] < 1 and s["steps_per_answer"] > 1
     assert json.loads(open(run.summary_location).read())["run_id"] == "e2e"
     assert not open_store(run.url).list("updates/"), "merged and abandoned rounds are garbage-collected"
 

@@ -43,6 +43,7 @@ def test_dashboard_queries_only_use_exported_metrics():
     assert used <= METRIC_NAMES, sorted(used - METRIC_NAMES)
     for topic in ("Progress", "throughput", "Quorum", "Staleness", "Failures", "Bytes"):
         assert any(topic.lower() in p["title"].lower() for p in dash["panels"]), topic
+    assert {"ddiloco_syncer_goodput", "ddiloco_syncer_merged_token_share"} <= used
 
 
 def test_every_exported_metric_name_is_real():
@@ -58,6 +59,7 @@ def test_every_exported_metric_name_is_real():
         "token_budget": 2,
         "live_learners": 1,
         "goodput": 0.5,
+        "merged_token_share": 0.9,
         "versions": [0],
     }
     syncer = SyncerMetrics(reg, lambda: state)

@@ -88,6 +88,22 @@ def test_flat_metrics_are_scalars_with_flat_names(fake_run):
     assert "final_val_loss" not in m  # None is left out, not logged as 0
 
 
+def test_goodput_and_merged_token_share_are_two_figures_each_explained(fake_run):
+    """Issue 17 item 7: the paper's goodput and the merged-token share, side by side, one sentence each."""
+    summary = fake_run.get_json(wire.SUMMARY)
+    summary.update(goodput=0.97, merged_token_share=0.9, steps_per_answer=7.5, sync_every=8)
+    fake_run.put_json(wire.SUMMARY, summary)
+    run = load_run(fake_run, curve=False)
+    page, md, m = render_run_html(run), render_run_markdown(run), flat_metrics(run.summary)
+    assert "<td>goodput</td><td>97.0%</td>" in page and "<td>merged-token share</td><td>90.0%</td>" in page
+    assert "| goodput | 97.0% |" in md and "| merged-token share | 90.0% |" in md
+    assert "| inner steps per merged answer | 7.5 |" in md
+    for text in (page, md):
+        assert "Goodput: learner time spent training over provisioned learner time" in text
+        assert "Merged-token share: tokens merged into the global model over tokens the learners" in text
+    assert m["goodput"] == 0.97 and m["merged_token_share"] == 0.9 and m["steps_per_answer"] == 7.5
+
+
 def test_comparison_of_the_same_run_twice_renders(fake_run):
     run = load_run(fake_run, curve=False)
     page = render_comparison_html([run, run])

@@ -117,5 +117,8 @@ def test_reports_are_checked_before_the_syncer_reads_them():
     assert validation.report_ok(good, 3)
     assert not validation.report_ok(good, 4)
     assert not validation.report_ok({**good, "time": "now"}, 3)
+    assert validation.report_ok({**good, "step_wall_ema": 0.2, "productive_seconds": 3.0}, 3)
+    assert not validation.report_ok({**good, "step_wall_ema": "fast"}, 3)
+    assert not validation.report_ok({**good, "productive_seconds": [1]}, 3)
     assert not validation.report_ok([], 3)
     assert not validation.report_ok({**good, "fragments": {"0": {"discarded_tokens": None}}}, 3)

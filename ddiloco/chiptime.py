@@ -1,0 +1,131 @@
+"""Learner chip-time: how fast a learner really steps, and how much of its provisioned time it trained.
+
+Design choices:
+- A learner measures its own cadence on its own monotonic clock (`StepCadence`): the seconds from one inner
+  step's end to the next's, so the loop's overhead (applying fragments, snapshotting answers, reports,
+  checkpoints, and in an in-process driver everything else the thread runs) is included. The syncer paces
+  rounds by it (`step_wall_ema` in the report), never by comparing two machines' clocks. Compute alone
+  (`step_time_ema`) under-counts a step, so rounds would open more often than every H/P real steps.
+- The same intervals, summed, are the learner's *productive* seconds: time in its training loop. An
+  interval longer than `STALL_FACTOR` × the current cadence and `MIN_STALL_S` is a stall (the process was
+  stopped, its host starved it): only that much of it counts, the rest is lost. The cadence takes at most
+  `STALL_FACTOR` × itself from any one interval, so one slow step barely moves it.
+- Goodput is the paper's quantity: productive learner seconds / provisioned learner seconds. A learner id
+  is provisioned from when it first joined the run to the end of the run; the time it is down after a kill,
+  the restart and rejoin of the next incarnation, and stalls are lost. Overlap steps that α = 0 overwrites
+  and late answers are productive chip-time here; they count against the merged-token share (tokens
+  merged / processed) instead.
+- Provisioned time is measured on the learner's own clock wherever it can be: a learner that ran to the end
+  of the run ends at its own final report, so a clean run's goodput does not depend on clock skew between
+  hosts.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+EMA = 0.1
+WARMUP_SAMPLES = 5
+STALL_FACTOR = 5.0
+MIN_STALL_S = 1.0
+
+
+class StepCadence:
+    """Wall seconds per inner step, loop overhead included (EMA), and productive seconds, on one clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.productive_seconds = 0.0
+        self._ema: float | None = None
+        self._samples: list[float] = []  # the first round(1/EMA) intervals
+        self._last_end: float | None = None
+        self._steps = 0
+
+    @property
+    def ema(self) -> float | None:
+        """Seconds per step; None until `WARMUP_SAMPLES` intervals were seen (a first interval alone is often
+        far off, and the syncer would pace rounds by it until the next report)."""
+        return self._ema if len(self._samples) >= WARMUP_SAMPLES else None
+
+    @property
+    def just_measured(self) -> bool:
+        """True right after the cadence became known: worth a report, the syncer paces rounds by it."""
+        return len(self._samples) == WARMUP_SAMPLES and self._steps == WARMUP_SAMPLES + 1
+
+    def begin(self) -> None:
+        """The training loop starts (the learner joined the run): its time is productive from here."""
+        self._last_end = self.clock()
+
+    def step_done(self, compute_s: float) -> None:
+        """Call at the end of every inner step. Without `begin`, the first step's compute time `compute_s`
+        counts as productive; the cadence starts with the interval between the first two step ends. It is
+        the median of the first round(1/EMA) intervals (the first steps meet one-off costs: a first merge,
+        first downloads), an EMA from there on."""
+        now, last = self.clock(), self._last_end
+        self._last_end = now
+        self._steps += 1
+        if last is None or self._steps == 1:  # no step end before this one: not a cadence sample
+            self.productive_seconds += compute_s if last is None else now - last
+            return
+        interval = now - last
+        if self._ema is not None:  # the rest of a stall is lost time, and no cadence sample
+            self.productive_seconds += min(interval, max(STALL_FACTOR * self._ema, MIN_STALL_S))
+            interval = min(interval, STALL_FACTOR * self._ema)
+        else:
+            self.productive_seconds += interval
+        if len(self._samples) < round(1 / EMA):
+            self._samples.append(interval)
+            self._ema = statistics.median(self._samples)
+        else:
+            self._ema = (1 - EMA) * self._ema + EMA * interval  # type: ignore[operator]
+
+    def finish(self) -> None:
+        """The loop ends (the run is done, or the learner stops): winding down since the last step counts."""
+        if self._last_end is not None:
+            self.productive_seconds += self.clock() - self._last_end
+            self._last_end = None
+
+
+def productive_seconds(report: dict[str, Any]) -> float:
+    """An incarnation's productive seconds; reports written before the field existed give compute time."""
+    v = report.get("productive_seconds")
+    return float(v if v is not None else report.get("busy_seconds") or 0.0)
+
+
+def cadence(report: dict[str, Any]) -> float | None:
+    """Wall seconds per step of a report: its loop cadence (None until measured), or compute time for a
+    learner too old to report a cadence."""
+    if "step_wall_ema" in report:
+        return report["step_wall_ema"] or None
+    return report.get("step_time_ema") or None
+
+
+def learner_chip_time(incarnations: Iterable[dict[str, Any]], end: float | None) -> tuple[float, float]:
+    """(productive, provisioned) seconds of one learner id from the reports of its incarnations.
+
+    Provisioned: from the moment the learner id first joined the run (its first incarnation's `joined_at`;
+    setting up the run is not a failure) to `end` (the run's end or now; None: the newest report), or to the
+    newest report when that one is final because the run was done (the learner's own clock). A later
+    incarnation's start-up is lost time: it happens only because the previous one died."""
+    incs = sorted(incarnations, key=lambda r: r["incarnation"])
+    if not incs:
+        return 0.0, 0.0
+    newest = incs[-1]
+    stop = newest["time"]
+    if end is not None and not (newest.get("final") and newest.get("exit_reason") == "done"):
+        stop = max(stop, end)
+    first = incs[0].get("joined_at") or incs[0]["started_at"]
+    provisioned = max(stop - first, 0.0)
+    productive = min(sum(productive_seconds(r) for r in incs), provisioned)
+    return productive, provisioned
+
+
+def goodput(per_learner: Iterable[tuple[float, float]], missing_seconds: float = 0.0) -> float | None:
+    """Σ productive / Σ provisioned over learner ids; `missing_seconds`: provisioned time of learner ids
+    that never reported (all of it lost). None before anything was provisioned."""
+    pairs = list(per_learner)
+    provisioned = sum(p for _, p in pairs) + missing_seconds
+    return sum(t for t, _ in pairs) / provisioned if provisioned > 0 else None
