@@ -33,9 +33,6 @@ from typing import Any
 
 NAMESPACE_ENV = "DDILOCO_K8S_NAMESPACE"
 """The pod's namespace (the pipeline sets it from the downward API `metadata.namespace`)."""
-POD_NAME_ENV = "DDILOCO_POD_NAME"
-"""The pod's name (downward API `metadata.name`): what learners and the syncer report as their host, because
-the kubelet truncates hostnames to 63 characters and Argo's pod names are longer (ddiloco.wire.host_name)."""
 USAGE_ERROR = 2
 """`ddiloco` exits 2 for a mistake its one-line message explains: restarting cannot help."""
 
@@ -166,13 +163,18 @@ def model_pointer(model: Any, store_url: str, key: str, meta: Mapping[str, Any] 
     model.metadata.update(pointer)
 
 
-def store_json(store_url: str, key: str, s3_endpoint: str = "") -> dict[str, Any] | None:
-    """One small JSON object from the run's store (e.g. final/meta.json), or None."""
+def open_run_store(store_url: str, s3_endpoint: str = "") -> Any:
+    """The run's store, opened in this component's process (`s3_endpoint` as DDILOCO_S3_ENDPOINT)."""
     if s3_endpoint:
         os.environ["DDILOCO_S3_ENDPOINT"] = s3_endpoint  # this component's own process only
     from ddiloco.store import open_store
 
-    return open_store(store_url).get_json_or_none(key)
+    return open_store(store_url)
+
+
+def store_json(store_url: str, key: str, s3_endpoint: str = "") -> dict[str, Any] | None:
+    """One small JSON object from the run's store (e.g. final/meta.json), or None."""
+    return open_run_store(store_url, s3_endpoint).get_json_or_none(key)
 
 
 def publish_file(src: str | Path, artifact: Any) -> bool:
@@ -274,7 +276,8 @@ def write_incomplete_report(
 ) -> None:
     """HTML + Markdown for a run the full report cannot describe (it failed or was stopped early)."""
     try:
-        present = [(label, store_json(store_url, key, s3_endpoint) is not None) for key, label in RUN_MARKERS]
+        store = open_run_store(store_url, s3_endpoint)
+        present = [(label, store.exists(key)) for key, label in RUN_MARKERS]
         reached = ""
     except Exception as e:  # noqa: BLE001 (the store itself may be what failed the run)
         present, reached = [], f"The run's store could not be read: {e}"

@@ -291,18 +291,12 @@ class Syncer(Intake):
         for key in set(keys) - set(newest.values()) - set(self.past_reports):
             self._read_past_report(key, int(key.split("/")[1]))
         for lid, key in newest.items():
-            try:
-                report = self.store.get_json(key)
-            except StoreError as e:
-                log.debug("report %s unreadable (%s)", key, e)
-                continue
-            if validation.report_ok(report, lid):
+            report = self._read_report(key, lid)
+            if report is not None:
                 self.learners[lid] = report
                 mark = (int(report["incarnation"]), int(report.get("seq") or 0))
                 if lid not in self.heard or self.heard[lid][0] != mark:
                     self.heard[lid] = (mark, self.clock())
-            else:
-                log.warning("syncer: ignoring malformed learner report %s", key)
 
         live = {wire.contributor(r["learner_id"], r["incarnation"]) for r in self.live_learners()}
         now = self.wall()
@@ -312,14 +306,22 @@ class Syncer(Intake):
             self.learner_events.append({"event": "lost", "learner": c, "time": now})
         self._live_prev = live
 
-    def _read_past_report(self, key: str, lid: int) -> None:
-        """Once, when an incarnation is superseded (or found so at start): its books for goodput."""
+    def _read_report(self, key: str, lid: int) -> dict[str, Any] | None:
+        """A learner report that reads and validates, else None (logged)."""
         try:
             report = self.store.get_json(key)
         except StoreError as e:
             log.debug("report %s unreadable (%s)", key, e)
-            return
-        if validation.report_ok(report, lid):
+            return None
+        if not validation.report_ok(report, lid):
+            log.warning("syncer: ignoring malformed learner report %s", key)
+            return None
+        return report
+
+    def _read_past_report(self, key: str, lid: int) -> None:
+        """Once, when an incarnation is superseded (or found so at start): its books for goodput."""
+        report = self._read_report(key, lid)
+        if report is not None:
             keep = ("learner_id", "incarnation", "time", "started_at", "joined_at", "final", "exit_reason")
             self.past_reports[key] = {k: report.get(k) for k in keep} | {
                 "tokens_processed": report.get("tokens_processed") or 0,

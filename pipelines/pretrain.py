@@ -42,8 +42,9 @@ from kfp import dsl, kubernetes
 
 from components.images import DEFAULT_REGISTRY
 from components.roles import build
-from components.runtime import NAMESPACE_ENV, POD_NAME_ENV
+from components.runtime import NAMESPACE_ENV
 from ddiloco.chaos_k8s import DEFAULT_SELECTOR, ROLE_LABEL
+from ddiloco.hostname import POD_NAME_ENV
 
 KFP_SECRET = "mlpipeline-minio-artifact"
 RUN_KEY_ENV = "DDILOCO_RUN_KEY"  # ddiloco.signing.ENV_VAR (pipelines import no torch-heavy modules)
