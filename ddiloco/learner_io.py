@@ -102,8 +102,12 @@ class RoundRecords:
         rec = self.store.get_json_or_none(wire.round_record_key(round_))
         if rec is None:
             return None
-        return {"round": round_, "fragment_id": rec["fragment_id"], "version": rec["version"],
-                "contributors": list(rec["contributors"])}  # fmt: skip
+        return {
+            "round": round_,
+            "fragment_id": rec["fragment_id"],
+            "version": rec["version"],
+            "contributors": list(rec["contributors"]),
+        }
 
     def read(self, round_: int) -> dict[str, Any] | None:
         """Read the round's record into `known` now; None if it has none (it never merged). May raise

@@ -135,11 +135,19 @@ class StoreLogHandler(logging.Handler):
                 return None
             _, ident, incarnation = self._target
             doc = {
-                "role": self.role, "id": ident, "incarnation": incarnation, "pid": os.getpid(),
-                "host": socket.gethostname(), "started_at": self.started_at, "time": time.time(),
-                "exit": self._exit, "max_bytes": self.max_bytes, "dropped_lines": self.dropped_lines,
-                "dropped_bytes": self.dropped_bytes, "lines": list(self._lines),
-            }  # fmt: skip
+                "role": self.role,
+                "id": ident,
+                "incarnation": incarnation,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started_at": self.started_at,
+                "time": time.time(),
+                "exit": self._exit,
+                "max_bytes": self.max_bytes,
+                "dropped_lines": self.dropped_lines,
+                "dropped_bytes": self.dropped_bytes,
+                "lines": list(self._lines),
+            }
             return self._seq, doc
 
     def ship(self) -> bool:
@@ -375,8 +383,15 @@ def died(
             why = "exited without a final report" if end == "exit" else "exited with an error"
         if why is not None:
             lines = text_lines(doc)
-            out.append({
-                "key": key, "who": who(role, ident, inc, dup), "why": why, "time": doc.get("time"),
-                "lines": lines[-tail:], "total_lines": len(lines), "dropped_lines": doc.get("dropped_lines"),
-            })  # fmt: skip
+            out.append(
+                {
+                    "key": key,
+                    "who": who(role, ident, inc, dup),
+                    "why": why,
+                    "time": doc.get("time"),
+                    "lines": lines[-tail:],
+                    "total_lines": len(lines),
+                    "dropped_lines": doc.get("dropped_lines"),
+                }
+            )
     return sorted(out, key=lambda d: d["time"] or 0)[-limit:] if len(out) > limit else out

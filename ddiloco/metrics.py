@@ -44,9 +44,11 @@ class LearnerMetrics:
             f"{ns}_loss", "Training loss of the last inner step", ["learner_id"], registry=registry
         ).labels(**lbl)
         self.learning_rate = Gauge(
-            f"{ns}_learning_rate", "Inner learning rate of the last step (ddiloco.schedule)", ["learner_id"],
+            f"{ns}_learning_rate",
+            "Inner learning rate of the last step (ddiloco.schedule)",
+            ["learner_id"],
             registry=registry,
-        ).labels(**lbl)  # fmt: skip
+        ).labels(**lbl)
         self.tokens_per_second = Gauge(
             f"{ns}_tokens_per_second", "Inner-step throughput (EMA)", ["learner_id"], registry=registry
         ).labels(**lbl)

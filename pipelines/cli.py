@@ -182,9 +182,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         params = parse_params(args.param, package_parameters(package))
         client = _client(args)
         result = client.create_run_from_pipeline_package(
-            str(package), arguments=params, run_name=args.run_name, experiment_name=args.experiment,
-            namespace=args.namespace, enable_caching=False,
-        )  # fmt: skip
+            str(package),
+            arguments=params,
+            run_name=args.run_name,
+            experiment_name=args.experiment,
+            namespace=args.namespace,
+            enable_caching=False,
+        )
     print(
         json.dumps(
             {"run_id": result.run_id, "url": f"{args.host.rstrip('/')}/#/runs/details/{result.run_id}"}
