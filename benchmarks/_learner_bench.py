@@ -1,6 +1,6 @@
 """Shared by the learner benchmarks: a prepared store with a real syncer process, the plain loop, timing.
 
-The plain loop is the learner's own inner step (`ddiloco.accel.train_step`: same model from global version 0,
+The plain loop is the learner's own inner step (`ddiloco.learner.accel.train_step`: same model from global version 0,
 same data loader, same AdamW, precision and compile setting) without any of the DiLoCo machinery. Both
 paths read each step's loss one step late on CUDA, as the learner does, and synchronise the device at the
 end of every timed slice, so tokens/s are what the device really sustained.
@@ -18,12 +18,12 @@ from collections.abc import Iterator
 
 import torch
 
-from ddiloco import wire
-from ddiloco.accel import lr_at, maybe_compile, resolve_precision, to_device, train_step
+from ddiloco import keys
 from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import build_model, read_global, read_layout
-from ddiloco.learner import Learner
+from ddiloco.learner.accel import lr_at, maybe_compile, resolve_precision, to_device, train_step
+from ddiloco.learner.loop import Learner
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import load_tokens, prepare
 from ddiloco.store import Store, open_store
@@ -68,7 +68,7 @@ class PlainLoop:
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))
         self.net = maybe_compile(self.model, t.compile)
         self.loader = ShardLoader(
-            load_tokens(store, wire.shard_key(0), cfg.run_id),
+            load_tokens(store, keys.shard_key(0), cfg.run_id),
             batch_size=t.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed * 1000,
         )  # fmt: skip
         self.cfg, self.device = cfg, device

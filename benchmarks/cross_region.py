@@ -42,10 +42,10 @@ import torch
 from ddiloco.baseline import run_baseline
 from ddiloco.config import RunConfig, load_config
 from ddiloco.launch import LocalRun
+from ddiloco.posttrain.summary import read_reports
 from ddiloco.prepare import prepare
 from ddiloco.store import open_store
 from ddiloco.store.shaped import Link
-from ddiloco.summary import read_reports
 
 log = logging.getLogger("cross_region")
 

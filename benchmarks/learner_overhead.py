@@ -1,7 +1,7 @@
 """Learner tokens/s with and without the DiLoCo machinery, measured side by side in one run, by step count.
 
 (a) plain: the same model, data loader and AdamW inner step in a bare loop (`_learner_bench.PlainLoop`);
-(b) learner: `ddiloco.learner.Learner` answering rounds of a real syncer process over a file:// store
+(b) learner: `ddiloco.learner.loop.Learner` answering rounds of a real syncer process over a file:// store
     (snapshots, uploads, downloads and applies of new global versions, reports, checkpoints).
 The two alternate for --repeats rounds so machine noise hits both; the last line is one JSON object.
 `learner_throughput.py` measures the same by time, with MFU and GPU presets.
@@ -19,10 +19,10 @@ import time
 import torch
 from _learner_bench import PlainLoop, prepared_run, sync
 
-from ddiloco import wire
-from ddiloco.accel import resolve_device
+from ddiloco import keys
 from ddiloco.config import load_config
-from ddiloco.learner import Learner
+from ddiloco.learner.accel import resolve_device
+from ddiloco.learner.loop import Learner
 
 
 def tokens_per_s(fn, steps: int, device: torch.device) -> float:
@@ -61,7 +61,7 @@ def main() -> None:
         for _ in range(args.repeats):
             plain_samples.append(tokens_per_s(lambda: plain.run(1), args.steps, device))
             learner_samples.append(tokens_per_s(tick, args.steps, device))
-        status = store.get_json_or_none(wire.STATUS) or {}
+        status = store.get_json_or_none(keys.STATUS) or {}
         rounds_answered = learner.rounds_answered
         learner._finish("max_steps")
     p, d = statistics.median(plain_samples), statistics.median(learner_samples)

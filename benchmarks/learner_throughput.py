@@ -2,7 +2,7 @@
 
 (a) plain: the learner's own inner step in a bare loop (`_learner_bench.PlainLoop`: same model from global
     version 0, same data, AdamW (fused on CUDA), precision and compile setting);
-(b) learner: `ddiloco.learner.Learner` on a file:// run prepared by `ddiloco.prepare`, answering the rounds
+(b) learner: `ddiloco.learner.loop.Learner` on a file:// run prepared by `ddiloco.prepare`, answering the rounds
     of a real `ddiloco syncer` process (snapshots, uploads, new global versions, reports, checkpoints).
 The two alternate in --repeats slices so drift and noise hit both; tokens/s = tokens / seconds over a mode's
 slices, and overhead = 1 − learner / plain.
@@ -30,10 +30,10 @@ import time
 import torch
 from _learner_bench import PlainLoop, learner_step, prepared_run, sync, timed
 
-from ddiloco import wire
-from ddiloco.accel import resolve_device, resolve_precision
+from ddiloco import keys
 from ddiloco.config import load_config
-from ddiloco.learner import Learner
+from ddiloco.learner.accel import resolve_device, resolve_precision
+from ddiloco.learner.loop import Learner
 from ddiloco.model import count_params, flops_per_token
 
 # preset: recipe (DiLoCo settings), seq_len, batch_size, synthetic documents
@@ -121,7 +121,7 @@ def main() -> None:
                 tokens, seconds, steps = timed(fn, device, slice_s)
                 totals[mode] = [totals[mode][0] + tokens, totals[mode][1] + seconds, totals[mode][2] + steps]
                 samples[mode].append(tokens / seconds)
-        status = store.get_json_or_none(wire.STATUS) or {}
+        status = store.get_json_or_none(keys.STATUS) or {}
         rounds_answered = learner.rounds_answered
         learner._finish("max_steps")
         losses = {"plain": plain.loss, "learner": learner.loss}

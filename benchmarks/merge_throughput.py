@@ -21,7 +21,7 @@ import time
 import torch
 
 from ddiloco.compression import CODECS, decode, encode, encoded_nbytes
-from ddiloco.outer import OuterNesterov, merge, token_weight
+from ddiloco.merge import OuterNesterov, merge, token_weight
 
 
 def main() -> None:

@@ -1,12 +1,12 @@
 """The KFP components: one `ddiloco` role each, as lightweight Python components on our own images.
 
-Each body is one call into `components.runtime` (run the role, log what it returned); everything a person
+Each body is one call into `ddiloco.components.runtime` (run the role, log what it returned); everything a person
 turns in the UI is an input. The images already hold ddiloco and kfp (`install_kfp_package=False`), and
-their tag is the package version (`components.images`). Lightweight Python components, not container
+their tag is the package version (`ddiloco.components.images`). Lightweight Python components, not container
 components, so that the same components also run under `kfp.local.SubprocessRunner` in the tests.
 
 Store access: `store` is the store base (`s3://bucket/prefix`, `{namespace}` = the pod's namespace) and
-`run_id` the run; the run root is `{store}/{run_id}` (`components.runtime.run_root`; an empty run_id takes
+`run_id` the run; the run root is `{store}/{run_id}` (`ddiloco.components.runtime.run_root`; an empty run_id takes
 `store` as the run root, for use by hand). The pipelines pass `run_id` as the whole value
 `{{$.pipeline_job_uuid}}`, the only form KFP's driver resolves. `s3_endpoint` becomes
 DDILOCO_S3_ENDPOINT for the role, and the credentials come from a Secret as environment variables (the
@@ -16,10 +16,9 @@ pipeline maps them). An empty `s3_endpoint` keeps the environment's (local runs,
 from dataclasses import dataclass
 from typing import Any
 
+from ddiloco.components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
 from kfp import dsl
 from kfp.dsl import HTML, Markdown, Metrics, Model, Output
-
-from components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
 
 
 def prepare(
@@ -36,7 +35,7 @@ def prepare(
 ) -> list[int]:
     """Write the run config, tokenizer, data shards, validation split and global version 0 to the run root;
     return the learner ids. quorum / token_budget 0 keep the recipe's; chaos is a YAML/JSON chaos section."""
-    from components.runtime import ddiloco, prepare_settings, run_root
+    from ddiloco.components.runtime import ddiloco, prepare_settings, run_root
 
     settings = prepare_settings(overrides, learners, quorum, token_budget, chaos, max_learners)
     root = run_root(store, run_id)
@@ -56,7 +55,7 @@ def learner(
 ):
     """One learner until the run is done (max_steps > 0: stop after that many inner steps); Prometheus
     /metrics on metrics_port (-1: off); a crash is restarted in the pod up to `restarts` times."""
-    from components.runtime import ddiloco, run_root
+    from ddiloco.components.runtime import ddiloco, run_root
 
     ddiloco(
         "learner",
@@ -82,7 +81,7 @@ def syncer(
     """The syncer until the token budget is merged (Prometheus /metrics on metrics_port, -1: off); the final
     model stays in the store (the Model artifact points at it); a crash is restarted in the pod up to
     `restarts` times (it resumes from its state in the store)."""
-    from components.runtime import ddiloco, run_root, store_model
+    from ddiloco.components.runtime import ddiloco, run_root, store_model
 
     root = run_root(store, run_id)
     ddiloco(
@@ -105,7 +104,7 @@ def chaos(
     selector: str = "ddiloco.io/role in (learner,syncer)",
 ):
     """Fire the run's timed chaos schedule at this run's learner / syncer pods; Markdown = what it did."""
-    from components.runtime import ddiloco, run_root
+    from ddiloco.components.runtime import ddiloco, run_root
 
     ddiloco(
         "chaos",
@@ -127,7 +126,7 @@ def evaluate(
 ):
     """Validation loss, perplexity and task accuracy of a checkpoint (final, sft, latest, round:N);
     extra_args go to `ddiloco evaluate` as they are."""
-    from components.runtime import ddiloco, log_metrics, run_root
+    from ddiloco.components.runtime import ddiloco, log_metrics, run_root
 
     root = run_root(store, run_id)
     log_metrics(metrics, ddiloco("evaluate", *extra_args, store=root, model=model, s3_endpoint=s3_endpoint))
@@ -143,7 +142,7 @@ def sft(
 ):
     """Supervised fine-tuning of the final model; the result stays in the store (Model = pointer);
     extra_args go to `ddiloco sft` as they are."""
-    from components.runtime import ddiloco, log_metrics, run_root, store_model
+    from ddiloco.components.runtime import ddiloco, log_metrics, run_root, store_model
 
     root = run_root(store, run_id)
     log_metrics(metrics, ddiloco("sft", *extra_args, store=root, s3_endpoint=s3_endpoint))
@@ -160,7 +159,7 @@ def report(
 ):
     """The run report (HTML and Markdown, rendered by the KFP UI) and the summary's headline numbers; the
     pipeline's exit handler, so a failed run gets one too (saying how far it got)."""
-    from components.runtime import run_report, run_root
+    from ddiloco.components.runtime import run_report, run_root
 
     run_report(run_root(store, run_id), html, markdown, summary, s3_endpoint)
 
@@ -168,7 +167,7 @@ def report(
 def join_check(store: str, s3_endpoint: str = "", learners: int = 2, max_learners: int = 8) -> list[int]:
     """Check that this cluster reads a prepared run at `store` with its own credentials; return the slots of
     the learners to start."""
-    from components.runtime import join_slots
+    from ddiloco.components.runtime import join_slots
 
     return join_slots(store, learners, max_learners, s3_endpoint)
 
@@ -188,7 +187,7 @@ def joiner(
     """One learner of this cluster joined to the run at `store` (`ddiloco learner --join`): it claims a free
     learner id, and a retry of the same slot takes that id back; reports and metrics carry `site`; a crash
     is restarted in the pod up to `restarts` times."""
-    from components.runtime import ddiloco, join_name
+    from ddiloco.components.runtime import ddiloco, join_name
 
     ddiloco(
         "learner", join=store, site=site, join_name=join_name(run_tag, slot), device=device or None,

@@ -217,7 +217,7 @@ def join_slots(store_url: str, learners: int, max_learners: int, s3_endpoint: st
             f"learners={learners}: this pipeline was compiled for 1..{max_learners} concurrent learners; "
             "recompile with `ddiloco pipeline compile --pipeline join --max-learners N` for more"
         )
-    if store_json(store_url, "config.json", s3_endpoint) is None:  # ddiloco.wire.CONFIG
+    if store_json(store_url, "config.json", s3_endpoint) is None:  # ddiloco.keys.CONFIG
         raise ValueError(
             f"no run at {store_url} (no config.json): give the run root of a running run, "
             "s3://BUCKET/PREFIX/RUN_ID (its pretrain pipeline's KFP run id), readable with this cluster's Secret"
@@ -233,9 +233,12 @@ def join_name(run_tag: str, slot: int) -> str:
 def store_model(model: Any, store_url: str, which: str, s3_endpoint: str = "") -> None:
     """Model artifact for the run's `final` or `sft` checkpoint (see `model_pointer`)."""
     if which == "final":
-        key, meta_key = "final/model.safetensors", "final/meta.json"  # ddiloco.wire.FINAL_MODEL / FINAL_META
+        key, meta_key = "final/model.safetensors", "final/meta.json"  # ddiloco.keys.FINAL_MODEL / FINAL_META
     elif which == "sft":
-        key, meta_key = "sft/model.safetensors", "sft/meta.json"  # ddiloco.evaluate.SFT_MODEL / SFT_META
+        key, meta_key = (
+            "sft/model.safetensors",
+            "sft/meta.json",
+        )  # ddiloco.posttrain.evaluate.SFT_MODEL / SFT_META
     else:
         raise ValueError(f"unknown checkpoint {which!r}; use final or sft")
     meta = store_json(store_url, meta_key, s3_endpoint) or {}
@@ -268,7 +271,7 @@ RUN_MARKERS = (
     ("sft/meta.json", "fine-tuned"),
     ("eval/sft.json", "fine-tuned model evaluated"),
 )
-"""Objects of the run root (ddiloco.wire / evaluate key names) that say how far a run got."""
+"""Objects of the run root (ddiloco.protocol.wire / evaluate key names) that say how far a run got."""
 
 
 def write_incomplete_report(

@@ -33,14 +33,15 @@ from typing import Any
 
 import torch
 
-from ddiloco import wire
-from ddiloco.accel import inner_step, resolve_device
+from ddiloco import keys
 from ddiloco.config import ConfigError, RunConfig
 from ddiloco.data import ShardLoader
-from ddiloco.evaluate import validation_loss
 from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_global, read_layout
+from ddiloco.learner.accel import inner_step, resolve_device
 from ddiloco.model import GPT, configure_optimizer
+from ddiloco.posttrain.evaluate import validation_loss
 from ddiloco.prepare import load_run_config, load_tokens
+from ddiloco.protocol import wire
 from ddiloco.schedule import lr_at, progress_of
 from ddiloco.store import Store, open_store
 from ddiloco.store.shaped import Link
@@ -173,9 +174,9 @@ def _rank_main(rank: int, plan: Plan) -> None:
     dist.init_process_group(plan.backend, rank=rank, world_size=plan.world_size)
     try:
         layout = read_layout(store)
-        meta = store.get_json(wire.DATA_META)
+        meta = store.get_json(keys.DATA_META)
         loader = ShardLoader(
-            load_tokens(store, wire.shard_key(rank % meta["num_shards"]), cfg.run_id),
+            load_tokens(store, keys.shard_key(rank % meta["num_shards"]), cfg.run_id),
             batch_size=t.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed * 1000 + rank,
         )  # fmt: skip
         model = load_initial_model(store, cfg, layout).to(device)
@@ -241,7 +242,7 @@ def run_baseline(
         raise ConfigError("ddiloco baseline runs M processes; use a file:// or s3:// store, not memory://")
     store = open_store(url)
     cfg = load_run_config(store)
-    if store.get_json_or_none(wire.DATA_META) is None:
+    if store.get_json_or_none(keys.DATA_META) is None:
         raise ConfigError(f"{url} is not prepared; run `ddiloco prepare --store {url}` first (or --prepare)")
     M = learners or cfg.diloco.learners
     budget = tokens or cfg.diloco.token_budget
@@ -270,7 +271,7 @@ def run_baseline(
     _spawn(plan, timeout)
     elapsed = time.time() - started
     reports = [store.get_json(baseline_rank_key(r)) for r in range(M)]
-    val = load_tokens(store, wire.VAL, cfg.run_id)
+    val = load_tokens(store, keys.VAL, cfg.run_id)
 
     def evaluate(model: GPT) -> float:
         e = cfg.eval
@@ -299,7 +300,7 @@ def run_baseline(
     }  # fmt: skip
     summary["tokens_per_second"] = summary["tokens_processed"] / summary["wall_seconds"]
     if tasks:
-        from ddiloco.evaluate import evaluate_checkpoint
+        from ddiloco.posttrain.evaluate import evaluate_checkpoint
 
         result = evaluate_checkpoint(store, BASELINE_MODEL, name="baseline", ecfg=cfg.eval)
         summary["task_accuracy"] = result["task_accuracy"]

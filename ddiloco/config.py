@@ -373,7 +373,7 @@ class RunConfig:
             "restart: delay_s ≥ 0, factor ≥ 1, max_restarts ≥ 0",
         )
         if self.chaos is not None:
-            from ddiloco.chaos import ChaosConfigError, schedule_from_config
+            from ddiloco.chaos.local import ChaosConfigError, schedule_from_config
 
             p = self.chaos.poisson
             if p is not None and p.learners is not None:

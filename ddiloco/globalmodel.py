@@ -5,7 +5,7 @@ Design choices:
   once by `prepare` next to global version 0, so learners and the syncer agree on it without talking.
 - A global version is a write-once payload `global/{p}/v{n}`; the small `latest.json` pointer is written
   after it. Readers verify run id, kind, fragment, version, names and shapes before using a payload.
-- With the run key (`ddiloco.signing.for_run`) every global version is signed by its writer (prepare for
+- With the run key (`ddiloco.protocol.signing.for_run`) every global version is signed by its writer (prepare for
   v0, the syncer after) and every reader given the key requires a valid signature. Reads are capped at the
   size the layout allows (fp32 fragment + header slack), so a hostile object costs one refused request.
 """
@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.fragments import Fragment, partition
 from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
+from ddiloco.protocol import wire
 from ddiloco.store import NotFound, ObjectTooLarge, Store
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def make_layout(model: GPT, num_fragments: int) -> Layout:
 
 
 def read_layout(store: Store) -> Layout:
-    return Layout.from_json(store.get_json(wire.LAYOUT))
+    return Layout.from_json(store.get_json(keys.LAYOUT))
 
 
 def build_model(layout: Layout, seed: int = 0) -> GPT:
@@ -129,20 +130,20 @@ def publish_global(
         {"run_id": run_id, "kind": "global", "fragment_id": p, "version": version, **(extra or {})},
         key=key,
     )
-    store.put(wire.global_key(p, version), blob)
-    store.put_json(wire.global_latest_key(p), {"version": version, "key": wire.global_key(p, version)})
+    store.put(keys.global_key(p, version), blob)
+    store.put_json(keys.global_latest_key(p), {"version": version, "key": keys.global_key(p, version)})
     return len(blob)
 
 
 def latest_version(store: Store, p: int) -> int | None:
     """The version the `latest` pointer of fragment p names; None if there is none yet. The pointer is plain
     JSON (unsigned): it only says where to look, and whatever it names is verified when read."""
-    d = store.get_json_or_none(wire.global_latest_key(p), max_bytes=4096)
+    d = store.get_json_or_none(keys.global_latest_key(p), max_bytes=4096)
     if d is None:
         return None
     v = d.get("version") if isinstance(d, dict) else None
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise wire.PayloadError("malformed", f"{wire.global_latest_key(p)} names no version ({str(d)[:80]})")
+        raise wire.PayloadError("malformed", f"{keys.global_latest_key(p)} names no version ({str(d)[:80]})")
     return v
 
 
@@ -152,7 +153,7 @@ def read_global(
     """Read and verify global version `version` of fragment p; tensors come back as fp32.
 
     Raises `wire.PayloadError` for anything unacceptable (an oversized object is `too_large`)."""
-    blob = _get_capped(store, wire.global_key(p, version), layout.fragment_max_bytes(p))
+    blob = _get_capped(store, keys.global_key(p, version), layout.fragment_max_bytes(p))
     payload = wire.unpack(
         blob, expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version}, key=key
     )
@@ -184,7 +185,7 @@ def write_initial_globals(
     store: Store, run_id: str, model: GPT, layout: Layout, dtype: str, *, key: bytes | None = None
 ) -> None:
     """Global version 0 of every fragment, from the seeded init. Written once, before any learner starts."""
-    store.put_json(wire.LAYOUT, layout.to_json())
+    store.put_json(keys.LAYOUT, layout.to_json())
     params = dict(model.named_parameters())
     for frag in layout.fragments:
         if latest_version(store, frag.fragment_id) is not None:
@@ -216,7 +217,7 @@ def load_final_model(store: Store, run_id: str, layout: Layout, *, key: bytes | 
     """The syncer's final model; with the run `key` its signature is required."""
     model = build_model(layout)
     payload = wire.unpack(
-        _get_capped(store, wire.FINAL_MODEL, layout.model_max_bytes()),
+        _get_capped(store, keys.FINAL_MODEL, layout.model_max_bytes()),
         expect={"run_id": run_id, "kind": "final"},
         key=key,
     )

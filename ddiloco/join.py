@@ -33,7 +33,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.config import ConfigError
 from ddiloco.hostname import host_name
 from ddiloco.store import Store, StoreConfigError
@@ -62,7 +62,7 @@ def default_site(env: Mapping[str, str] | None = None) -> str:
 
 
 def claim_key(learner_id: int, nonce: str) -> str:
-    return f"{wire.learner_prefix(learner_id)}claims/{nonce}.json"
+    return f"{keys.learner_prefix(learner_id)}claims/{nonce}.json"
 
 
 def _ids_and_claims(store: Store) -> tuple[set[int], dict[tuple[str, str], int]]:
@@ -84,7 +84,7 @@ def _ids_and_claims(store: Store) -> tuple[set[int], dict[tuple[str, str], int]]
 
 def reserved_ids(store: Store) -> int:
     """Ids below this belong to the run's owner: its M learners and any learner its chaos schedule adds."""
-    from ddiloco.chaos import schedule_from_config
+    from ddiloco.chaos.local import schedule_from_config
     from ddiloco.prepare import load_run_config
 
     cfg = load_run_config(store)
@@ -129,7 +129,7 @@ def claim_learner_id(
         }
         store.put_json(claim_key(lid, nonce), claim)
         sleep(settle_s)
-        others = [k for k in store.list(wire.learner_prefix(lid)) if k != claim_key(lid, nonce)]
+        others = [k for k in store.list(keys.learner_prefix(lid)) if k != claim_key(lid, nonce)]
         if not others:
             store.put_json(claim_key(lid, nonce), {**claim, "won": True})
             log.info("join: site %s claimed learner id %d", site, lid)

@@ -22,16 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddiloco import signing, wire
-from ddiloco.chaos import LocalChaos, schedule_from_config
+from ddiloco import keys
+from ddiloco.chaos.local import LocalChaos, schedule_from_config
 from ddiloco.config import RunConfig
-from ddiloco.evaluate import validation_loss
 from ddiloco.globalmodel import build_model, read_layout
-from ddiloco.posttrain import posttrain
+from ddiloco.posttrain.evaluate import validation_loss
+from ddiloco.posttrain.report import write_reports
+from ddiloco.posttrain.stages import posttrain
+from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import load_tokens, prepare
-from ddiloco.report import write_reports
+from ddiloco.protocol import signing
 from ddiloco.store import Store, StoreError, open_store
-from ddiloco.summary import build_summary
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ class LocalRun:
     # --- the run --------------------------------------------------------------------------------------------
     def evaluate_model(self, model) -> float:
         cfg = self.cfg
-        val = load_tokens(self.store, wire.VAL, cfg.run_id, run_key=self.key)
+        val = load_tokens(self.store, keys.VAL, cfg.run_id, run_key=self.key)
         return validation_loss(
             model,
             val,
@@ -219,7 +220,7 @@ class LocalRun:
         try:
             while True:
                 self.chaos.poll()
-                done = self._exists(wire.DONE)
+                done = self._exists(keys.DONE)
                 self.supervise(time.monotonic(), done)
                 status = self._status() or status
                 if on_progress is not None:
@@ -244,13 +245,13 @@ class LocalRun:
             for proc in self.running():
                 proc.popen.kill()
             self.store.put_json(
-                wire.LAUNCHER_EVENTS, {"restarts": self.restart_log, "chaos_events": self.chaos.fired}
+                keys.LAUNCHER_EVENTS, {"restarts": self.restart_log, "chaos_events": self.chaos.fired}
             )
         # Evaluated afterwards so that chaos times (counted from the end of prepare) hit running processes.
         initial = self.evaluate_model(build_model(layout, cfg.seed))
         fields = posttrain(self.store, eval_cfg=cfg.eval, sft_cfg=cfg.sft, skip_sft=cfg.sft is None)
         summary = build_summary(self.store, {"initial_val_loss": initial, **fields})
-        self.store.put_json(wire.SUMMARY, summary)
+        self.store.put_json(keys.SUMMARY, summary)
         write_reports(self.store)  # after summary.json, which it renders
         return summary
 
@@ -263,12 +264,12 @@ class LocalRun:
 
     def _status(self) -> dict[str, Any] | None:
         try:
-            return self.store.get_json_or_none(wire.STATUS)
+            return self.store.get_json_or_none(keys.STATUS)
         except StoreError:
             return None
 
     @property
     def summary_location(self) -> str:
         """Where summary.json is: a local path for file:// runs, else its URL."""
-        url = f"{self.url}/{wire.SUMMARY}"
+        url = f"{self.url}/{keys.SUMMARY}"
         return url[len("file://") :] if url.startswith("file://") else url

@@ -1,5 +1,5 @@
 """Process logs shipped to the run's store, so a process that is killed (chaos, a deleted pod) leaves its log
-behind: `logs/{role}/...` (`wire.log_key`), read back by `ddiloco logs` and shown in the run report.
+behind: `logs/{role}/...` (`keys.log_key`), read back by `ddiloco logs` and shown in the run report.
 
 Design choices:
 - A `logging.Handler` on the root logger keeps formatted records in a ring bounded in bytes
@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.store import AtomicCreateUnsupported, Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class StoreLogHandler(logging.Handler):
         self, role: str, *, max_bytes: int = DEFAULT_MAX_BYTES, interval_s: float = DEFAULT_INTERVAL_S
     ) -> None:
         super().__init__()
-        wire.log_key(role, 0)  # a valid role name, or ValueError now rather than in the thread
+        keys.log_key(role, 0)  # a valid role name, or ValueError now rather than in the thread
         self.role, self.max_bytes, self.interval_s = role, max(256, int(max_bytes)), float(interval_s)
         self.started_at = time.time()
         self.key: str | None = None
@@ -189,12 +189,12 @@ class StoreLogHandler(logging.Handler):
         _, ident, incarnation = self._target  # type: ignore[misc]
         own = incarnation is not None
         if not own:
-            logs = [wire.parse_log_key(k) for k in store.list(f"{wire.LOGS}{self.role}/")]
+            logs = [keys.parse_log_key(k) for k in store.list(f"{keys.LOGS}{self.role}/")]
             taken = [p[2] for p in logs if p is not None and p[1] == ident]
             incarnation = max(taken, default=-1) + 1
         for n in range(1000):
             doc["incarnation"] = incarnation + (0 if own else n)
-            key = wire.log_key(self.role, doc["incarnation"], ident, n if own else 0)
+            key = keys.log_key(self.role, doc["incarnation"], ident, n if own else 0)
             blob = json.dumps(doc, ensure_ascii=False).encode("utf-8")
             try:
                 if store.create(key, blob):
@@ -317,7 +317,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 # --- reading ------------------------------------------------------------------------------------------------
 def list_logs(store: Store) -> list[tuple[str, tuple[str, int | None, int, int]]]:
     """(key, (role, ident, incarnation, dup)) of every log in the run, by role, id, then incarnation."""
-    found = [(k, p) for k in store.list(wire.LOGS) if (p := wire.parse_log_key(k)) is not None]
+    found = [(k, p) for k in store.list(keys.LOGS) if (p := keys.parse_log_key(k)) is not None]
     return sorted(found, key=lambda kp: (kp[1][0], -1 if kp[1][1] is None else kp[1][1], *kp[1][2:]))
 
 

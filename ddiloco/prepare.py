@@ -5,7 +5,7 @@ must be the same config (else a clear error), and nothing that exists is rewritt
 only after the corpus has been read and split, so a prepare that failed on its input can be rerun with a
 corrected config.
 
-With the run secret (`DDILOCO_RUN_KEY`, see `ddiloco.signing`) shards, validation split and global version
+With the run secret (`DDILOCO_RUN_KEY`, see `ddiloco.protocol.signing`) shards, validation split and global version
 0 are signed with the run's key; a rerun with a different secret is refused with a clear error instead of
 leaving learners that reject version 0 forever.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ddiloco import signing, wire
+from ddiloco import keys
 from ddiloco.config import ConfigError, RunConfig
 from ddiloco.data import load_texts, split_tokens, tokenize_corpus
 from ddiloco.globalmodel import (
@@ -29,6 +29,7 @@ from ddiloco.globalmodel import (
     write_initial_globals,
 )
 from ddiloco.model import init_model
+from ddiloco.protocol import signing, wire
 from ddiloco.store import Store
 from ddiloco.synthetic import entropy_floor, make_world, synthetic_documents
 from ddiloco.tokenizer import build_tokenizer, tokenizer_from_json
@@ -51,15 +52,15 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     key = signing.for_run(secret, cfg.run_id)
     if key is None:
         signing.warn_unsigned("prepare")
-    existing = store.get_json_or_none(wire.CONFIG)
+    existing = store.get_json_or_none(keys.CONFIG)
     if existing is not None:
         if existing != cfg.to_dict():
             raise ConfigError(
                 f"{store.url} already holds a different run config (run_id {existing.get('run_id')!r}); "
                 "use a new --run-id / store prefix, or rerun with the same config"
             )
-        meta = store.get_json_or_none(wire.DATA_META)
-        if meta is not None and store.exists(wire.LAYOUT):
+        meta = store.get_json_or_none(keys.DATA_META)
+        if meta is not None and store.exists(keys.LAYOUT):
             _check_existing_signature(store, cfg.run_id, key)
             log.info("run %s already prepared at %s", cfg.run_id, store.url)
             return meta
@@ -80,18 +81,18 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     if val.numel() < cfg.model.seq_len + 1:
         raise ConfigError("the validation split is shorter than one sequence; raise data.val_fraction")
     if existing is None:  # only once the corpus is known to be usable: a fixed rerun must not be refused
-        store.put_json(wire.CONFIG, cfg.to_dict())
+        store.put_json(keys.CONFIG, cfg.to_dict())
 
-    store.put(wire.TOKENIZER, tok.to_json().encode())
+    store.put(keys.TOKENIZER, tok.to_json().encode())
     for i, s in enumerate(shards):
         store.put(
-            wire.shard_key(i),
+            keys.shard_key(i),
             wire.pack(
                 {"tokens": s.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "shard", "shard": i}, key=key
             ),
         )
     store.put(
-        wire.VAL, wire.pack({"tokens": val.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "val"}, key=key)
+        keys.VAL, wire.pack({"tokens": val.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "val"}, key=key)
     )
 
     model = init_model(model_config_from_run(cfg, tok.vocab_size), cfg.seed)
@@ -112,7 +113,7 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     if cfg.data.source == "synthetic":
         world = make_world(cfg.seed, n_entities=cfg.data.synthetic_entities)
         meta["entropy_floor"] = entropy_floor(world, cfg.seed, min(cfg.data.synthetic_docs, 2000), tok)
-    store.put_json(wire.DATA_META, meta)  # written last: its presence means "prepared"
+    store.put_json(keys.DATA_META, meta)  # written last: its presence means "prepared"
     log.info(
         "prepared run %s: %d shards × ~%d tokens, %d validation tokens, %d-parameter model in %d fragments (%.1fs)",
         cfg.run_id, len(shards), sum(meta["shard_tokens"]) // len(shards), meta["val_tokens"],
@@ -122,10 +123,10 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
 
 
 def load_run_config(store: Store) -> RunConfig:
-    d = store.get_json_or_none(wire.CONFIG)
+    d = store.get_json_or_none(keys.CONFIG)
     if d is None:
         raise ConfigError(
-            f"no run config at {store.url}/{wire.CONFIG}; run `ddiloco prepare --store {store.url}` first"
+            f"no run config at {store.url}/{keys.CONFIG}; run `ddiloco prepare --store {store.url}` first"
         )
     return RunConfig.from_dict(d)
 

@@ -2,7 +2,7 @@
 
 Design choices:
 - lr = train.lr · warmup(step) · decay(progress), a pure function (`lr_at`) shared by learners, their
-  data-parallel ranks (`ddiloco.ddp`) and the data-parallel baseline (`ddiloco.baseline`).
+  data-parallel ranks (`ddiloco.learner.ddp`) and the data-parallel baseline (`ddiloco.baseline`).
 - Warm-up is as before: linear over the first `train.warmup_steps` inner steps *of the caller* (a learner's
   `inner_step`, restored from its checkpoint on a restart). A learner that joins late starts AdamW from
   fresh moments, so it ramps up again over its own first steps, then runs at the run's current rate.
@@ -18,7 +18,7 @@ Design choices:
   A round merges every H/P inner steps, a small step of the budget, so the staircase is fine-grained.
   Before the first status (or with no syncer) progress is 0: warm-up only, as before.
 - Progress is kept in whole tokens so rank 0 of a data-parallel learner can hand the exact number to its
-  other ranks (`ddiloco.ddp` STEP messages), and every rank computes the identical learning rate.
+  other ranks (`ddiloco.learner.ddp` STEP messages), and every rank computes the identical learning rate.
 - The baseline's progress is the tokens all its ranks processed before the step, over the token budget it
   trains for: at equal compute the same axis as tokens merged.
 """

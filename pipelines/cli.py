@@ -138,7 +138,7 @@ def _compile_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     _require_kfp()
-    from pipelines.compile import compile_pipeline
+    from ddiloco.pipelines.compile import compile_pipeline
 
     out = compile_pipeline(args.pipeline, args.out or f"{args.pipeline}.yaml", **_compile_changes(args))
     print(out)
@@ -155,7 +155,7 @@ def _package(args: argparse.Namespace, tmp: str) -> Path:
                 f"--package {path} does not exist; compile one with `ddiloco pipeline compile`"
             )
         return path
-    from pipelines.compile import compile_pipeline
+    from ddiloco.pipelines.compile import compile_pipeline
 
     return compile_pipeline(args.pipeline, Path(tmp) / f"{args.pipeline}.yaml", **_compile_changes(args))
 
@@ -327,7 +327,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m pipelines.cli …`), same commands as `ddiloco pipeline …`."""
+    """Standalone entry (`python -m ddiloco.pipelines.cli …`), same commands as `ddiloco pipeline …`."""
     parser = argparse.ArgumentParser(prog="ddiloco")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -9,10 +9,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ddiloco.pipelines.pretrain import ClusterOptions, pipeline_function
 from kfp import compiler
 
 from pipelines import join, smoke
-from pipelines.pretrain import ClusterOptions, pipeline_function
 
 HERE = Path(__file__).resolve().parent
 PIPELINES: dict[str, ClusterOptions] = {

@@ -23,10 +23,9 @@ Design choices:
 from collections.abc import Callable
 from typing import Any
 
+from ddiloco.components.roles import build
+from ddiloco.pipelines.pretrain import DEFAULTS, ClusterOptions, _Wiring, run_defaults
 from kfp import dsl
-
-from components.roles import build
-from pipelines.pretrain import DEFAULTS, ClusterOptions, _Wiring, run_defaults
 
 OPTIONS = ClusterOptions(
     name="ddiloco-join",

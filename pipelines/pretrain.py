@@ -15,7 +15,7 @@ Design choices:
 - The run root is `s3://{bucket}/{prefix}/{KFP run id}`; the run id is also the ddiloco run id, so every run
   of a recurring schedule gets its own prefix. The KFP 2.17 driver resolves `{{$.pipeline_job_uuid}}` only
   as a parameter's whole value (backend/src/v2/driver/resolve.go, resolveInputParameter), so every step gets
-  `run_id` on its own and the store base `s3://{bucket}/{prefix}`, and joins them (components.runtime).
+  `run_id` on its own and the store base `s3://{bucket}/{prefix}`, and joins them (ddiloco.components.runtime).
   The default prefix `private/{namespace}/ddiloco` is one a profile namespace's store identity may write in
   multi-user Kubeflow (pipelines-profile-controller/sync.py); `{namespace}` is the pod's namespace, from the
   downward API. Store credentials come from a Secret as env (default KFP's `mlpipeline-minio-artifact`).
@@ -38,16 +38,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddiloco.components.images import DEFAULT_REGISTRY
+from ddiloco.components.roles import build
+from ddiloco.components.runtime import NAMESPACE_ENV
 from kfp import dsl, kubernetes
 
-from components.images import DEFAULT_REGISTRY
-from components.roles import build
-from components.runtime import NAMESPACE_ENV
-from ddiloco.chaos_k8s import DEFAULT_SELECTOR, ROLE_LABEL
+from ddiloco.chaos.k8s import DEFAULT_SELECTOR, ROLE_LABEL
 from ddiloco.hostname import POD_NAME_ENV
 
 KFP_SECRET = "mlpipeline-minio-artifact"
-RUN_KEY_ENV = "DDILOCO_RUN_KEY"  # ddiloco.signing.ENV_VAR (pipelines import no torch-heavy modules)
+RUN_KEY_ENV = "DDILOCO_RUN_KEY"  # ddiloco.protocol.signing.ENV_VAR (pipelines import no torch-heavy modules)
 SECRET_KEYS = {"accesskey": "DDILOCO_S3_ACCESS_KEY", "secretkey": "DDILOCO_S3_SECRET_KEY"}
 """Keys of KFP's artifact-store Secret -> the variables `ddiloco.store.s3` reads."""
 WORKFLOW_LABEL_PATH = "metadata.labels['workflows.argoproj.io/workflow']"

@@ -6,7 +6,7 @@ chaos RBAC and (with a chaos schedule) the Argo retry setting in a few minutes.
 
 from __future__ import annotations
 
-from pipelines.pretrain import ClusterOptions
+from ddiloco.pipelines.pretrain import ClusterOptions
 
 TINY = [
     "model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.seq_len=64", "train.batch_size=8",

@@ -2,9 +2,10 @@
 
 import pytest
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.globalmodel import latest_version
 from ddiloco.launch import LocalRun
+from ddiloco.protocol import wire
 from ddiloco.store import open_store
 from tests._harness import tiny_config
 
@@ -49,7 +50,7 @@ def assert_no_lost_or_double_merges(store, summary):
         assert versions == list(range(1, latest_version(store, p) + 1)), f"fragment {p}: {versions}"
         for r in records:
             if r["fragment_id"] == p:
-                header = wire.unpack(store.get(wire.global_key(p, r["version"])))
+                header = wire.unpack(store.get(keys.global_key(p, r["version"])))
                 assert header.meta["round"] == r["round"], "each version comes from exactly its round"
     per_frag = [
         sum(c["c_tokens"] for r in records if r["fragment_id"] == p for c in r["contributors"].values())
@@ -100,7 +101,7 @@ def test_killing_the_syncer(tmp_path):
     store = open_store(run.url)
     assert s["status"] == "done"
     assert [e["action"] for e in s["chaos_events"]] == ["SIGKILL"]
-    assert store.get_json(wire.SYNCER_STATE)["incarnation"] == 1, "the syncer restarted once and resumed"
+    assert store.get_json(keys.SYNCER_STATE)["incarnation"] == 1, "the syncer restarted once and resumed"
     assert s["global_versions_contiguous"]
     assert_no_lost_or_double_merges(store, s)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddiloco.accel import HostCopier
-from ddiloco.learner import Learner
+from ddiloco.learner.accel import HostCopier
+from ddiloco.learner.loop import Learner
 from ddiloco.prepare import prepare
 from ddiloco.store import open_store
 from tests._harness import tiny_config

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ddiloco import wire
-from ddiloco.evaluate import EvalTasksConfig
-from ddiloco.sft import SFTConfig
+from ddiloco import keys
+from ddiloco.posttrain.evaluate import EvalTasksConfig
+from ddiloco.posttrain.sft import SFTConfig
 from ddiloco.store import Store, open_store
 
 # Long enough that the tiny model has learned something (val loss ~1.3), short enough for ~15 s per run.
@@ -35,8 +35,8 @@ class PosttrainedRuns:
 @pytest.fixture(scope="session")
 def posttrained_runs(tmp_path_factory: pytest.TempPathFactory) -> PosttrainedRuns:
     from ddiloco.launch import LocalRun
-    from ddiloco.posttrain import posttrain
-    from ddiloco.report import write_reports
+    from ddiloco.posttrain.report import write_reports
+    from ddiloco.posttrain.stages import posttrain
     from tests._harness import tiny_config
 
     root = tmp_path_factory.mktemp("posttrain")
@@ -45,7 +45,7 @@ def posttrained_runs(tmp_path_factory: pytest.TempPathFactory) -> PosttrainedRun
     k1, km = open_store(str(root / "k1")), open_store(str(root / "km"))
     fields = posttrain(k1, eval_cfg=TEST_EVAL, sft_cfg=TEST_SFT)
     k1.put_json(
-        wire.SUMMARY, {**k1.get_json(wire.SUMMARY), **fields}
+        keys.SUMMARY, {**k1.get_json(keys.SUMMARY), **fields}
     )  # what `ddiloco run` does after training
     report = write_reports(k1, root / "report-k1", curve_points=TEST_EVAL.curve_points)
     return PosttrainedRuns(root=root, k1=k1, km=km, fields=fields, report=report)

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from ddiloco import signing, wire
+from ddiloco import keys
 from ddiloco.globalmodel import load_final_model, publish_global, read_layout
-from ddiloco.learner import Learner
+from ddiloco.learner.loop import Learner
+from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
+from ddiloco.protocol import signing, wire
 from ddiloco.store import Store, open_store
-from ddiloco.summary import build_summary
-from ddiloco.syncer import Syncer
+from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config
 
 SECRET = bytes.fromhex("5a" * 32)
@@ -137,7 +138,7 @@ def fake_update(r: Run, round_: int, learner_id: int, *, key=..., seed=0, edit=N
 
 
 def put(r: Run, round_: int, name: str, blob: bytes) -> None:
-    r.store.put(wire.update_prefix(round_ % r.syncer.P, round_) + name, blob)
+    r.store.put(keys.update_prefix(round_ % r.syncer.P, round_) + name, blob)
 
 
 def _first_nan(t: dict[str, torch.Tensor]) -> None:
@@ -169,7 +170,7 @@ def reference() -> tuple[Run, bytes]:
     captured: dict[str, bytes] = {}
 
     def grab(r: Run, _: int) -> None:
-        key = wire.update_key(1, 1, 0, 0)
+        key = keys.update_key(1, 1, 0, 0)
         if "blob" not in captured and r.store.exists(key):
             captured["blob"] = r.store.get(key)
 
@@ -221,10 +222,10 @@ def test_injected_objects_are_counted_by_reason_and_change_nothing(reference):
                 put(r, s, name, blob)
                 injected[s][name] = reason
         if s == 5:  # and the same update again under its own, already merged, round 1
-            r.store.put(wire.update_key(1, 1, 0, 0), own["round1"])
+            r.store.put(keys.update_key(1, 1, 0, 0), own["round1"])
 
     def after(r: Run, _: int) -> None:
-        key = wire.update_key(1, 1, 0, 0)
+        key = keys.update_key(1, 1, 0, 0)
         if "round1" not in own and r.store.exists(key):
             own["round1"] = r.store.get(key)
 
@@ -235,7 +236,7 @@ def test_injected_objects_are_counted_by_reason_and_change_nothing(reference):
     expected["replay"] += 1  # the copy under its own merged round, found by the sweep after the next merge
     assert live.syncer.rejected == expected
     for s, objs in injected.items():  # each object under its own reason, in its round's record
-        assert live.store.get_json(wire.round_record_key(s))["rejected"] == objs
+        assert live.store.get_json(keys.round_record_key(s))["rejected"] == objs
     summary = build_summary(live.store)
     assert summary["rejected_updates"] == dict(expected)
     assert (
@@ -246,7 +247,7 @@ def test_injected_objects_are_counted_by_reason_and_change_nothing(reference):
     for reason, n in expected.items():
         assert get("ddiloco_syncer_rejected_updates_total", {"reason": reason}) == n
     # Authentic updates of a (fake) learner are answered with a notice; unattributable junk is not.
-    told = {(n["learner_id"], n["reason"]) for n in live.store.get_json(wire.STATUS)["rejections"]}
+    told = {(n["learner_id"], n["reason"]) for n in live.store.get_json(keys.STATUS)["rejections"]}
     assert told == {(95, "non_finite"), (96, "wrong_shape"), (98, "bad_codec"), (99, "bad_counters"),
                     (100, "future_steps"), (101, "bad_base")}  # fmt: skip
     assert all(not learner.rejected_updates and not learner.rejected_globals for learner in live.learners)
@@ -270,9 +271,9 @@ def copies_of_learner0(scale: float, rounds: tuple[int, ...]) -> Hook:
 
     def after(r: Run, _: int) -> None:
         for s in rounds:
-            key = wire.update_key(s % r.syncer.P, s, 0, 0)
+            key = keys.update_key(s % r.syncer.P, s, 0, 0)
             name = f"{90 + s:03d}-0000.safetensors"
-            if r.store.exists(key) and not r.store.exists(wire.update_prefix(s % r.syncer.P, s) + name):
+            if r.store.exists(key) and not r.store.exists(keys.update_prefix(s % r.syncer.P, s) + name):
                 src = wire.unpack(r.store.get(key), key=r.key)
                 tensors = {n: scale * t for n, t in src.tensors.items()}
                 put(r, s, name, wire.pack(tensors, {**src.meta, "learner_id": 90 + s}, key=r.key))
@@ -304,11 +305,11 @@ def test_robust_mode_clips_a_ten_times_outlier(reference):
     assert honest.syncer.clipped == Counter() and control.syncer.clipped == Counter()
     assert robust.syncer.clipped == Counter(norm_outlier=len(rounds)) and robust.syncer.rejected == Counter()
     for s in rounds:
-        (factor,) = robust.store.get_json(wire.round_record_key(s))["clipped"].values()
+        (factor,) = robust.store.get_json(keys.round_record_key(s))["clipped"].values()
         assert 0.15 < factor < 0.25  # 10× the median cut to 2×
     get = robust.syncer.registry.get_sample_value
     assert get("ddiloco_syncer_clipped_updates_total", {"reason": "norm_outlier"}) == len(rounds)
-    assert robust.store.get_json(wire.STATUS)["clipped"] == {"norm_outlier": len(rounds)}
+    assert robust.store.get_json(keys.STATUS)["clipped"] == {"norm_outlier": len(rounds)}
     d_honest, d_robust, d_control = (
         rel_distance(x.final, ref.final, init) for x in (honest, robust, control)
     )
@@ -321,7 +322,7 @@ def test_junk_filed_under_a_learners_name_does_not_block_its_answer():
     r = start("bad-junk", "diloco.quorum=1", learners=1)
     r.syncer.step()
     (s,) = r.syncer.open
-    key = wire.update_key(s % r.syncer.P, s, 0, 0)
+    key = keys.update_key(s % r.syncer.P, s, 0, 0)
     r.store.put(key, b"junk" * 50)  # written before the learner's own answer
     for _ in range(3):  # looked at again once a second, counted once: the bytes did not change
         r.now[0] += 1.0
@@ -332,9 +333,9 @@ def test_junk_filed_under_a_learners_name_does_not_block_its_answer():
     for _ in range(2):  # read and accepted, then merged
         r.now[0] += 1.0
         r.syncer.step()
-    rec = r.store.get_json(wire.round_record_key(s))
+    rec = r.store.get_json(keys.round_record_key(s))
     assert list(rec["contributors"]) == ["0-0"] and rec["rejected"] == {"000-0000.safetensors": "malformed"}
-    assert r.store.get_json(wire.STATUS)["rejections"] == []  # junk is nobody's: no learner is told
+    assert r.store.get_json(keys.STATUS)["rejections"] == []  # junk is nobody's: no learner is told
     tick(r)
     assert r.learners[0].rejected_updates == Counter()
 
@@ -357,7 +358,7 @@ def test_a_learner_is_told_when_its_answer_is_rejected_and_its_tokens_stay_outst
     assert r.syncer.rejected["bad_codec"] == bad.rounds_answered > 0
     assert bad.rejected_updates == Counter(bad_codec=bad.rounds_answered)
     assert r.learners[1].rejected_updates == Counter()
-    report = r.store.get_json(wire.report_key(0, 0))
+    report = r.store.get_json(keys.report_key(0, 0))
     assert report["rejected_updates"] == {"bad_codec": bad.rounds_answered}
     assert sum(f["merged_tokens"] for f in report["fragments"].values()) == 0
     assert (
@@ -381,9 +382,9 @@ def test_a_learner_skips_a_global_version_that_fails_verification_and_keeps_trai
     r = start("bad-global", learners=1)
     learner = r.learners[0]
     tick(r)
-    status = r.store.get_json(wire.STATUS) if r.store.exists(wire.STATUS) else {"run_id": r.name}
+    status = r.store.get_json(keys.STATUS) if r.store.exists(keys.STATUS) else {"run_id": r.name}
     _forge_global(r, 0, 1)
-    r.store.put_json(wire.STATUS, {**status, "versions": {"0": 1, "1": 0}, "open_rounds": [], "merged": []})
+    r.store.put_json(keys.STATUS, {**status, "versions": {"0": 1, "1": 0}, "open_rounds": [], "merged": []})
     steps = learner.inner_step
     before = {n: t.clone() for n, t in learner.params.items()}
     for _ in range(3):
@@ -394,7 +395,7 @@ def test_a_learner_skips_a_global_version_that_fails_verification_and_keeps_trai
         torch.equal(learner.params[n], torch.zeros_like(t)) for n, t in before.items() if t.numel() > 1
     )
     learner._put_report()
-    assert r.store.get_json(wire.report_key(0, 0))["rejected_globals"] == {"unsigned": 1}
+    assert r.store.get_json(keys.report_key(0, 0))["rejected_globals"] == {"unsigned": 1}
 
 
 def test_roles_start_from_the_newest_version_that_verifies():
@@ -409,7 +410,7 @@ def test_roles_start_from_the_newest_version_that_verifies():
 
 
 def test_a_tampered_checkpoint_is_not_loaded():
-    from ddiloco.checkpoint import save_learner_checkpoint
+    from ddiloco.learner.checkpoint import save_learner_checkpoint
 
     r = start("bad-ckpt", learners=1)
     a = r.learners[0]

@@ -9,15 +9,16 @@ import uuid
 
 import pytest
 
-from ddiloco import signing, wire
+from ddiloco import keys
 from ddiloco.launch import LocalRun
-from ddiloco.learner import Learner
+from ddiloco.learner.loop import Learner
+from ddiloco.posttrain.report import flat_metrics, site_rows
+from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
-from ddiloco.report import flat_metrics, site_rows
+from ddiloco.protocol import signing
 from ddiloco.store import open_store
 from ddiloco.store.shaped import Link, shape
-from ddiloco.summary import build_summary
-from ddiloco.syncer import Syncer
+from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
 
 SECONDS = 6.0
@@ -80,7 +81,7 @@ def test_summary_report_and_metrics_break_merged_tokens_down_by_site():
         "ddiloco_learner_site", {"learner_id": "1", "site": "eu-west"}
     )
     assert sample == 1.0
-    reports = [store.get_json(wire.report_key(i, 0)) for i in (0, 1)]
+    reports = [store.get_json(keys.report_key(i, 0)) for i in (0, 1)]
     assert [r["site"] for r in reports] == ["dc1", "eu-west"]
 
 
@@ -101,7 +102,7 @@ def test_two_sites_both_contribute_merged_tokens(tmp_path):
     def join_when_prepared() -> None:
         store = open_store(join_url)
         deadline = time.monotonic() + 120
-        while not store.exists(wire.global_key(0, 0)) and time.monotonic() < deadline:
+        while not store.exists(keys.global_key(0, 0)) and time.monotonic() < deadline:
             time.sleep(0.2)
         # Its own environment: only the run key (a Secret both clusters hold) is shared with site a.
         env = {**os.environ, "DDILOCO_SITE": "ignored-by-flag", "OMP_NUM_THREADS": "1",

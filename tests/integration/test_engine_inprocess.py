@@ -7,13 +7,13 @@ from concurrent.futures import Future, wait
 import pytest
 import torch
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.globalmodel import latest_version, read_global, read_layout
-from ddiloco.learner import Learner
+from ddiloco.learner.loop import Learner
+from ddiloco.posttrain.summary import build_summary, read_round_records
 from ddiloco.prepare import prepare
 from ddiloco.store import open_store
-from ddiloco.summary import build_summary, read_round_records
-from ddiloco.syncer import Syncer
+from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
 
 
@@ -47,7 +47,7 @@ def test_run_reaches_budget_with_balanced_ledger_and_contiguous_versions():
     assert 0.95 <= s["goodput"] <= 1, s["learner_accounting"]
     assert s["merged_token_share"] == pytest.approx(s["tokens_merged"] / s["tokens_processed"])
     assert 0 < s["merged_token_share"] < 1
-    assert store.exists(wire.FINAL_MODEL) and store.exists(wire.DONE)
+    assert store.exists(keys.FINAL_MODEL) and store.exists(keys.DONE)
 
 
 def test_merge_moves_globals_towards_learners_and_publishes_each_version_once():
@@ -62,8 +62,8 @@ def test_merge_moves_globals_towards_learners_and_publishes_each_version_once():
     for p in range(layout.num_fragments):
         v = latest_version(store, p)
         assert v >= 1
-        keys = [k for k in store.list(f"global/{p:03d}/") if k.endswith(".safetensors")]
-        assert keys == [wire.global_key(p, i) for i in range(v + 1)]
+        found = [k for k in store.list(f"global/{p:03d}/") if k.endswith(".safetensors")]
+        assert found == [keys.global_key(p, i) for i in range(v + 1)]
         latest = read_global(store, cfg.run_id, layout, p, v)
         assert any(not torch.equal(latest[n], v0[p][n]) for n in latest)
 
@@ -151,14 +151,14 @@ def test_books_balance_when_a_learner_is_stopped_past_its_merge_leaving_the_stat
     assert p is not None
     pend = stalled.frags[p].pending
     wait(stalled.uploads)  # its update is in the store: the round is still open and merges it
-    record = wire.round_record_key(pend["round"])
+    record = keys.round_record_key(pend["round"])
     for _ in range(20000):  # stopped: neither steps nor reads the status; the other learner goes on
         assert not syncer.step()
         _tick(other)
         if store.exists(record) and all(m["round"] != pend["round"] for m in syncer.merged_recent):
             break
     rec = store.get_json(record)
-    assert wire.contributor(1, stalled.incarnation) in rec["contributors"]
+    assert keys.contributor(1, stalled.incarnation) in rec["contributors"]
     assert all(m["round"] != pend["round"] for m in syncer.merged_recent), "the status still lists it"
     if resume == "mid_run":
         for _ in range(2000):  # until it has applied the version that carries its answer
@@ -220,7 +220,7 @@ def test_an_older_heartbeat_landing_after_an_answer_cannot_hide_it_from_the_book
         syncer.step()
     assert syncer.rounds_merged == 1
     # The learner dies here (SIGKILL): the books are its last report and the syncer's ledger.
-    report = store.get_json(wire.report_key(0, learner.incarnation))
+    report = store.get_json(keys.report_key(0, learner.incarnation))
     assert report["fragments"][str(syncer.merged_recent[0]["fragment_id"])]["pending"] is not None
     s = build_summary(store)
     assert s["ledger_balanced"], (

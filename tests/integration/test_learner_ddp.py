@@ -17,16 +17,18 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ddiloco import ddp, wire
-from ddiloco.accel import inner_step, lr_at
+from ddiloco import keys
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import read_global, read_layout
-from ddiloco.learner import Learner
+from ddiloco.learner import ddp
+from ddiloco.learner.accel import inner_step, lr_at
+from ddiloco.learner.loop import Learner
 from ddiloco.model import configure_optimizer, init_model
+from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import load_tokens, prepare
+from ddiloco.protocol import wire
 from ddiloco.store import open_store
-from ddiloco.summary import build_summary
-from ddiloco.syncer import Syncer
+from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config
 
 WORLD = 2
@@ -95,7 +97,7 @@ def _params(out: Path, rank: int) -> dict[str, torch.Tensor]:
 
 
 def _checkpoint_meta(store) -> dict:
-    pointer = store.get_json(wire.ckpt_latest_key(0))
+    pointer = store.get_json(keys.ckpt_latest_key(0))
     return wire.unpack(store.get(pointer["key"])).meta
 
 
@@ -123,7 +125,7 @@ def test_two_ranks_match_one_process_on_the_concatenated_batch_then_merge_and_re
             for n, v in read_global(store, cfg.run_id, layout, p, 0).items():
                 dict(ref.named_parameters())[n].copy_(v)
     opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
-    tokens = load_tokens(store, wire.shard_key(0), cfg.run_id)
+    tokens = load_tokens(store, keys.shard_key(0), cfg.run_id)
     b = ddp.slice_bounds(tokens.numel(), WORLD)
     loaders = [
         ShardLoader(tokens[b[r] : b[r + 1]], batch_size=B, seq_len=cfg.model.seq_len, seed=ddp.rank_seed(cfg.seed * 1000, r))

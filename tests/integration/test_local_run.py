@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.launch import LocalRun
 from ddiloco.store import open_store
 from tests._harness import tiny_config
@@ -59,4 +59,4 @@ def test_cli_rejects_bad_config_in_one_line(tmp_path):
         "error: unknown config key 'diloco.quorom'; did you mean 'diloco.quorum'?"
     )
     assert "Traceback" not in out.stderr
-    assert not (tmp_path / wire.DONE).exists()
+    assert not (tmp_path / keys.DONE).exists()

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ddiloco import logship, wire
-from ddiloco.cli import main
+from ddiloco import keys, logship
+from ddiloco.cli.main import main
+from ddiloco.posttrain.summary import read_reports
 from ddiloco.prepare import prepare
 from ddiloco.store import open_store
-from ddiloco.summary import read_reports
 from tests._harness import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,7 @@ def test_killed_and_terminated_learners_leave_their_logs(tmp_path, capsys):
         for proc, err in zip(procs, errs, strict=True):
             wait_for(proc, err, "joined run")
         time.sleep(INTERVAL + 2 * SLACK)
-        before = logship.read_log(store, wire.log_key("learner", 0, 1))
+        before = logship.read_log(store, keys.log_key("learner", 0, 1))
         assert before["exit"] is None and not any("SIGTERM" in line for line in before["lines"])
         killed_at = time.time()
         procs[0].send_signal(signal.SIGKILL)

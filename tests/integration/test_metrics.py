@@ -5,11 +5,11 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ddiloco.learner import Learner
+from ddiloco.learner.loop import Learner
 from ddiloco.metrics import serve
 from ddiloco.prepare import prepare
 from ddiloco.store import open_store
-from ddiloco.syncer import Syncer
+from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
 
 

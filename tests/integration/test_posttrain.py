@@ -10,11 +10,18 @@ import re
 
 import pytest
 
-from ddiloco import wire
-from ddiloco.evaluate import EVAL_CURVE, SFT_MODEL, build_tasks, eval_key, evaluate_checkpoint, load_tokenizer
-from ddiloco.posttrain_cli import register
+from ddiloco import keys
+from ddiloco.cli.posttrain import register
+from ddiloco.posttrain.evaluate import (
+    EVAL_CURVE,
+    SFT_MODEL,
+    build_tasks,
+    eval_key,
+    evaluate_checkpoint,
+    load_tokenizer,
+)
+from ddiloco.posttrain.report import REPORT_HTML, REPORT_MD, REPORT_METRICS
 from ddiloco.prepare import load_run_config, load_tokens
-from ddiloco.report import REPORT_HTML, REPORT_MD, REPORT_METRICS
 from tests.integration.conftest import TEST_EVAL
 
 pytestmark = pytest.mark.slow
@@ -45,7 +52,7 @@ def test_sft_beats_the_pretrained_model_on_held_out_instructions(posttrained_run
 
 def test_results_are_in_summary_json_and_the_store(posttrained_runs):
     store = posttrained_runs.k1
-    summary = store.get_json(wire.SUMMARY)
+    summary = store.get_json(keys.SUMMARY)
     for key in (
         "final_val_loss",
         "task_accuracy",
@@ -149,13 +156,13 @@ def test_user_corpus_runs_get_cloze_tasks_from_held_out_text(posttrained_runs):
     cfg = load_run_config(store)
     cfg.data.source = "my-corpus.txt"  # as if the run had trained on a user corpus
     tok = load_tokenizer(store)
-    tasks = build_tasks(store, cfg, tok, load_tokens(store, wire.VAL, cfg.run_id), TEST_EVAL)
+    tasks = build_tasks(store, cfg, tok, load_tokens(store, keys.VAL, cfg.run_id), TEST_EVAL)
     assert list(tasks) == ["cloze"] and len(tasks["cloze"]) == TEST_EVAL.items_per_task
     assert all(it.answer in it.choices and len(it.choices) == 4 for it in tasks["cloze"])
 
 
 def test_posttrain_without_sft_only_evaluates(posttrained_runs):
-    from ddiloco.posttrain import posttrain
+    from ddiloco.posttrain.stages import posttrain
 
     fields = posttrain(posttrained_runs.km, eval_cfg=TEST_EVAL, skip_sft=True)
     assert fields["final_val_loss"] is not None and set(fields["task_accuracy"]) >= {"fact_mc", "count"}

@@ -7,10 +7,9 @@ import re
 
 import pytest
 import yaml
-
-from components.images import image_tag
-from pipelines.compile import PIPELINES, compile_pipeline, golden_path, stable_header
-from pipelines.pretrain import SECRET_KEYS
+from ddiloco.components.images import image_tag
+from ddiloco.pipelines.compile import PIPELINES, compile_pipeline, golden_path, stable_header
+from ddiloco.pipelines.pretrain import SECRET_KEYS
 
 TAG = re.compile(r"(ddiloco-(?:learner|syncer)):\d+\.\d+\.\d+-[0-9a-f]{12}")
 
@@ -248,7 +247,7 @@ def test_smoke_pipeline_needs_no_gpu(compiled):
 
 
 def test_compile_options_change_parallelism_and_images(tmp_path):
-    from pipelines.cli import main
+    from ddiloco.pipelines.cli import main
 
     out = tmp_path / "p.yaml"
     assert (

@@ -7,8 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from components.images import LEARNER, SYNCER, image
+from ddiloco.components.images import LEARNER, SYNCER, image
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
@@ -49,7 +48,7 @@ def test_the_tag_is_version_plus_a_digest_of_the_installed_sources(tmp_path):
     build.sh computes the same tag as the compiled pipeline (components/images.py, stdlib only)."""
     import shutil
 
-    from components.images import PACKAGES, image_tag, source_digest, version
+    from ddiloco.components.images import PACKAGES, image_tag, source_digest, version
 
     tag = image_tag()
     assert re.fullmatch(rf"{re.escape(version())}-[0-9a-f]{{12}}", tag)

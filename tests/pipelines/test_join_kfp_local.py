@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from components.roles import build
+from ddiloco.components.roles import build
 
 pytestmark = [
     pytest.mark.slow,
@@ -21,7 +20,7 @@ def comps(tmp_path_factory):
     from kfp import local
 
     mp = pytest.MonkeyPatch()
-    mp.setenv("PYTHONPATH", str(ROOT))  # the component bodies import `components.runtime`
+    mp.setenv("PYTHONPATH", str(ROOT))  # the component bodies import `ddiloco.components.runtime`
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=str(tmp_path_factory.mktemp("kfp-root")),
@@ -32,7 +31,7 @@ def comps(tmp_path_factory):
 
 
 def test_join_check_then_a_joiner_on_a_finished_run(comps, tmp_path):
-    from ddiloco import wire
+    from ddiloco import keys
     from ddiloco.prepare import prepare
     from ddiloco.store import open_store
     from tests._harness import tiny_config
@@ -43,5 +42,5 @@ def test_join_check_then_a_joiner_on_a_finished_run(comps, tmp_path):
     store = open_store(store_url)
     prepare(store, tiny_config("run"))
     assert [int(i) for i in comps.join_check(store=store_url, learners=2).output] == [0, 1]
-    store.put_json(wire.DONE, {"time": 0.0})
+    store.put_json(keys.DONE, {"time": 0.0})
     comps.joiner(store=store_url, site="eu-west", run_tag="kfp-run", slot=0)  # sees `done` and exits 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from ddiloco.components.runtime import command, join_name, join_slots
 
-from components.runtime import command, join_name, join_slots
-from ddiloco.cli import build_parser
+from ddiloco.cli.main import build_parser
 
 
 def test_join_slots_need_a_prepared_run_and_a_learner_count_within_the_compiled_cap(tmp_path):

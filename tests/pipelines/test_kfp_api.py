@@ -10,9 +10,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-
-from pipelines.cli import PipelineCliError, check_cron, main, parse_params
-from pipelines.compile import golden_path
+from ddiloco.pipelines.cli import PipelineCliError, check_cron, main, parse_params
+from ddiloco.pipelines.compile import golden_path
 
 pytestmark = pytest.mark.filterwarnings("ignore:This client only works:FutureWarning")
 
@@ -222,5 +221,5 @@ def test_importing_the_cli_does_not_import_kfp():
     import subprocess
     import sys
 
-    code = "import sys, pipelines.cli, ddiloco.chaos_k8s; assert 'kfp' not in sys.modules and 'kubernetes' not in sys.modules"
+    code = "import sys, ddiloco.pipelines.cli, ddiloco.chaos.k8s; assert 'kfp' not in sys.modules and 'kubernetes' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).resolve().parents[2]))

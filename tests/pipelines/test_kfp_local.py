@@ -14,8 +14,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
-
-from components.roles import build
+from ddiloco.components.roles import build
 
 pytestmark = [
     pytest.mark.slow,
@@ -33,10 +32,10 @@ TINY = [
 
 def stop_learners(store: str) -> None:
     """What the syncer publishes when a run is over; learners exit at their next step."""
-    from ddiloco import wire
+    from ddiloco import keys
     from ddiloco.store import open_store
 
-    open_store(store).put_json(wire.STATUS, {"done": True, "versions": {}, "open_rounds": [], "merged": []})
+    open_store(store).put_json(keys.STATUS, {"done": True, "versions": {}, "open_rounds": [], "merged": []})
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +44,7 @@ def comps(tmp_path_factory):
     from kfp import local
 
     mp = pytest.MonkeyPatch()
-    mp.setenv("PYTHONPATH", str(ROOT))  # the component bodies import `components.runtime`
+    mp.setenv("PYTHONPATH", str(ROOT))  # the component bodies import `ddiloco.components.runtime`
     root = tmp_path_factory.mktemp("kfp-root")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
     yield build()

@@ -1,4 +1,4 @@
-"""`components.runtime`: what every component body calls (command lines, metrics, model pointers)."""
+"""`ddiloco.components.runtime`: what every component body calls (command lines, metrics, model pointers)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from components.runtime import (
+from ddiloco.components.runtime import (
     RoleFailed,
     command,
     ddiloco,
@@ -106,7 +105,7 @@ def test_a_failing_role_fails_the_component(tmp_path, capfd):
 
 # --- the run root, in-pod restarts and the exit-handler report (issue 14) ---------------------------------
 def test_the_run_root_joins_base_and_run_id_and_expands_the_namespace(monkeypatch):
-    from components.runtime import NAMESPACE_ENV, run_root
+    from ddiloco.components.runtime import NAMESPACE_ENV, run_root
 
     assert run_root("s3://b/p", "3f2a") == "s3://b/p/3f2a"
     assert run_root("file:///tmp/run") == "file:///tmp/run"  # no run id: the store is the run root
@@ -124,7 +123,7 @@ def test_the_run_root_joins_base_and_run_id_and_expands_the_namespace(monkeypatc
 
 def test_an_unresolved_kfp_placeholder_is_refused_with_what_to_do():
     """What today's YAML delivered on a real KFP 2.17 cluster: the literal placeholder (driver resolve.go)."""
-    from components.runtime import run_root
+    from ddiloco.components.runtime import run_root
 
     with pytest.raises(ValueError, match="Recompile the pipeline"):
         run_root("s3://mlpipeline/ddiloco/{{$.pipeline_job_uuid}}")
@@ -134,7 +133,7 @@ def test_an_unresolved_kfp_placeholder_is_refused_with_what_to_do():
 
 def _fake_role(tmp_path, monkeypatch, script: str):
     """`python -m ddiloco.cli ROLE` replaced by a script that counts its runs in tmp_path/runs."""
-    import components.runtime as rt
+    import ddiloco.components.runtime as rt
 
     prog = tmp_path / "role.py"
     prog.write_text(script)
@@ -142,7 +141,7 @@ def _fake_role(tmp_path, monkeypatch, script: str):
 
 
 def test_a_crashed_role_is_restarted_in_its_pod_and_its_result_returned(tmp_path, monkeypatch):
-    from components.runtime import ddiloco
+    from ddiloco.components.runtime import ddiloco
 
     _fake_role(tmp_path, monkeypatch, (
         "import json, os, pathlib, signal, sys\n"
@@ -157,7 +156,7 @@ def test_a_crashed_role_is_restarted_in_its_pod_and_its_result_returned(tmp_path
 
 
 def test_a_usage_error_is_not_restarted_and_restarts_are_bounded(tmp_path, monkeypatch):
-    from components.runtime import RoleFailed, ddiloco
+    from ddiloco.components.runtime import RoleFailed, ddiloco
 
     _fake_role(tmp_path, monkeypatch, (
         "import pathlib, sys\n"
@@ -186,7 +185,7 @@ class _Artifact:
 
 def test_a_run_that_failed_before_prepare_still_gets_its_report(tmp_path):
     """The report step is the exit handler: its artifacts exist even when there is nothing to report."""
-    from components.runtime import run_report
+    from ddiloco.components.runtime import run_report
 
     html, md, summary = (_Artifact(tmp_path / n) for n in ("report.html", "summary.md", "metrics"))
     run_report(f"file://{tmp_path}/never-prepared", html, md, summary)

@@ -29,7 +29,7 @@ def chaos_kill(role: str) -> str:
     import os
     import time
 
-    from ddiloco.chaos_k8s import KubernetesPods
+    from ddiloco.chaos.k8s import KubernetesPods
 
     pods = KubernetesPods.connect(
         os.environ["NS"], os.environ["WF"]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ddiloco.pipelines.compile import compile_pipeline
 
 from ddiloco.store import open_store
-from pipelines.compile import compile_pipeline
 from tests.twin import KFP_2_17, Cluster, Twin, stragglers
 
 pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow]

@@ -354,7 +354,7 @@ def test_kube_api_stand_in_serves_the_official_client_and_the_chaos_backend(tmp_
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from ddiloco.chaos_k8s import KubernetesPods
+    from ddiloco.chaos.k8s import KubernetesPods
     from tests.twin.kubeapi import KubeAPI
 
     pods, requests = _Pods(), []

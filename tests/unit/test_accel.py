@@ -1,4 +1,4 @@
-"""ddiloco.accel on CPU: the shared inner step against torch's AdamW, bf16 autocast tracking fp32, host
+"""ddiloco.learner.accel on CPU: the shared inner step against torch's AdamW, bf16 autocast tracking fp32, host
 snapshots, torch.compile, optimizer-state placement; the GPU presets sized on the meta device."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from ddiloco import accel, wire
+from ddiloco import keys
 from ddiloco.config import ConfigError
-from ddiloco.learner import Learner
-from ddiloco.learner_io import CheckpointWriter, snapshot_checkpoint
+from ddiloco.learner import accel
+from ddiloco.learner.io import CheckpointWriter, snapshot_checkpoint
+from ddiloco.learner.loop import Learner
 from ddiloco.model import GPT, configure_optimizer, count_params, flops_per_token, gpt_config, init_model
 from ddiloco.prepare import prepare
 from ddiloco.store import open_store
@@ -220,7 +221,7 @@ def test_checkpoint_writer_writes_the_newest_waiting_snapshot_only():
         writer.submit(pool, step, snapshot_checkpoint(copier, learner.model, learner.opt), meta)
     assert len(pool.jobs) == 1  # one writer, which takes whatever snapshot is newest when it runs
     pool.run_all()
-    assert store.get_json(wire.ckpt_latest_key(0))["inner_step"] == 3
+    assert store.get_json(keys.ckpt_latest_key(0))["inner_step"] == 3
     restored = Learner(store, 0)
     restored.start()
     assert restored.loader.state_dict() == learner.loader.state_dict()

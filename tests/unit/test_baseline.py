@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from ddiloco import wire
-from ddiloco.accel import inner_step
+from ddiloco import keys
 from ddiloco.baseline import (
     BASELINE_MODEL,
     BASELINE_SUMMARY,
@@ -19,6 +18,7 @@ from ddiloco.baseline import (
 from ddiloco.config import ConfigError
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import read_layout
+from ddiloco.learner.accel import inner_step
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import load_tokens, prepare
 from ddiloco.schedule import lr_at, progress_of
@@ -67,7 +67,7 @@ def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
     opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
     loaders = [
         ShardLoader(
-            load_tokens(store, wire.shard_key(r), cfg.run_id),
+            load_tokens(store, keys.shard_key(r), cfg.run_id),
             batch_size=B,
             seq_len=T,
             seed=cfg.seed * 1000 + r,

@@ -13,9 +13,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from ddiloco import wire
-from ddiloco.chaos import schedule_from_config
-from ddiloco.chaos_k8s import (
+from ddiloco import keys
+from ddiloco.chaos.k8s import (
     ROLE_LABEL,
     WORKFLOW_LABEL,
     ChaosBackendError,
@@ -26,6 +25,7 @@ from ddiloco.chaos_k8s import (
     record_key,
     register,
 )
+from ddiloco.chaos.local import schedule_from_config
 from ddiloco.config import ChaosConfig, RunConfig
 from ddiloco.store import open_store, reset_memory_stores
 
@@ -152,7 +152,7 @@ def store():
 
 def report(store, learner_id: int, incarnation: int, host: str, final: bool = False) -> None:
     store.put_json(
-        wire.report_key(learner_id, incarnation),
+        keys.report_key(learner_id, incarnation),
         {"learner_id": learner_id, "incarnation": incarnation, "host": host, "pid": 1, "final": final},
     )
 
@@ -175,7 +175,7 @@ def test_deletes_exactly_the_scheduled_pods_of_its_own_run(store):
     report(store, 1, 0, "wf-a-learner-1-gone")  # an older incarnation's pod
     report(store, 1, 1, "wf-a-learner-1")  # the newest report names the live pod
     report(store, 0, 0, "wf-a-learner-0")
-    store.put_json(wire.STATUS, {"syncer_host": "wf-a-syncer", "syncer_pid": 7})
+    store.put_json(keys.STATUS, {"syncer_host": "wf-a-syncer", "syncer_pid": 7})
     with KubeAPIStandIn(two_runs()) as api:
         role = ChaosRole(
             store, KubernetesPods.connect(NS, "wf-a", host=api.url), events(*SCHEDULE), time.time()
@@ -211,7 +211,7 @@ def test_never_deletes_a_pod_of_another_run_or_without_the_role_label(store, hon
     report(store, 0, 0, "wf-b-learner-0")  # a report naming another run's pod (stale, forged, or misrouted)
     report(store, 1, 0, "wf-a-evaluate")  # ... and a pod of our run that is no learner
     report(store, 2, 0, "wf-a-learner-old")  # ... and our learner pod that already failed
-    store.put_json(wire.STATUS, {"syncer_host": "wf-b-syncer"})
+    store.put_json(keys.STATUS, {"syncer_host": "wf-b-syncer"})
     schedule = events(
         {"id": "a", "kind": "kill_learner", "learner": 0, "at_s": 0},
         {"id": "b", "kind": "kill_learner", "learner": 1, "at_s": 0},
@@ -260,7 +260,7 @@ def test_a_retried_chaos_step_fires_nothing_twice_and_stops_at_done(store):
         api.pods["wf-a-learner-1"] = _pod("wf-a-learner-1", "wf-a", "learner")  # the Argo retry, same name
         again = ChaosRole(store, KubernetesPods.connect(NS, "wf-a", host=api.url), schedule, time.time())
         assert [e.id for e in again.pending] == ["never"]
-        store.put_json(wire.DONE, {"done": True})
+        store.put_json(keys.DONE, {"done": True})
         assert again.run(poll_s=0) == []
         assert api.deletes() == ["wf-a-learner-1"]
 
@@ -279,8 +279,8 @@ def test_cli_reads_the_run_schedule_from_the_store(tmp_path):
     cfg = RunConfig()
     cfg.run_id = "run"
     cfg.chaos = ChaosConfig(events=[{"id": "k0", "kind": "kill_learner", "learner": 0, "at_s": 0}])
-    store.put_json(wire.CONFIG, cfg.to_dict())
-    store.put_json(wire.DATA_META, {"prepared_at": time.time() - 1})
+    store.put_json(keys.CONFIG, cfg.to_dict())
+    store.put_json(keys.DATA_META, {"prepared_at": time.time() - 1})
     report(store, 0, 0, "wf-a-learner-0")
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

@@ -55,7 +55,7 @@ def one_error_line(r: Result) -> str:
 
 
 # name -> (argv, extra env, what the line must say); {tmp} is a fresh directory. A few run as their own
-# `python -m ddiloco.cli` processes; the others go through `ddiloco.cli.main(argv)` one after the other in
+# `python -m ddiloco.cli` processes; the others go through `ddiloco.cli.main.main(argv)` one after the other in
 # one more fresh interpreter (the same code from argv to exit code; an interpreter start costs seconds of
 # torch import, on two shared cores).
 PROCESS_CASES: dict[str, tuple[list[str], dict[str, str], str]] = {
@@ -88,7 +88,7 @@ MAIN_CASES: dict[str, tuple[list[str], dict[str, str], str]] = {
 }  # fmt: skip
 DRIVER = """
 import contextlib, io, json, os, sys
-from ddiloco.cli import main
+from ddiloco.cli.main import main
 results = {}
 for name, argv, env in json.load(sys.stdin):
     saved = dict(os.environ)
@@ -135,7 +135,7 @@ def test_debug_shows_the_traceback(results):
 
 
 def run_main(cases: list[list]) -> dict[str, Result]:
-    """Run `ddiloco.cli.main(argv)` for each [name, argv, env] in one fresh interpreter."""
+    """Run `ddiloco.cli.main.main(argv)` for each [name, argv, env] in one fresh interpreter."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(SCRUB)}
     driver = subprocess.run(
         [sys.executable, "-c", DRIVER], cwd=ROOT, env=base, text=True, input=json.dumps(cases),

@@ -4,7 +4,7 @@ import pytest
 
 from ddiloco.prepare import prepare
 from ddiloco.store import open_store
-from ddiloco.syncer import Syncer
+from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config
 
 

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from ddiloco import wire
-from ddiloco.learner_io import next_incarnation
+from ddiloco import keys
+from ddiloco.learner.io import next_incarnation
 from ddiloco.store import open_store
 from ddiloco.store.wrapped import DelegatingStore
 
@@ -35,7 +35,7 @@ def test_two_racing_starts_get_different_incarnations(url, tmp_path):
     store = open_store(url.format(tmp=tmp_path))
     for first in (None, 3):  # a new learner, and one whose pointer says 3
         if first is not None:
-            store.put_json(wire.incarnation_key(7), {"incarnation": first})
+            store.put_json(keys.incarnation_key(7), {"incarnation": first})
         racing = BothReadFirst(store)
         got: list[int] = []
 
@@ -50,7 +50,7 @@ def test_two_racing_starts_get_different_incarnations(url, tmp_path):
         base = 0 if first is None else first + 1
         assert sorted(got) == [base, base + 1], got
         for inc in got:
-            assert store.get_json(wire.incarnation_claim_key(7, inc))["incarnation"] == inc
+            assert store.get_json(keys.incarnation_claim_key(7, inc))["incarnation"] == inc
 
 
 def _start(url: str, out) -> None:
@@ -68,4 +68,4 @@ def test_processes_racing_on_a_file_store_never_share_a_number(tmp_path):
     for p in procs:
         p.join(30)
     assert got == [0, 1, 2]
-    assert len(open_store(url).list(wire.incarnation_claim_prefix(2))) == 3
+    assert len(open_store(url).list(keys.incarnation_claim_prefix(2))) == 3

@@ -4,8 +4,8 @@ import uuid
 
 import pytest
 
-from ddiloco import wire
-from ddiloco.cli import build_parser
+from ddiloco import keys
+from ddiloco.cli.main import build_parser
 from ddiloco.config import ConfigError
 from ddiloco.join import (
     check_site,
@@ -36,7 +36,7 @@ def test_joiners_take_ids_above_the_provisioned_and_every_used_one():
     store = _store()
     assert _claim(store) == 4
     assert _claim(store, "c") == 5
-    store.put_json(wire.incarnation_key(9), {"incarnation": 0})
+    store.put_json(keys.incarnation_key(9), {"incarnation": 0})
     assert _claim(store) == 10
     claims = [store.get_json(k) for k in store.list("learners/") if "/claims/" in k]
     assert sorted(c["site"] for c in claims) == ["b", "b", "c"] and all(c["won"] for c in claims)
@@ -53,7 +53,7 @@ def test_a_contended_id_is_left_to_the_other_joiner():
 
     lid = claim_learner_id(store, "b", provisioned=4, settle_s=0.0, sleep=sleep)
     assert lid == 5
-    assert len([k for k in store.list(wire.learner_prefix(4)) if "/claims/" in k]) == 2  # 4 stays burnt
+    assert len([k for k in store.list(keys.learner_prefix(4)) if "/claims/" in k]) == 2  # 4 stays burnt
 
 
 def test_a_named_joiner_takes_its_id_back_after_a_restart():
@@ -69,7 +69,7 @@ def test_a_named_joiner_takes_its_id_back_after_a_restart():
 def test_chaos_added_learners_are_reserved_for_the_owner():
     store = _store()
     cfg = tiny_config("join-res", "chaos.events=[{kind: add_learner, learner: 6, at_s: 30}]")
-    store.put_json(wire.CONFIG, cfg.to_dict())
+    store.put_json(keys.CONFIG, cfg.to_dict())
     assert reserved_ids(store) == 7
 
 

@@ -7,11 +7,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 
-from ddiloco import wire
-from ddiloco.learner_io import ReportWriter, RoundRecords
+from ddiloco import keys
+from ddiloco.learner.io import ReportWriter, RoundRecords
 from ddiloco.store import StoreUnavailable, open_store
 
-KEY = wire.report_key(0, 0)
+KEY = keys.report_key(0, 0)
 
 
 def test_an_older_report_never_overwrites_a_newer_one():
@@ -62,8 +62,8 @@ def _record(round_: int, contributors: list[str]) -> dict:
 
 def test_round_records_settle_closed_rounds_the_status_no_longer_lists():
     store = open_store("memory://lio-rounds")
-    store.put_json(wire.round_record_key(5), _record(5, ["1-0", "0-0"]))
-    store.put_json(wire.round_record_key(9), _record(9, ["0-0"]))
+    store.put_json(keys.round_record_key(5), _record(5, ["1-0", "0-0"]))
+    store.put_json(keys.round_record_key(9), _record(9, ["0-0"]))
     status = {"next_round": 40, "open_rounds": [{"round": 39, "fragment_id": 1}], "merged": []}
     rounds = RoundRecords(store)
     pending = {5, 7, 9, 39, 41}  # merged with us, abandoned, merged without us, open, not opened yet

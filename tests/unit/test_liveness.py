@@ -3,10 +3,10 @@ behind or ahead are live while their reports keep changing, and dead when they s
 
 import pytest
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.prepare import prepare
 from ddiloco.store import open_store
-from ddiloco.syncer import Syncer
+from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config
 
 
@@ -39,7 +39,7 @@ def test_learners_with_skewed_clocks_are_live_while_their_reports_change(setup, 
     timeout = max(3.0, 5 * syncer.cfg.train.heartbeat_every_s)
     for seq in range(1, 4):
         for lid in (0, 1):
-            store.put_json(wire.report_key(lid, 0), report(lid, seq, wall() + offset_s))
+            store.put_json(keys.report_key(lid, 0), report(lid, seq, wall() + offset_s))
         syncer.refresh_learners()
         assert sorted(r["learner_id"] for r in syncer.live_learners()) == [0, 1], (offset_s, seq)
         mono.t += timeout / 2
@@ -52,16 +52,16 @@ def test_learners_with_skewed_clocks_are_live_while_their_reports_change(setup, 
 def test_a_learner_whose_report_stops_changing_is_dead_after_the_timeout(setup):
     store, syncer, mono, wall = setup
     timeout = max(3.0, 5 * syncer.cfg.train.heartbeat_every_s)
-    store.put_json(wire.report_key(0, 0), report(0, 1, wall()))
-    store.put_json(wire.report_key(1, 0), report(1, 1, wall()))
+    store.put_json(keys.report_key(0, 0), report(0, 1, wall()))
+    store.put_json(keys.report_key(1, 0), report(1, 1, wall()))
     syncer.refresh_learners()
     mono.t += timeout - 0.5
-    store.put_json(wire.report_key(1, 0), report(1, 2, wall() + timeout))  # learner 1 heartbeats, 0 does not
+    store.put_json(keys.report_key(1, 0), report(1, 2, wall() + timeout))  # learner 1 heartbeats, 0 does not
     syncer.refresh_learners()
     mono.t += 1.0
     syncer.refresh_learners()
     assert [r["learner_id"] for r in syncer.live_learners()] == [1]
     # a final report is never live, however fresh
-    store.put_json(wire.report_key(1, 0), {**report(1, 3, wall()), "final": True})
+    store.put_json(keys.report_key(1, 0), {**report(1, 3, wall()), "final": True})
     syncer.refresh_learners()
     assert syncer.live_learners() == []

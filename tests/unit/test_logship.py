@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from ddiloco import logship, wire
-from ddiloco.cli import main
-from ddiloco.report import deaths_html, deaths_markdown
+from ddiloco import keys, logship
+from ddiloco.cli.main import main
+from ddiloco.posttrain.report import deaths_html, deaths_markdown
 from ddiloco.store import StoreUnavailable, open_store, reset_memory_stores
 
 
@@ -55,20 +55,20 @@ def wait_for(pred, timeout=5.0):
 
 
 def test_keys_are_zero_padded_sortable_and_parse_back():
-    assert wire.log_key("learner", 1, 2) == "logs/learner/002-0001.json"
-    assert wire.log_key("syncer", 3) == "logs/syncer/0003.json"
-    assert wire.log_key("learner", 1, 2, dup=1) == "logs/learner/002-0001.dup1.json"
+    assert keys.log_key("learner", 1, 2) == "logs/learner/002-0001.json"
+    assert keys.log_key("syncer", 3) == "logs/syncer/0003.json"
+    assert keys.log_key("learner", 1, 2, dup=1) == "logs/learner/002-0001.dup1.json"
     for role, inc, ident, dup in [("learner", 1, 2, 0), ("syncer", 3, None, 0), ("learner", 1, 2, 1),
                                   ("evaluate", 12345, None, 0)]:  # fmt: skip
-        assert wire.parse_log_key(wire.log_key(role, inc, ident, dup)) == (role, ident, inc, dup)
-    assert wire.parse_log_key("logs/learner/002-0001.dup1.json") == ("learner", 2, 1, 1)
-    assert wire.parse_log_key("logs/syncer/0003.json") == ("syncer", None, 3, 0)
+        assert keys.parse_log_key(keys.log_key(role, inc, ident, dup)) == (role, ident, inc, dup)
+    assert keys.parse_log_key("logs/learner/002-0001.dup1.json") == ("learner", 2, 1, 1)
+    assert keys.parse_log_key("logs/syncer/0003.json") == ("syncer", None, 3, 0)
     for bad in ["logs/learner/2-0001.json", "logs/learner/002-0001.dup0.json", "logs/a/b/0001.json", "x/y"]:
-        assert wire.parse_log_key(bad) is None
-    keys = [wire.log_key("learner", i, j) for j in (10, 2) for i in (11, 3)]
-    assert sorted(keys) == [wire.log_key("learner", i, j) for j in (2, 10) for i in (3, 11)]
+        assert keys.parse_log_key(bad) is None
+    names = [keys.log_key("learner", i, j) for j in (10, 2) for i in (11, 3)]
+    assert sorted(names) == [keys.log_key("learner", i, j) for j in (2, 10) for i in (3, 11)]
     with pytest.raises(ValueError):
-        wire.log_key("Learner/x", 0)
+        keys.log_key("Learner/x", 0)
 
 
 def test_ring_is_bounded_in_bytes_and_counts_what_it_dropped(store):
@@ -246,7 +246,7 @@ def put_log(store, role, inc, ident=None, exit=None, n=30, dup=0):
         "dropped_lines": 0,
     }
     doc["lines"] = [f"{role} {ident} {inc} line {i}" for i in range(n)]
-    store.put_json(wire.log_key(role, inc, ident, dup), doc)
+    store.put_json(keys.log_key(role, inc, ident, dup), doc)
 
 
 def test_died_names_killed_incarnations_with_their_last_lines(store, capsys):

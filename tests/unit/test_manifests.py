@@ -137,7 +137,7 @@ def test_there_are_overlays_for_kubeflow_and_standalone():
 
 def test_standalone_uses_the_store_current_kfp_ships_and_minio_is_an_option():
     """KFP >= 2.16 standalone ships SeaweedFS (seaweedfs.kubeflow:9000), which the pipeline defaults name."""
-    from pipelines.pretrain import DEFAULTS
+    from ddiloco.pipelines.pretrain import DEFAULTS
 
     kinds = {(o["kind"], o["metadata"]["name"]) for o in kustomize(MANIFESTS / "overlays" / "standalone")}
     assert not any("minio" in name for _, name in kinds)
@@ -190,7 +190,7 @@ def test_chaos_rbac_is_list_and_delete_pods_only_bound_to_the_pipeline_runner():
 
 
 def test_podmonitor_scrapes_the_port_the_pipeline_serves_metrics_on():
-    from pipelines.pretrain import ClusterOptions
+    from ddiloco.pipelines.pretrain import ClusterOptions
 
     (pm,) = [o for o in kustomize(MANIFESTS / "monitoring") if o["kind"] == "PodMonitor"]
     address = [

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from ddiloco.outer import OuterNesterov, merge, merge_with_stats, rda, token_weight, weighted_mean
+from ddiloco.merge import OuterNesterov, merge, merge_with_stats, rda, token_weight, weighted_mean
 
 
 @pytest.fixture(autouse=True)

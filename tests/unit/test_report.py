@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.config import RunConfig
-from ddiloco.report import (
+from ddiloco.posttrain.report import (
     _event_time,
     flat_metrics,
     load_run,
@@ -44,17 +44,17 @@ def fake_run():
     store = open_store("memory://reports/fake")
     cfg = RunConfig(run_id="fake")
     cfg.diloco.fragments = 2
-    store.put_json(wire.CONFIG, cfg.to_dict())
-    store.put_json(wire.LAYOUT, {"fragments": [{}, {}]})
+    store.put_json(keys.CONFIG, cfg.to_dict())
+    store.put_json(keys.LAYOUT, {"fragments": [{}, {}]})
     for r in range(12):
         store.put_json(
-            wire.round_record_key(r), _record(r, T0 + 1 + r, {"0-0": 512, "1-0" if r < 5 else "1-1": 256})
+            keys.round_record_key(r), _record(r, T0 + 1 + r, {"0-0": 512, "1-0" if r < 5 else "1-1": 256})
         )
-    store.put_json(wire.report_key(0, 0), _report(0, 0, T0, T0 + 14, True))
-    store.put_json(wire.report_key(1, 0), _report(1, 0, T0 + 0.2, T0 + 5.5, False))
-    store.put_json(wire.report_key(1, 1), _report(1, 1, T0 + 8, T0 + 14, True))
+    store.put_json(keys.report_key(0, 0), _report(0, 0, T0, T0 + 14, True))
+    store.put_json(keys.report_key(1, 0), _report(1, 0, T0 + 0.2, T0 + 5.5, False))
+    store.put_json(keys.report_key(1, 1), _report(1, 1, T0 + 8, T0 + 14, True))
     store.put_json(
-        wire.SUMMARY,
+        keys.SUMMARY,
         {
             "run_id": "fake", "status": "done", "learners": 2, "quorum": 1, "num_fragments": 2, "goodput": 0.8,
             "incarnations": {"0": 1, "1": 2}, "rejected_updates": {"checksum": 1}, "final_val_loss": None,
@@ -90,9 +90,9 @@ def test_flat_metrics_are_scalars_with_flat_names(fake_run):
 
 def test_goodput_and_merged_token_share_are_two_figures_each_explained(fake_run):
     """Issue 17 item 7: the paper's goodput and the merged-token share, side by side, one sentence each."""
-    summary = fake_run.get_json(wire.SUMMARY)
+    summary = fake_run.get_json(keys.SUMMARY)
     summary.update(goodput=0.97, merged_token_share=0.9, steps_per_answer=7.5, sync_every=8)
-    fake_run.put_json(wire.SUMMARY, summary)
+    fake_run.put_json(keys.SUMMARY, summary)
     run = load_run(fake_run, curve=False)
     page, md, m = render_run_html(run), render_run_markdown(run), flat_metrics(run.summary)
     assert "<td>goodput</td><td>97.0%</td>" in page and "<td>merged-token share</td><td>90.0%</td>" in page

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.config import RECIPES, ConfigError, TrainConfig, load_config
-from ddiloco.learner import Learner
+from ddiloco.learner.loop import Learner
 from ddiloco.prepare import prepare
 from ddiloco.schedule import GlobalSchedule, decay_factor, lr_at, progress_of
 from ddiloco.store import open_store
@@ -135,7 +135,7 @@ def test_learner_optimizer_lr_follows_the_runs_global_progress():
         [t.lr / 2, t.lr, t.lr]
     )  # no status: warm-up only
 
-    store.put_json(wire.STATUS, _status(cfg, budget / 2))  # the syncer says half the budget is merged
+    store.put_json(keys.STATUS, _status(cfg, budget / 2))  # the syncer says half the budget is merged
     half = lr_at(0.5, 99, t)
     assert half == pytest.approx(0.55 * t.lr)
     assert _tick(early) == pytest.approx(half)
@@ -148,9 +148,9 @@ def test_learner_optimizer_lr_follows_the_runs_global_progress():
     assert _tick(late) == pytest.approx(half / 2)
     assert _tick(late) == pytest.approx(half) == _tick(early)
 
-    store.put_json(wire.STATUS, _status(cfg, budget * 0.3))  # a stale status never raises the rate again
+    store.put_json(keys.STATUS, _status(cfg, budget * 0.3))  # a stale status never raises the rate again
     assert _tick(early) == pytest.approx(half)
-    store.put_json(wire.STATUS, _status(cfg, budget * 1.2))  # past the budget: the floor
+    store.put_json(keys.STATUS, _status(cfg, budget * 1.2))  # past the budget: the floor
     assert _tick(early) == pytest.approx(t.lr_min_ratio * t.lr) == _tick(late)
     for learner in (early, late):
         learner._finish("max_steps")

@@ -10,7 +10,7 @@ import torch
 from torch.nn import functional as F
 
 from ddiloco.model import IGNORE_INDEX, GPTConfig, init_model
-from ddiloco.sft import (
+from ddiloco.posttrain.sft import (
     SFTConfig,
     build_example,
     collate,
@@ -19,8 +19,8 @@ from ddiloco.sft import (
     synthetic_instructions,
     train_sft,
 )
+from ddiloco.posttrain.tasks import TaskItem
 from ddiloco.synthetic import make_world
-from ddiloco.tasks import TaskItem
 from ddiloco.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()

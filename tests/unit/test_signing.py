@@ -8,8 +8,8 @@ import struct
 import pytest
 import torch
 
-from ddiloco import signing, wire
 from ddiloco.config import ConfigError
+from ddiloco.protocol import signing, wire
 
 MASTER = bytes(range(32))
 KEY = signing.for_run(MASTER, "run-a")

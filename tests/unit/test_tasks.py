@@ -7,8 +7,7 @@ import torch
 from torch import nn
 
 from ddiloco.model import GPTConfig, init_model
-from ddiloco.synthetic import make_world
-from ddiloco.tasks import (
+from ddiloco.posttrain.tasks import (
     TaskItem,
     cloze_tasks,
     encode_prompt,
@@ -18,6 +17,7 @@ from ddiloco.tasks import (
     score_items,
     synthetic_tasks,
 )
+from ddiloco.synthetic import make_world
 from ddiloco.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()

@@ -1,10 +1,10 @@
-"""The syncer's admission rules one by one (`ddiloco.validation`): reasons, bounds and robust clipping."""
+"""The syncer's admission rules one by one (`ddiloco.protocol.validation`): reasons, bounds and robust clipping."""
 
 import pytest
 import torch
 
-from ddiloco import validation
-from ddiloco.wire import PayloadError
+from ddiloco.protocol import validation
+from ddiloco.protocol.wire import PayloadError
 
 
 def meta(**over):

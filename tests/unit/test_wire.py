@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from ddiloco import wire
+from ddiloco import keys
+from ddiloco.protocol import wire
 
 
 def _payload():
@@ -57,6 +58,6 @@ def test_foreign_run_and_mismatch():
 
 
 def test_keys_are_sortable_and_valid_store_keys():
-    assert wire.update_key(1, 42, 3, 0) == "updates/001/00000042/003-0000.safetensors"
-    assert wire.global_key(0, 9) < wire.global_key(0, 10)
-    assert wire.contributor(3, 1) == "3-1"
+    assert keys.update_key(1, 42, 3, 0) == "updates/001/00000042/003-0000.safetensors"
+    assert keys.global_key(0, 9) < keys.global_key(0, 10)
+    assert keys.contributor(3, 1) == "3-1"

@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddiloco import signing, validation, wire
+from ddiloco.protocol import signing, validation, wire
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = signing.for_run(b"\x07" * 32, "fuzz")

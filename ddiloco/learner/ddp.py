@@ -1,9 +1,9 @@
 """Data parallelism inside one learner: `torchrun`-style ranks on the GPUs of a pod, only rank 0 on the store.
 
 Design choices:
-- Launched like any torch job (`torchrun --nproc-per-node=N -m ddiloco.cli learner ...`): `from_env` reads
+- Launched like any torch job (`torchrun --nproc-per-node=N -m ddiloco.cli.main learner ...`): `from_env` reads
   RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT and returns None when WORLD_SIZE ≤ 1, which
-  is the ordinary single-process learner. Rank 0 is a full `ddiloco.learner.Learner`; every other rank is a
+  is the ordinary single-process learner. Rank 0 is a full `ddiloco.learner.loop.Learner`; every other rank is a
   `Follower`, which never touches the store (no config, data, signing key or metrics of its own).
 - Two process groups: the default one (NCCL on GPU, gloo on CPU) carries DDP's gradient all-reduces and the
   parameter broadcasts; a gloo group on the hosts carries rank 0's small control messages, so a follower
@@ -37,7 +37,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddiloco.accel import (
+from ddiloco.config import RunConfig
+from ddiloco.data import ShardLoader
+from ddiloco.globalmodel import Layout
+from ddiloco.learner.accel import (
     maybe_compile,
     place_optimizer_steps,
     resolve_device,
@@ -45,9 +48,6 @@ from ddiloco.accel import (
     to_device,
     train_step,
 )
-from ddiloco.config import RunConfig
-from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import Layout
 from ddiloco.model import configure_optimizer, init_model
 from ddiloco.schedule import lr_at, progress_of
 

@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
-from ddiloco import __version__, logship, signing, wire
+from ddiloco import __version__, keys, logship
 from ddiloco.config import RECIPES, ConfigError, load_config
 from ddiloco.metrics import push_task_metrics, serve
+from ddiloco.protocol import signing
 from ddiloco.store import StoreError, StoreUnavailable, open_store
 
 log = logging.getLogger("ddiloco")
@@ -140,7 +141,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def _role_store(url: str, role: str):
     """The role's store (with the run's chaos wrapper) once the store answers; a clear error (run `ddiloco
     prepare` first) when the run root holds no run."""
-    from ddiloco.chaos import chaos_store
+    from ddiloco.chaos.local import chaos_store
     from ddiloco.prepare import load_run_config
 
     store = open_store(url)
@@ -149,10 +150,10 @@ def _role_store(url: str, role: str):
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
-    from ddiloco import ddp
+    from ddiloco.learner import ddp
 
     # Started by torchrun with WORLD_SIZE > 1: rank 0 is the learner, the other ranks follow it and never
-    # touch the store (`ddiloco.ddp`).
+    # touch the store (`ddiloco.learner.ddp`).
     group = ddp.from_env(args.device or "auto")
     if group is not None and group.rank > 0:
         try:
@@ -168,12 +169,12 @@ def cmd_learner(args: argparse.Namespace) -> int:
 
 def _run_learner(args: argparse.Namespace, group) -> int:
     from ddiloco.join import learner_id_for, resolve_args, shape_learner_store
-    from ddiloco.learner import Learner
+    from ddiloco.learner.loop import Learner
 
     secret = signing.key_from_env()
     url, site = resolve_args(args)  # --store URL --learner-id N, or --join URL [--learner-id N]
     store = shape_learner_store(_role_store(url, "learner"), args.link_bandwidth, args.link_latency)
-    if until_store_answers(lambda: store.exists(wire.DONE), "learner"):
+    if until_store_answers(lambda: store.exists(keys.DONE), "learner"):
         log.info("run at %s is already done; learner %s exits", url, args.learner_id)
         return 0
     lid = until_store_answers(lambda: learner_id_for(store, args.learner_id, site, args.join_name), "learner")
@@ -187,7 +188,7 @@ def _run_learner(args: argparse.Namespace, group) -> int:
 
 
 def cmd_syncer(args: argparse.Namespace) -> int:
-    from ddiloco.syncer import Syncer
+    from ddiloco.syncer.loop import Syncer
 
     secret = signing.key_from_env()
     store = _role_store(args.store, "syncer")
@@ -199,7 +200,7 @@ def cmd_syncer(args: argparse.Namespace) -> int:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
-    from ddiloco.summary import build_summary
+    from ddiloco.posttrain.summary import build_summary
 
     print(json.dumps(build_summary(open_store(args.store)), indent=2, sort_keys=True))
     return 0
@@ -269,17 +270,17 @@ def build_parser() -> argparse.ArgumentParser:
     from ddiloco.simulate.cli import register as register_simulate
 
     register_simulate(sub)
-    from ddiloco.chaos_k8s import register as register_chaos
-    from ddiloco.posttrain_cli import register as register_posttrain
-    from pipelines.cli import register as register_pipeline
+    from ddiloco.chaos.k8s import register as register_chaos
+    from ddiloco.cli.posttrain import register as register_posttrain
+    from ddiloco.pipelines.cli import register as register_pipeline
 
     register_posttrain(sub)
     register_chaos(sub)
     register_pipeline(sub)
-    from ddiloco.baseline_cli import register as register_baseline
+    from ddiloco.cli.baseline import register as register_baseline
 
     register_baseline(sub)
-    from ddiloco.logs_cli import register as register_logs
+    from ddiloco.cli.logs import register as register_logs
 
     register_logs(sub)
     return parser

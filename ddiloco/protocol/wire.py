@@ -7,7 +7,7 @@ Design choices:
   the `safetensors` library, which validates offsets and dtypes.
 - The JSON header (`__metadata__["ddiloco"]`) carries run_id, kind, fragment, versions, counters, codec,
   the SHA-256 of the data region and of the tensor table (names, dtypes, shapes, offsets), and, when the
-  writer holds the run key, an HMAC over that header (`ddiloco.signing`): one MAC authenticates header,
+  writer holds the run key, an HMAC over that header (`ddiloco.protocol.signing`): one MAC authenticates header,
   layout and bytes.
 - `unpack` trusts nothing: it reads the header itself (size-capped, duplicate JSON keys refused), checks
   that the tensor table tiles the data region exactly with known dtypes, verifies both checksums, the run
@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,112 +30,11 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-from ddiloco import signing
+from ddiloco.protocol import signing
 
 FORMAT_VERSION = 2
 
 # --- keys ----------------------------------------------------------------------------------------------------
-CONFIG = "config.json"
-DATA_META = "data/meta.json"
-TOKENIZER = "data/tokenizer.json"
-VAL = "data/val.safetensors"
-LAYOUT = "global/layout.json"
-STATUS = "syncer/status.json"
-SYNCER_STATE = "syncer/state.json"
-FINAL_MODEL = "final/model.safetensors"
-FINAL_META = "final/meta.json"
-DONE = "done.json"
-SUMMARY = "summary.json"
-LAUNCHER_EVENTS = "launcher/events.json"
-
-
-def shard_key(i: int) -> str:
-    return f"data/shard-{i:04d}.safetensors"
-
-
-def global_key(p: int, version: int) -> str:
-    return f"global/{p:03d}/v{version:08d}.safetensors"
-
-
-def global_latest_key(p: int) -> str:
-    return f"global/{p:03d}/latest.json"
-
-
-def momentum_key(p: int, version: int) -> str:
-    return f"syncer/momentum/{p:03d}/v{version:08d}.safetensors"
-
-
-def round_record_key(round_: int) -> str:
-    return f"syncer/rounds/{round_:08d}.json"
-
-
-def update_prefix(p: int, round_: int) -> str:
-    return f"updates/{p:03d}/{round_:08d}/"
-
-
-def update_key(p: int, round_: int, learner_id: int, incarnation: int) -> str:
-    return f"{update_prefix(p, round_)}{learner_id:03d}-{incarnation:04d}.safetensors"
-
-
-def learner_prefix(learner_id: int) -> str:
-    return f"learners/{learner_id:03d}/"
-
-
-def incarnation_key(learner_id: int) -> str:
-    """The newest incarnation a learner claimed: a hint for readers (two starts may write it out of order)."""
-    return f"{learner_prefix(learner_id)}incarnation.json"
-
-
-def incarnation_claim_key(learner_id: int, incarnation: int) -> str:
-    """Write-once claim of one incarnation number (Store.create): exactly one process gets each number."""
-    return f"{learner_prefix(learner_id)}incarnations/{incarnation:04d}.json"
-
-
-def incarnation_claim_prefix(learner_id: int) -> str:
-    return f"{learner_prefix(learner_id)}incarnations/"
-
-
-def report_key(learner_id: int, incarnation: int) -> str:
-    return f"{learner_prefix(learner_id)}inc-{incarnation:04d}/report.json"
-
-
-def ckpt_key(learner_id: int, step: int) -> str:
-    return f"{learner_prefix(learner_id)}ckpt/step-{step:08d}.safetensors"
-
-
-def ckpt_latest_key(learner_id: int) -> str:
-    return f"{learner_prefix(learner_id)}ckpt/latest.json"
-
-
-def contributor(learner_id: int, incarnation: int) -> str:
-    """The name a learner incarnation goes by in round records and the status object."""
-    return f"{learner_id}-{incarnation}"
-
-
-LOGS = "logs/"
-_LOG_NAME = re.compile(r"(?:(\d{3,9})-)?(\d{4,9})(?:\.dup(\d{1,4}))?\.json")
-
-
-def log_key(role: str, incarnation: int, ident: int | None = None, dup: int = 0) -> str:
-    """Where a process ships its log (`ddiloco.logship`): `logs/learner/002-0001.json` (learner 2,
-    incarnation 1), `logs/syncer/0003.json`, `logs/evaluate/0000.json`. Numbers are zero-padded so names sort;
-    `.dupN` marks a second process that got a number already taken (one died before its role counted it)."""
-    if not role.isalpha() or not role.islower():
-        raise ValueError(f"log role must be lowercase letters, got {role!r}")
-    name = f"{incarnation:04d}" if ident is None else f"{ident:03d}-{incarnation:04d}"
-    return f"{LOGS}{role}/{name}{f'.dup{dup}' if dup else ''}.json"
-
-
-def parse_log_key(key: str) -> tuple[str, int | None, int, int] | None:
-    """(role, ident or None, incarnation, dup) of a `log_key`, or None if `key` is not one."""
-    parts = key.split("/")
-    m = _LOG_NAME.fullmatch(parts[-1]) if len(parts) == 3 and f"{parts[0]}/" == LOGS else None
-    if m is None or not (parts[1].isalpha() and parts[1].islower()):
-        return None
-    role, ident, inc, dup = parts[1], None if m[1] is None else int(m[1]), int(m[2]), int(m[3] or 0)
-    return (role, ident, inc, dup) if log_key(role, inc, ident, dup) == key else None
-
-
 # --- payloads ------------------------------------------------------------------------------------------------
 _DTYPES = {
     torch.float32: "F32",
@@ -156,7 +54,7 @@ class PayloadError(ValueError):
     """A payload failed validation; `reason` is a short machine-readable tag (for metrics and the summary).
 
     Reasons raised here: truncated, malformed, wrong_dtype, checksum, foreign_run, unsigned, bad_signature,
-    mismatch. The syncer adds its own (see `ddiloco.syncer`)."""
+    mismatch. The syncer adds its own (see `ddiloco.syncer.loop`)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"{reason}: {message}")
@@ -175,7 +73,7 @@ def _canonical(obj: Any) -> bytes:
 
 def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, key: bytes | None = None) -> bytes:
     """Serialise tensors + JSON header as a safetensors file. The header carries the SHA-256 of the data
-    region and of the tensor table, and, with a run `key`, an HMAC over all of it (see `ddiloco.signing`)."""
+    region and of the tensor table, and, with a run `key`, an HMAC over all of it (see `ddiloco.protocol.signing`)."""
     entries: dict[str, Any] = {}
     chunks: list[bytes] = []
     offset = 0
@@ -325,14 +223,3 @@ def unpack(
 
 def dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def parse_update_name(name: str) -> tuple[int, int] | None:
-    """(learner_id, incarnation) from the last segment of an update key, or None if it is not one."""
-    stem, dot, ext = name.partition(".")
-    lid, dash, inc = stem.partition("-")
-    if ext != "safetensors" or not dash or not (lid.isdigit() and inc.isdigit()) or "/" in name:
-        return None
-    if len(lid) > 9 or len(inc) > 9 or name != f"{int(lid):03d}-{int(inc):04d}.safetensors":
-        return None
-    return int(lid), int(inc)

@@ -11,8 +11,8 @@ import logging
 import time
 from typing import Any
 
-from ddiloco.evaluate import EvalTasksConfig, evaluate_checkpoint
-from ddiloco.sft import SFTConfig, run_sft
+from ddiloco.posttrain.evaluate import EvalTasksConfig, evaluate_checkpoint
+from ddiloco.posttrain.sft import SFTConfig, run_sft
 from ddiloco.store import Store
 
 log = logging.getLogger(__name__)

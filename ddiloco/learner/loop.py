@@ -14,11 +14,11 @@ Design choices:
   (`ReportWriter`), so a crash cannot make the syncer merge tokens the reports never mention.
 - A learner never publishes from a random init: it waits for global version 0 and overwrites its params
   with the current globals before its first step (after restoring its own checkpoint, if any).
-- Trust (`ddiloco.signing`): uploads and checkpoints are signed, every global, shard and checkpoint read is
+- Trust (`ddiloco.protocol.signing`): uploads and checkpoints are signed, every global, shard and checkpoint read is
   verified. A global version that fails is skipped (logged, counted by reason in `rejected_globals`) and
   training goes on until the next one; the syncer's rejections of this incarnation's answers are logged,
   counted (`rejected_updates`) and drop the pending answer, so its tokens stay outstanding.
-- Devices (`ddiloco.accel`, `ddiloco.ddp`): on CUDA, bf16 autocast, fused AdamW, answers and checkpoints
+- Devices (`ddiloco.learner.accel`, `ddiloco.learner.ddp`): on CUDA, bf16 autocast, fused AdamW, answers and checkpoints
   copied to pinned host buffers on a side stream, each loss read a step late; with torchrun ranks this
   process is rank 0, the only one on the store, and broadcasts every fragment it overwrites to the others.
 """
@@ -38,8 +38,14 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from ddiloco import signing, wire
-from ddiloco.accel import (
+from ddiloco import keys
+from ddiloco.chaos.local import LearnerChaos, schedule_from_config
+from ddiloco.chiptime import StepCadence
+from ddiloco.config import ConfigError
+from ddiloco.data import ShardLoader
+from ddiloco.globalmodel import latest_version, read_global, read_layout
+from ddiloco.hostname import host_name
+from ddiloco.learner.accel import (
     HostCopier,
     HostSnapshot,
     maybe_compile,
@@ -50,15 +56,9 @@ from ddiloco.accel import (
     to_device,
     train_step,
 )
-from ddiloco.chaos import LearnerChaos, schedule_from_config
-from ddiloco.checkpoint import load_learner_checkpoint
-from ddiloco.chiptime import StepCadence
-from ddiloco.config import ConfigError
-from ddiloco.data import ShardLoader
-from ddiloco.ddp import Group, rank_seed
-from ddiloco.globalmodel import latest_version, read_global, read_layout
-from ddiloco.hostname import host_name
-from ddiloco.learner_io import (
+from ddiloco.learner.checkpoint import load_learner_checkpoint
+from ddiloco.learner.ddp import Group, rank_seed
+from ddiloco.learner.io import (
     CheckpointWriter,
     ReportWriter,
     RoundRecords,
@@ -71,6 +71,7 @@ from ddiloco.learner_io import (
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer, init_model
 from ddiloco.prepare import load_run_config, load_tokens
+from ddiloco.protocol import signing, wire
 from ddiloco.schedule import GlobalSchedule
 from ddiloco.store import NotFound, Store, StoreError, StoreUnavailable
 
@@ -107,7 +108,7 @@ class Learner:
         group: Group | None = None,
     ) -> None:
         """`secret`: the master key from DDILOCO_RUN_KEY (None: neither sign nor verify); `site`: where it runs;
-        `group`: the learner's data-parallel ranks when this is rank 0 of several (`ddiloco.ddp`)."""
+        `group`: the learner's data-parallel ranks when this is rank 0 of several (`ddiloco.learner.ddp`)."""
         self.store, self.site = store, site
         self.learner_id = learner_id
         self.cfg = load_run_config(store)
@@ -124,7 +125,7 @@ class Learner:
         if self.device.type == "cpu":
             torch.set_num_threads(threads or t.threads)
         self.layout = read_layout(store)
-        meta = store.get_json(wire.DATA_META)
+        meta = store.get_json(keys.DATA_META)
         self.chaos = LearnerChaos(
             store, schedule_from_config(self.cfg.chaos, self.cfg.diloco.learners), learner_id,
             float(meta.get("prepared_at", time.time())), self.cfg.seed,
@@ -132,7 +133,7 @@ class Learner:
         shard = learner_id % meta["num_shards"]
         self.loader = ShardLoader(
             load_tokens(
-                store, wire.shard_key(shard), self.run_id, max_tokens=int(meta["shard_tokens"][shard]),
+                store, keys.shard_key(shard), self.run_id, max_tokens=int(meta["shard_tokens"][shard]),
                 run_key=self.key,
             ),
             batch_size=t.batch_for(learner_id), seq_len=self.cfg.model.seq_len,
@@ -166,7 +167,7 @@ class Learner:
         self.started_at = time.time()
         self.joined_at: float | None = None
         self.incarnation = next_incarnation(store, learner_id, self.started_at)
-        self.reports = ReportWriter(store, wire.report_key(learner_id, self.incarnation))
+        self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation))
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         self._lock = threading.Lock()
@@ -228,7 +229,7 @@ class Learner:
             self._apply(p, versions[p], tensors, initial=True)
         if self.group is not None:  # every rank starts from rank 0's parameters, AdamW state and cursors
             self.group.lead_start(self.model, self.opt, self.inner_step, (ckpt or {}).get("cursors"))
-        self.poller.poll_once() if self.store.exists(wire.STATUS) else None
+        self.poller.poll_once() if self.store.exists(keys.STATUS) else None
         self.poller.start()
         self.joined_at = time.time()
         self.cadence.begin()
@@ -283,7 +284,7 @@ class Learner:
 
     def _credited(self, status: dict, p: int, round_: int, version: int) -> bool:
         m = self.rounds.merge_of(status, round_, p, version)
-        return m is not None and wire.contributor(self.learner_id, self.incarnation) in m["contributors"]
+        return m is not None and keys.contributor(self.learner_id, self.incarnation) in m["contributors"]
 
     def _fate_known(self, status: dict, p: int) -> bool:
         """False while p's pending answer is in a round not known to be merged: applying a version would
@@ -398,7 +399,7 @@ class Learner:
         blob = pack_update(snap, self.cfg.diloco.codec, header, self.key)
         try:
             self.reports.write(report)  # or a newer one is stored already, which names this answer too
-            self.store.put(wire.update_key(p, s, self.learner_id, self.incarnation), blob)
+            self.store.put(keys.update_key(p, s, self.learner_id, self.incarnation), blob)
         except StoreError as e:
             with self._lock:
                 self.upload_failures += 1

@@ -36,15 +36,22 @@ from typing import Any
 
 import torch
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.config import SFTConfig
 from ddiloco.data import iter_jsonl
-from ddiloco.evaluate import SFT_META, SFT_MODEL, load_model, load_tokenizer, resolve_device
 from ddiloco.globalmodel import read_layout
 from ddiloco.model import GPT, IGNORE_INDEX, configure_optimizer
+from ddiloco.posttrain.evaluate import SFT_META, SFT_MODEL, load_model, load_tokenizer, resolve_device
+from ddiloco.posttrain.tasks import (
+    TaskItem,
+    agreement_problem,
+    arithmetic_problem,
+    evaluate_tasks,
+    random_word,
+)
+from ddiloco.protocol import wire
 from ddiloco.store import Store
 from ddiloco.synthetic import SyntheticWorld, make_world
-from ddiloco.tasks import TaskItem, agreement_problem, arithmetic_problem, evaluate_tasks, random_word
 from ddiloco.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -241,7 +248,7 @@ def run_sft(store: Store, scfg: SFTConfig | None = None) -> dict[str, Any]:
     if scfg.data is not None:
         keyed = read_jsonl_pairs(scfg.data)
     elif cfg.data.source == "synthetic":
-        meta = store.get_json_or_none(wire.DATA_META) or {}
+        meta = store.get_json_or_none(keys.DATA_META) or {}
         world = make_world(meta.get("world_seed", cfg.seed), n_entities=cfg.data.synthetic_entities)
         keyed = synthetic_instructions(world, seed, scfg.items_per_kind)
     else:
@@ -254,7 +261,7 @@ def run_sft(store: Store, scfg: SFTConfig | None = None) -> dict[str, Any]:
     t_train = time.monotonic()
     replay = None
     if scfg.replay_fraction > 0:
-        replay = load_tokens(store, wire.shard_key(0), cfg.run_id)
+        replay = load_tokens(store, keys.shard_key(0), cfg.run_id)
     losses = train_sft(model, tokenizer, train, scfg, seed, replay)
     train_seconds = time.monotonic() - t_train
     after, loss_after = _accuracy(model, tokenizer, test), response_loss(model, tokenizer, heldout)

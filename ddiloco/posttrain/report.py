@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddiloco import logship, wire
-from ddiloco import report_plots as plots
-from ddiloco.evaluate import SFT_META, eval_key, global_loss_curve
+from ddiloco import keys, logship
+from ddiloco.posttrain import plots
+from ddiloco.posttrain.evaluate import SFT_META, eval_key, global_loss_curve
+from ddiloco.posttrain.summary import build_summary, read_reports, read_round_records
 from ddiloco.store import Store, StoreError
-from ddiloco.summary import build_summary, read_reports, read_round_records
 
 log = logging.getLogger(__name__)
 
@@ -98,18 +98,18 @@ def _events(summary: dict[str, Any], t0: float) -> list[dict[str, Any]]:
 
 def load_run(store: Store, *, curve_points: int = 8, curve: bool = True) -> RunData:
     """Everything a report shows about the run at `store`; computes (and caches) the global loss curve."""
-    if not store.exists(wire.CONFIG):
+    if not store.exists(keys.CONFIG):
         raise ValueError(
-            f"{store.url} holds no ddiloco run (no {wire.CONFIG}); pass a run root, e.g. runs/RUN_ID"
+            f"{store.url} holds no ddiloco run (no {keys.CONFIG}); pass a run root, e.g. runs/RUN_ID"
         )
-    summary = store.get_json_or_none(wire.SUMMARY, max_bytes=16 << 20) or build_summary(store)
-    config = store.get_json(wire.CONFIG)
+    summary = store.get_json_or_none(keys.SUMMARY, max_bytes=16 << 20) or build_summary(store)
+    config = store.get_json(keys.CONFIG)
     records = read_round_records(store)
     reports = read_reports(store)
     starts = [r["started_at"] for r in reports] + [r["opened_at"] for r in records]
     t0 = min(starts) if starts else time.time()
     points = (
-        global_loss_curve(store, curve_points, records=records) if curve and store.exists(wire.LAYOUT) else []
+        global_loss_curve(store, curve_points, records=records) if curve and store.exists(keys.LAYOUT) else []
     )
     evals = {}
     for key in store.list("eval/"):
@@ -139,7 +139,7 @@ def load_run(store: Store, *, curve_points: int = 8, curve: bool = True) -> RunD
         events=_events(summary, t0),
     )
     try:
-        deaths = logship.died(store, reports, done=store.exists(wire.DONE), tail=DEATH_LINES)
+        deaths = logship.died(store, reports, done=store.exists(keys.DONE), tail=DEATH_LINES)
     except StoreError as e:
         log.warning("report: shipped logs unreadable (%s)", e)
         deaths = []
@@ -152,13 +152,13 @@ def load_run(store: Store, *, curve_points: int = 8, curve: bool = True) -> RunD
 def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """Scalar metrics with flat names (KFP `Metrics.log_metric`); nested dicts become `outer_inner`."""
     out: dict[str, float] = {}
-    keys = (
+    names = (
         "wall_seconds tokens_processed tokens_merged tokens_discarded rounds goodput merged_token_share "
         "steps_per_answer bytes_uploaded bytes_downloaded mean_quorum mean_grace_seconds mean_staleness "
         "initial_val_loss final_val_loss final_perplexity "
         "sft_val_loss sft_perplexity entropy_floor"
     ).split()
-    for k in keys:
+    for k in names:
         v = summary.get(k)
         if isinstance(v, int | float) and not isinstance(v, bool):
             out[k] = float(v)

@@ -8,7 +8,7 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ddiloco.cli import _config_args  # cli.py builds the parser that calls us: already imported
+    from ddiloco.cli.main import _config_args  # cli.py builds the parser that calls us: already imported
 
     p = subparsers.add_parser(
         "baseline",
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     from ddiloco.baseline import run_baseline
-    from ddiloco.cli import _load
+    from ddiloco.cli.main import _load
     from ddiloco.config import ConfigError
 
     if args.prepare:
@@ -46,7 +46,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
         cfg = _load(args)
         cfg.run_id = cfg.run_id or args.store.rstrip("/").rsplit("/", 1)[-1]
-        from ddiloco.signing import key_from_env
+        from ddiloco.protocol.signing import key_from_env
 
         prepare(open_store(args.store), cfg, secret=key_from_env())
     elif args.overrides or args.recipe or args.config:

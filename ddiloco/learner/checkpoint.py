@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from ddiloco import wire
+from ddiloco import keys
+from ddiloco.protocol import wire
 from ddiloco.store import NotFound, ObjectTooLarge, Store
 
 log = logging.getLogger(__name__)
@@ -77,15 +78,15 @@ def save_learner_checkpoint(
 ) -> str:
     tensors = {f"param/{n}": p.detach() for n, p in model.named_parameters()}
     tensors.update(optimizer_tensors(model, opt))
-    ckpt = wire.ckpt_key(learner_id, step)
+    ckpt = keys.ckpt_key(learner_id, step)
     store.put(
         ckpt,
         wire.pack(
             tensors, {**meta, "kind": "learner_ckpt", "learner_id": learner_id, "inner_step": step}, key=key
         ),
     )
-    previous = store.get_json_or_none(wire.ckpt_latest_key(learner_id))
-    store.put_json(wire.ckpt_latest_key(learner_id), {"key": ckpt, "inner_step": step})
+    previous = store.get_json_or_none(keys.ckpt_latest_key(learner_id))
+    store.put_json(keys.ckpt_latest_key(learner_id), {"key": ckpt, "inner_step": step})
     if previous and previous.get("key") not in (None, ckpt):
         store.delete(previous["key"])
     log.debug("learner %d checkpoint at step %d -> %s", learner_id, step, ckpt)
@@ -103,12 +104,12 @@ def load_learner_checkpoint(
 ) -> dict[str, Any] | None:
     """Restore params + AdamW state in place; return the checkpoint's JSON header, or None if there is none
     (or it fails verification: logged, and the learner starts fresh)."""
-    pointer = store.get_json_or_none(wire.ckpt_latest_key(learner_id))
+    pointer = store.get_json_or_none(keys.ckpt_latest_key(learner_id))
     if pointer is None:
         return None
     ckpt = pointer.get("key") if isinstance(pointer, dict) else None
     try:
-        if not isinstance(ckpt, str) or not ckpt.startswith(wire.learner_prefix(learner_id)):
+        if not isinstance(ckpt, str) or not ckpt.startswith(keys.learner_prefix(learner_id)):
             raise wire.PayloadError("malformed", f"checkpoint pointer names {str(ckpt)[:80]!r}")
         blob = store.get(ckpt, max_bytes=checkpoint_max_bytes(model))
         payload = wire.unpack(

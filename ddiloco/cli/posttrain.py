@@ -23,14 +23,14 @@ def _tasks(value: str) -> list[str]:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ddiloco import wire
-    from ddiloco.evaluate import EvalTasksConfig, evaluate_checkpoint
+    from ddiloco import keys
+    from ddiloco.posttrain.evaluate import EvalTasksConfig, evaluate_checkpoint
     from ddiloco.store import open_store
 
     store = open_store(args.store)
     spec = args.model
     if spec is None:
-        spec = "final" if store.exists(wire.FINAL_MODEL) else "latest"
+        spec = "final" if store.exists(keys.FINAL_MODEL) else "latest"
     ecfg = EvalTasksConfig(items_per_task=args.items, tasks=args.tasks, seed=args.seed, device=args.device)
     result = evaluate_checkpoint(store, spec, name=args.name, ecfg=ecfg)
     brief = {k: result[k] for k in ("model", "val_loss", "perplexity", "task_accuracy") if k in result}
@@ -39,7 +39,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from ddiloco.sft import SFTConfig, run_sft
+    from ddiloco.posttrain.sft import SFTConfig, run_sft
     from ddiloco.store import open_store
 
     overrides: dict[str, Any] = {
@@ -62,7 +62,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ddiloco.report import write_comparison, write_reports
+    from ddiloco.posttrain.report import write_comparison, write_reports
     from ddiloco.store import open_store
 
     stores = [open_store(r) for r in args.runs]

@@ -9,8 +9,8 @@ Design choices:
   would open rounds faster than every H/P real steps.
 - A round merges once K answers arrived and the adaptive grace window
   clamp(γ·(τ·(H/P)·ξ_step − ξ_quorum − ξ_sync), 0, cap) has passed (or every live learner answered).
-- Answers are parsed and validated as they arrive (`ddiloco.intake`; every rule and reason is listed in
-  `ddiloco.validation`), so a merge only does arithmetic. A rejected object never touches the global
+- Answers are parsed and validated as they arrive (`ddiloco.syncer.intake`; every rule and reason is listed in
+  `ddiloco.protocol.validation`), so a merge only does arithmetic. A rejected object never touches the global
   model; it is counted by reason (state, metrics, summary), and the learner it authentically came from is
   told through a bounded `rejections` list in the status object.
 - With the run key every update must carry a valid signature, and everything the syncer publishes (global
@@ -35,14 +35,15 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from ddiloco import chiptime, signing, validation, wire
+from ddiloco import chiptime, keys
 from ddiloco.globalmodel import latest_version, publish_global, read_global, read_layout
 from ddiloco.hostname import host_name
-from ddiloco.intake import Intake, Round
+from ddiloco.merge import OuterNesterov, merge_with_stats, token_weight
 from ddiloco.metrics import SyncerMetrics
-from ddiloco.outer import OuterNesterov, merge_with_stats, token_weight
 from ddiloco.prepare import load_run_config
+from ddiloco.protocol import signing, validation, wire
 from ddiloco.store import NotFound, ObjectTooLarge, Store, StoreError
+from ddiloco.syncer.intake import Intake, Round
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +115,11 @@ class Syncer(Intake):
 
     # --- state ------------------------------------------------------------------------------------------------
     def _restore(self) -> None:
-        state = self.store.get_json_or_none(wire.SYNCER_STATE)
+        state = self.store.get_json_or_none(keys.SYNCER_STATE)
         if state is not None:
             if state.get("run_id") != self.run_id:
                 raise ValueError(
-                    f"{wire.SYNCER_STATE} belongs to run {state.get('run_id')!r}, not {self.run_id!r}"
+                    f"{keys.SYNCER_STATE} belongs to run {state.get('run_id')!r}, not {self.run_id!r}"
                 )
             self.incarnation = int(state["incarnation"]) + 1
             self.versions = [int(v) for v in state["versions"]]
@@ -173,7 +174,7 @@ class Syncer(Intake):
         """Outer momentum of fragment p at version v; one that fails verification restarts from zero."""
         try:
             payload = wire.unpack(
-                self.store.get(wire.momentum_key(p, v), max_bytes=self.layout.fragment_max_bytes(p)),
+                self.store.get(keys.momentum_key(p, v), max_bytes=self.layout.fragment_max_bytes(p)),
                 expect={"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": v},
                 key=self.key,
             )
@@ -218,7 +219,7 @@ class Syncer(Intake):
 
     def _save_state(self) -> None:
         self.store.put_json(
-            wire.SYNCER_STATE,
+            keys.SYNCER_STATE,
             {
                 "run_id": self.run_id, "incarnation": self.incarnation, "versions": self.versions, "ledger": self.ledger,
                 "rejected": dict(self.rejected), "clipped": dict(self.clipped), "next_round": self.next_round, "rounds_merged": self.rounds_merged,
@@ -264,7 +265,7 @@ class Syncer(Intake):
     def publish_status(self, done: bool = False) -> None:
         live = self.live_learners()
         self.store.put_json(
-            wire.STATUS,
+            keys.STATUS,
             {
                 "run_id": self.run_id, "time": self.wall(), "syncer_incarnation": self.incarnation, "done": done,
                 "syncer_host": host_name(), "syncer_pid": os.getpid(),
@@ -280,15 +281,15 @@ class Syncer(Intake):
     # --- learners ---------------------------------------------------------------------------------------------
     def refresh_learners(self) -> None:
         newest: dict[int, str] = {}
-        keys = [
+        found = [
             k
             for k in self.store.list("learners/")
             if k.endswith("/report.json") and k.split("/")[1].isdigit()
         ]
-        for key in keys:
+        for key in found:
             lid = int(key.split("/")[1])
             newest[lid] = max(newest.get(lid, key), key)
-        for key in set(keys) - set(newest.values()) - set(self.past_reports):
+        for key in set(found) - set(newest.values()) - set(self.past_reports):
             self._read_past_report(key, int(key.split("/")[1]))
         for lid, key in newest.items():
             report = self._read_report(key, lid)
@@ -298,7 +299,7 @@ class Syncer(Intake):
                 if lid not in self.heard or self.heard[lid][0] != mark:
                     self.heard[lid] = (mark, self.clock())
 
-        live = {wire.contributor(r["learner_id"], r["incarnation"]) for r in self.live_learners()}
+        live = {keys.contributor(r["learner_id"], r["incarnation"]) for r in self.live_learners()}
         now = self.wall()
         for c in sorted(live - self._live_prev):
             self.learner_events.append({"event": "joined", "learner": c, "time": now})
@@ -414,10 +415,10 @@ class Syncer(Intake):
                 self.rounds_abandoned += 1
                 self.metrics.rounds.labels(outcome="abandoned").inc()
                 del self.open[rnd.round]
-                self.store.delete_prefix(wire.update_prefix(rnd.fragment_id, rnd.round))
+                self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
                 self.publish_status()
             return
-        live = {wire.contributor(r["learner_id"], r["incarnation"]) for r in self.live_learners()}
+        live = {keys.contributor(r["learner_id"], r["incarnation"]) for r in self.live_learners()}
         if now >= rnd.quorum_at + rnd.grace_s or live <= set(rnd.answers):
             self.merge(rnd, now)
 
@@ -458,14 +459,14 @@ class Syncer(Intake):
         }  # fmt: skip
         published_at = self.wall()  # before the write: no learner can hold this version any earlier
         self.store.put(
-            wire.momentum_key(p, version),
+            keys.momentum_key(p, version),
             wire.pack(
                 outer.state_dict(),
                 {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version},
                 key=self.key,
             ),
         )
-        self.store.put_json(wire.round_record_key(rnd.round), rec)
+        self.store.put_json(keys.round_record_key(rnd.round), rec)
         published = publish_global(
             self.store, self.run_id, p, version, theta, d.global_dtype, {"round": rnd.round}, key=self.key
         )
@@ -502,7 +503,7 @@ class Syncer(Intake):
         m.outer_grad_norm.labels(fragment=str(p)).set(stats["merged_norm"])
         self.publish_status()
         self._save_state()
-        self.store.delete_prefix(wire.update_prefix(p, rnd.round))
+        self.store.delete_prefix(keys.update_prefix(p, rnd.round))
         self._sweep_late(p)
         log.debug(
             "syncer: round %d fragment %d -> v%d from %d answers", rnd.round, p, version, len(contributors)
@@ -526,7 +527,7 @@ class Syncer(Intake):
         return False
 
     def run(self, max_seconds: float | None = None) -> None:
-        if self.store.exists(wire.DONE):
+        if self.store.exists(keys.DONE):
             log.info("syncer: run %s is already done", self.run_id)
             return
         self.publish_status()
@@ -558,23 +559,23 @@ class Syncer(Intake):
 
     def finish(self) -> None:
         for rnd in list(self.open.values()):
-            self.store.delete_prefix(wire.update_prefix(rnd.fragment_id, rnd.round))
+            self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
         self.open.clear()
         self.store.delete_prefix("updates/")
         final = {n: t for g in self.globals for n, t in g.items()}
         self.store.put(
-            wire.FINAL_MODEL,
+            keys.FINAL_MODEL,
             wire.pack(
                 final, {"run_id": self.run_id, "kind": "final", "versions": self.versions}, key=self.key
             ),
         )
         self.store.put_json(
-            wire.FINAL_META,
+            keys.FINAL_META,
             {"versions": self.versions, "model": self.layout.model, "tokens_merged": self.tokens_merged()},
         )
         self._save_state()
         self.store.put_json(
-            wire.DONE,
+            keys.DONE,
             {"time": self.wall(), "tokens_merged": self.tokens_merged(), "rounds_merged": self.rounds_merged},
         )
         self.publish_status(done=True)

@@ -33,8 +33,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ddiloco import wire
-from ddiloco.chaos import ChaosEvent, schedule_from_config
+from ddiloco import keys
+from ddiloco.chaos.local import ChaosEvent, schedule_from_config
 from ddiloco.config import RunConfig
 from ddiloco.hostname import host_name
 from ddiloco.store import Store, StoreError, open_store
@@ -62,14 +62,14 @@ def record_key(backend: str, event_id: str) -> str:
 # --- who is the victim ---------------------------------------------------------------------------------------
 def newest_report(store: Store, learner_id: int) -> dict[str, Any] | None:
     """The newest incarnation's report of a learner (keys are zero-padded, so the largest key is newest)."""
-    keys = [k for k in store.list(wire.learner_prefix(learner_id)) if k.endswith("/report.json")]
-    return store.get_json_or_none(max(keys)) if keys else None
+    found = [k for k in store.list(keys.learner_prefix(learner_id)) if k.endswith("/report.json")]
+    return store.get_json_or_none(max(found)) if found else None
 
 
 def victim_of(store: Store, ev: ChaosEvent) -> tuple[str, int | None] | None:
     """(host, pid) of the process an event targets, from the store; None when it has not reported yet."""
     if ev.kind == "kill_syncer":
-        status = store.get_json_or_none(wire.STATUS)
+        status = store.get_json_or_none(keys.STATUS)
         return (
             (status["syncer_host"], status.get("syncer_pid"))
             if status and status.get("syncer_host")
@@ -254,7 +254,7 @@ class ChaosRole:
         start = self.clock()
         while self.pending:
             try:
-                if self.store.exists(wire.DONE):
+                if self.store.exists(keys.DONE):
                     break
                 self.poll()
             except StoreError as e:  # the store is away (maybe an injected outage): keep the schedule
@@ -307,8 +307,8 @@ def _namespace(arg: str | None) -> str:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     store = open_store(args.store)
-    cfg = RunConfig.from_dict(store.get_json(wire.CONFIG))
-    meta = store.get_json_or_none(wire.DATA_META) or {}
+    cfg = RunConfig.from_dict(store.get_json(keys.CONFIG))
+    meta = store.get_json_or_none(keys.DATA_META) or {}
     t0 = float(meta.get("prepared_at") or time.time())
     events = schedule_from_config(cfg.chaos, cfg.diloco.learners)
     if args.backend == "kubernetes":

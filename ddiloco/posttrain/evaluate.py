@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.config import EvalConfig
 from ddiloco.data import val_batches
 from ddiloco.globalmodel import (
@@ -33,9 +33,10 @@ from ddiloco.globalmodel import (
     read_layout,
 )
 from ddiloco.model import GPT
+from ddiloco.posttrain.tasks import TaskItem, cloze_tasks, evaluate_tasks, synthetic_tasks
+from ddiloco.protocol import wire
 from ddiloco.store import NotFound, Store
 from ddiloco.synthetic import make_world
-from ddiloco.tasks import TaskItem, cloze_tasks, evaluate_tasks, synthetic_tasks
 from ddiloco.tokenizer import Tokenizer, tokenizer_from_json
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ def model_at_versions(store: Store, run_id: str, layout: Layout, versions: list[
 def load_model(store: Store, spec: str, run_id: str, layout: Layout) -> tuple[GPT, dict[str, Any]]:
     """(model, description) for `final`, `latest`, `sft`, `round:N`, `learner:ID` or a payload key."""
     if spec == "final":
-        return load_final_model(store, run_id, layout), {"model": "final", "key": wire.FINAL_MODEL}
+        return load_final_model(store, run_id, layout), {"model": "final", "key": keys.FINAL_MODEL}
     if spec == "latest":
         model, versions = load_latest_model(store, run_id, layout)
         return model, {"model": "latest", "versions": versions}
@@ -130,7 +131,7 @@ def load_model(store: Store, spec: str, run_id: str, layout: Layout) -> tuple[GP
     if spec == "sft":
         key = SFT_MODEL
     elif spec.startswith("learner:"):
-        pointer = store.get_json_or_none(wire.ckpt_latest_key(int(spec.split(":", 1)[1])))
+        pointer = store.get_json_or_none(keys.ckpt_latest_key(int(spec.split(":", 1)[1])))
         if pointer is None:
             raise NotFound(f"learner {spec.split(':', 1)[1]} has no checkpoint in {store.url}")
         key = pointer["key"]
@@ -146,7 +147,7 @@ def load_model(store: Store, spec: str, run_id: str, layout: Layout) -> tuple[GP
 
 
 def load_tokenizer(store: Store) -> Tokenizer:
-    return tokenizer_from_json(store.get(wire.TOKENIZER, max_bytes=MAX_TOKENIZER_BYTES).decode())
+    return tokenizer_from_json(store.get(keys.TOKENIZER, max_bytes=MAX_TOKENIZER_BYTES).decode())
 
 
 # --- tasks ---------------------------------------------------------------------------------------------------
@@ -169,7 +170,7 @@ def build_tasks(
 ) -> dict[str, list[TaskItem]]:
     """The run's task suite: the synthetic world's probes, or cloze items from the validation text."""
     seed = cfg.seed if ecfg.seed is None else ecfg.seed
-    meta = store.get_json_or_none(wire.DATA_META) or {}
+    meta = store.get_json_or_none(keys.DATA_META) or {}
     if cfg.data.source == "synthetic":
         world = make_world(meta.get("world_seed", cfg.seed), n_entities=cfg.data.synthetic_entities)
         tasks = synthetic_tasks(world, seed, ecfg.items_per_task)
@@ -220,7 +221,7 @@ def evaluate_checkpoint(
     cfg = load_run_config(store)
     layout = read_layout(store)
     tokenizer = load_tokenizer(store)
-    val = load_tokens(store, wire.VAL, cfg.run_id)
+    val = load_tokens(store, keys.VAL, cfg.run_id)
     model, info = load_model(store, spec, cfg.run_id, layout)
     model.to(resolve_device(ecfg.device))
     tasks = build_tasks(store, cfg, tokenizer, val, ecfg)
@@ -284,7 +285,7 @@ def global_loss_curve(
         return cached["points"]
     cfg = load_run_config(store)
     layout = read_layout(store)
-    val = load_tokens(store, wire.VAL, cfg.run_id)
+    val = load_tokens(store, keys.VAL, cfg.run_id)
     snaps = curve_points(records, layout.num_fragments, max(points, 2))
     for snap in snaps:
         model = model_at_versions(store, cfg.run_id, layout, snap["versions"])

@@ -20,7 +20,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from ddiloco import chiptime, wire
+from ddiloco import chiptime, keys
 from ddiloco.store import Store
 
 
@@ -37,12 +37,12 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = store.get_json(wire.CONFIG)
-    meta = store.get_json(wire.DATA_META)
-    layout = store.get_json(wire.LAYOUT)
-    state = store.get_json_or_none(wire.SYNCER_STATE) or {}
-    done = store.get_json_or_none(wire.DONE)
-    events = store.get_json_or_none(wire.LAUNCHER_EVENTS) or {}
+    cfg = store.get_json(keys.CONFIG)
+    meta = store.get_json(keys.DATA_META)
+    layout = store.get_json(keys.LAYOUT)
+    state = store.get_json_or_none(keys.SYNCER_STATE) or {}
+    done = store.get_json_or_none(keys.DONE)
+    events = store.get_json_or_none(keys.LAUNCHER_EVENTS) or {}
     reports = read_reports(store)
     fired = [store.get_json(k) for k in store.list("chaos/") if k.endswith(".json")]
     chaos_events = sorted(events.get("chaos_events", []) + fired, key=lambda e: e.get("time_s", 0.0))
@@ -57,7 +57,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     per_learner: dict[str, dict[str, Any]] = {}
     by_site: dict[str, dict[str, Any]] = {}  # site -> merged (fragment-tokens), processed, learner ids
     for rep in reports:
-        contributor = wire.contributor(rep["learner_id"], rep["incarnation"])
+        contributor = keys.contributor(rep["learner_id"], rep["incarnation"])
         site = by_site.setdefault(
             str(rep.get("site") or "local"), {"merged": 0, "processed": 0, "ids": set()}
         )
@@ -91,8 +91,8 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         entry["tokens"] += rep["tokens_processed"]
     for lid, entry in per_learner.items():
         # Count started processes, not reports: one killed before its first report still was an incarnation.
-        pointer = store.get_json_or_none(wire.incarnation_key(int(lid))) or {"incarnation": -1}
-        claims = len(store.list(wire.incarnation_claim_prefix(int(lid))))
+        pointer = store.get_json_or_none(keys.incarnation_key(int(lid))) or {"incarnation": -1}
+        claims = len(store.list(keys.incarnation_claim_prefix(int(lid))))
         entry["incarnations"] = max(
             pointer["incarnation"] + 1, claims, sum(r["learner_id"] == int(lid) for r in reports)
         )

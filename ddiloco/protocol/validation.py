@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from ddiloco.compression import BLOCK, CODECS, decode, encoded_nbytes
-from ddiloco.wire import PayloadError
+from ddiloco.protocol.wire import PayloadError
 
 MIN_STEP_SECONDS = 1e-5
 TIME_SLACK_S = 1.0

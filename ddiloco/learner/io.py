@@ -3,13 +3,13 @@
 Design choices:
 - The poller thread keeps the newest syncer status in memory and survives an unavailable store with
   backoff; the training loop only ever reads `latest`.
-- A checkpoint is snapshotted at a step boundary into host buffers (`ddiloco.accel.HostCopier`: pinned and
+- A checkpoint is snapshotted at a step boundary into host buffers (`ddiloco.learner.accel.HostCopier`: pinned and
   asynchronous on CUDA) and written by an I/O thread, which rebuilds a parameter-less model on the meta
   device around the host tensors: no random init, no second copy of the model, nothing on the loop.
 - Reports are built on the loop (numbered by `seq`) and written by I/O threads through one `ReportWriter`:
   one write at a time, never an older report over a newer one. An answer's report is written before its
   update, so the store's report always names every answer the syncer may merge.
-- Whether an answer was merged is the syncer's round record (what `ddiloco.summary` reads). The status
+- Whether an answer was merged is the syncer's round record (what `ddiloco.posttrain.summary` reads). The status
   lists only the last 8P+16 merges; `RoundRecords` reads the record of a closed round it no longer lists
   (a learner stopped for longer misses its own merge), on the I/O pool.
 """
@@ -27,13 +27,14 @@ from typing import Any
 
 import torch
 
-from ddiloco import wire
-from ddiloco.accel import HostCopier, HostSnapshot
-from ddiloco.checkpoint import load_optimizer_tensors, optimizer_tensors, save_learner_checkpoint
+from ddiloco import keys
 from ddiloco.compression import encode
 from ddiloco.globalmodel import Layout
 from ddiloco.hostname import host_name
+from ddiloco.learner.accel import HostCopier, HostSnapshot
+from ddiloco.learner.checkpoint import load_optimizer_tensors, optimizer_tensors, save_learner_checkpoint
 from ddiloco.model import GPT, configure_optimizer
+from ddiloco.protocol import wire
 from ddiloco.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -44,15 +45,15 @@ HISTORY_EVERY_S = 1.0
 
 def next_incarnation(store: Store, learner_id: int, started_at: float) -> int:
     """Claim this start's incarnation number atomically: the first free number from the pointer's hint on
-    whose write-once claim object (`wire.incarnation_claim_key`, created with `Store.create`) this process
+    whose write-once claim object (`keys.incarnation_claim_key`, created with `Store.create`) this process
     wins. Two processes that start as the same learner at once (an Argo retry while the old pod still runs,
     a person starting one by hand) get different numbers, so their reports and updates never collide."""
-    prev = store.get_json_or_none(wire.incarnation_key(learner_id))
+    prev = store.get_json_or_none(keys.incarnation_key(learner_id))
     inc = 0 if prev is None else int(prev["incarnation"]) + 1
     claim = {"started_at": started_at, "host": host_name(), "pid": os.getpid(), "nonce": secrets.token_hex(8)}
-    while not store.create_json(wire.incarnation_claim_key(learner_id, inc), {"incarnation": inc, **claim}):
+    while not store.create_json(keys.incarnation_claim_key(learner_id, inc), {"incarnation": inc, **claim}):
         inc += 1  # another start took it (or the hint was stale): the next one
-    store.put_json(wire.incarnation_key(learner_id), {"incarnation": inc, "started_at": started_at})
+    store.put_json(keys.incarnation_key(learner_id), {"incarnation": inc, "started_at": started_at})
     return inc
 
 
@@ -99,7 +100,7 @@ class RoundRecords:
         self._reads: dict[int, Future] = {}
 
     def _fetch(self, round_: int) -> dict[str, Any] | None:
-        rec = self.store.get_json_or_none(wire.round_record_key(round_))
+        rec = self.store.get_json_or_none(keys.round_record_key(round_))
         if rec is None:
             return None
         return {
@@ -167,7 +168,7 @@ class StatusPoller(threading.Thread):
         self.errors = 0
 
     def poll_once(self) -> None:
-        status = self.store.get_json_or_none(wire.STATUS)
+        status = self.store.get_json_or_none(keys.STATUS)
         if status is not None:
             self.latest = status
 

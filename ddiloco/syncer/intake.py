@@ -2,7 +2,7 @@
 
 Design choices:
 - `collect` reads each new object of an open round once; what it accepts is decoded to an fp32 delta, so
-  a merge only does arithmetic. The rules and reasons live in `ddiloco.validation`.
+  a merge only does arithmetic. The rules and reasons live in `ddiloco.protocol.validation`.
 - A name whose object was rejected is re-read at most once a second, and only counted again if its bytes
   changed, so junk written first under a learner's key cannot block that learner's real answer.
 - A rejection whose header authentically names a learner incarnation and this round is told to that
@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from ddiloco import validation, wire
+from ddiloco import keys
+from ddiloco.protocol import validation, wire
 from ddiloco.store import NotFound, ObjectTooLarge
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class Intake:
     """Update intake of the syncer (see the module docstring); needs the attributes `Syncer` sets."""
 
     def collect(self, rnd: Round) -> None:
-        prefix = wire.update_prefix(rnd.fragment_id, rnd.round)
+        prefix = keys.update_prefix(rnd.fragment_id, rnd.round)
         now = self.clock()
         for key in self.store.list(prefix):
             name = key[len(prefix) :]
@@ -109,18 +110,18 @@ class Intake:
             raise wire.PayloadError("too_large", str(e)) from None
 
     def _load_answer(self, rnd: Round, name: str, blob: bytes) -> Answer:
-        """Validate one update (rules and reasons: `ddiloco.validation`); PayloadError if it is rejected."""
+        """Validate one update (rules and reasons: `ddiloco.protocol.validation`); PayloadError if it is rejected."""
         p = rnd.fragment_id
         h = wire.unpack(
             blob, expect={"run_id": self.run_id, "kind": "update", "fragment_id": p}, key=self.key
         )
         meta = h.meta
         validation.header_fields(meta)
-        named = wire.parse_update_name(name)
+        named = keys.parse_update_name(name)
         if named is None:
             raise wire.PayloadError("malformed", f"{name[:80]!r} is not an update name")
         validation.identity(meta, named, rnd.round)
-        contributor = wire.contributor(*named)
+        contributor = keys.contributor(*named)
         try:
             validation.counters(
                 meta,
@@ -157,8 +158,8 @@ class Intake:
             round_ = int(parts[2]) if len(parts) == 4 and parts[2].isdigit() else None
             if round_ in open_rounds:
                 continue
-            named = wire.parse_update_name(parts[-1]) if round_ is not None else None
-            if named is None or wire.contributor(*named) in merged.get(round_, {}):
+            named = keys.parse_update_name(parts[-1]) if round_ is not None else None
+            if named is None or keys.contributor(*named) in merged.get(round_, {}):
                 reason = "malformed" if named is None else "replay"
                 self.rejected[reason] += 1
                 self.metrics.rejected.labels(reason=reason).inc()

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ddiloco import wire
+from ddiloco import keys
 from ddiloco.logship import (
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_BYTES,
@@ -35,7 +35,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if not entries:
         if filtered:
             raise ValueError(f"no logs match in {store.url}; `ddiloco logs --store URL` lists the logs there")
-        print(f"no logs in {store.url} (under {wire.LOGS})", file=sys.stderr)
+        print(f"no logs in {store.url} (under {keys.LOGS})", file=sys.stderr)
         return 0
     if not filtered and args.tail is None:
         rows = [("KEY", "PROCESS", "LINES", "DROPPED", "LAST WRITE", "ENDED")]

@@ -1,0 +1,1 @@
+"""The `ddiloco` command line."""

@@ -1,0 +1,1 @@
+"""After pre-training: evaluation, SFT, the run summary and the HTML report."""

@@ -1,0 +1,1 @@
+"""What crosses the store: the payload format, signatures, validation of learner answers."""

@@ -1,0 +1,1 @@
+"""The syncer: reads learner answers, merges them per fragment, publishes new global versions."""
