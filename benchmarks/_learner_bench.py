@@ -26,7 +26,8 @@ from ddiloco.learner.accel import lr_at, maybe_compile, resolve_precision, to_de
 from ddiloco.learner.loop import Learner
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import load_tokens, prepare
-from ddiloco.store import Store, open_store
+from ddiloco.store.base import Store
+from ddiloco.store.url import open_store
 
 
 @contextlib.contextmanager
@@ -39,8 +40,9 @@ def prepared_run(cfg: RunConfig, syncer_threads: int = 1) -> Iterator[tuple[str,
         syncer = subprocess.Popen(
             [sys.executable, "-m", "ddiloco.cli", "syncer", "--store", url],
             env={**os.environ, "OMP_NUM_THREADS": str(syncer_threads)},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             yield url, store
         finally:
@@ -69,8 +71,10 @@ class PlainLoop:
         self.net = maybe_compile(self.model, t.compile)
         self.loader = ShardLoader(
             load_tokens(store, keys.shard_key(0), cfg.run_id),
-            batch_size=t.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed * 1000,
-        )  # fmt: skip
+            batch_size=t.batch_size,
+            seq_len=cfg.model.seq_len,
+            seed=cfg.seed * 1000,
+        )
         self.cfg, self.device = cfg, device
         self.precision = resolve_precision(t.precision, device)
         self.step, self.loss = 0, None
@@ -82,9 +86,14 @@ class PlainLoop:
         for _ in range(steps):
             x, y = self.loader.next_batch()
             loss = train_step(
-                self.net, self.opt, to_device(x, self.device), to_device(y, self.device),
-                lr_at(self.step, t.lr, t.warmup_steps), t.grad_clip, precision=self.precision,
-            )  # fmt: skip
+                self.net,
+                self.opt,
+                to_device(x, self.device),
+                to_device(y, self.device),
+                lr_at(self.step, t.lr, t.warmup_steps),
+                t.grad_clip,
+                precision=self.precision,
+            )
             if self.device.type == "cuda":
                 loss, self._in_flight = self._in_flight, loss
             if loss is not None:

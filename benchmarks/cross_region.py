@@ -40,12 +40,13 @@ from typing import Any
 import torch
 
 from ddiloco.baseline import run_baseline
-from ddiloco.config import RunConfig, load_config
+from ddiloco.config import RunConfig
 from ddiloco.launch import LocalRun
 from ddiloco.posttrain.summary import read_reports
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
+from ddiloco.recipes import load_config
 from ddiloco.store.shaped import Link
+from ddiloco.store.url import open_store
 
 log = logging.getLogger("cross_region")
 
@@ -85,16 +86,28 @@ def run_diloco(
     s = run.run(timeout=args.timeout)
     M, reports = cfg.diloco.learners, read_reports(run.store)
     return {
-        "method": "diloco", "link": link or "none", "latency": args.latency if link else None,
-        "token_budget": cfg.diloco.token_budget, "equal": "processed" if budget else "merged",
-        "tokens_per_second_per_learner": learner_tokens_per_second(reports), "step_fraction": step_fraction(reports),
-        "final_val_loss": s["final_val_loss"], "initial_val_loss": s["initial_val_loss"],
-        "wall_seconds": s["wall_seconds"], "tokens_processed": s["tokens_processed"], "tokens_merged": s["tokens_merged"],
-        "mb_up_per_learner": s["bytes_uploaded"] / M / 1e6, "mb_down_per_learner": s["bytes_downloaded"] / M / 1e6,
-        "late_answers": s["late_answers"], "mean_quorum": s["mean_quorum"], "rounds": s["rounds"],
-        "goodput": s["goodput"], "merged_token_share": s["merged_token_share"],
-        "ledger_balanced": s["ledger_balanced"], "mode": "measured",
-    }  # fmt: skip
+        "method": "diloco",
+        "link": link or "none",
+        "latency": args.latency if link else None,
+        "token_budget": cfg.diloco.token_budget,
+        "equal": "processed" if budget else "merged",
+        "tokens_per_second_per_learner": learner_tokens_per_second(reports),
+        "step_fraction": step_fraction(reports),
+        "final_val_loss": s["final_val_loss"],
+        "initial_val_loss": s["initial_val_loss"],
+        "wall_seconds": s["wall_seconds"],
+        "tokens_processed": s["tokens_processed"],
+        "tokens_merged": s["tokens_merged"],
+        "mb_up_per_learner": s["bytes_uploaded"] / M / 1e6,
+        "mb_down_per_learner": s["bytes_downloaded"] / M / 1e6,
+        "late_answers": s["late_answers"],
+        "mean_quorum": s["mean_quorum"],
+        "rounds": s["rounds"],
+        "goodput": s["goodput"],
+        "merged_token_share": s["merged_token_share"],
+        "ledger_balanced": s["ledger_balanced"],
+        "mode": "measured",
+    }
 
 
 def run_dp(
@@ -117,14 +130,23 @@ def run_dp(
     # machine with fewer cores than ranks a sleeping rank lends its core to the others, hiding part of it.
     projected = (unlimited["wall_seconds"] if unlimited else wall) + (link_s or 0.0)
     return {
-        "method": "dp", "link": link or "none", "latency": args.latency if link else None, "equal": "processed",
+        "method": "dp",
+        "link": link or "none",
+        "latency": args.latency if link else None,
+        "equal": "processed",
         "tokens_per_second_per_learner": s["tokens_processed"] / wall / M,
-        "projected_wall_seconds": projected, "projected_tokens_per_second_per_learner": s["tokens_processed"] / projected / M,
-        "final_val_loss": s["final_val_loss"], "initial_val_loss": s["initial_val_loss"], "wall_seconds": wall,
-        "tokens_processed": s["tokens_processed"], "tokens_merged": s["tokens_processed"],
-        "mb_up_per_learner": s["bytes_sent_per_rank"] / 1e6, "steps": s["steps"],
-        "link_seconds_per_rank": link_s, "mode": mode,
-    }  # fmt: skip
+        "projected_wall_seconds": projected,
+        "projected_tokens_per_second_per_learner": s["tokens_processed"] / projected / M,
+        "final_val_loss": s["final_val_loss"],
+        "initial_val_loss": s["initial_val_loss"],
+        "wall_seconds": wall,
+        "tokens_processed": s["tokens_processed"],
+        "tokens_merged": s["tokens_processed"],
+        "mb_up_per_learner": s["bytes_sent_per_rank"] / 1e6,
+        "steps": s["steps"],
+        "link_seconds_per_rank": link_s,
+        "mode": mode,
+    }
 
 
 def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -212,9 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="config override for every run (repeatable)")
     ap.add_argument("--no-dp", action="store_true", help="skip data-parallel")
     ap.add_argument(
-        "--no-equal-processed", action="store_true",
+        "--no-equal-processed",
+        action="store_true",
         help="skip the extra unlimited DiLoCo run whose budget matches the slowest link's tokens processed",
-    )  # fmt: skip
+    )
     ap.add_argument(
         "--repeat", type=int, default=1, help="runs per configuration (interleaved); rows = medians"
     )
@@ -253,11 +276,21 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "checks": checks(rows, links[-1] or "none", args.latency),
         "machine": {
-            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "loadavg_start": load0, "loadavg_end": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M"),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "loadavg_start": load0,
+            "loadavg_end": os.getloadavg()[0],
+            "date": time.strftime("%Y-%m-%d %H:%M"),
         },
-        "settings": {"recipe": args.recipe, "learners": args.learners, "tokens": args.tokens, "latency": args.latency, "set": args.set},
-    }  # fmt: skip
+        "settings": {
+            "recipe": args.recipe,
+            "learners": args.learners,
+            "tokens": args.tokens,
+            "latency": args.latency,
+            "set": args.set,
+        },
+    }
     print(table(rows), file=sys.stderr)
     print(json.dumps(result["checks"]), file=sys.stderr)
     text = json.dumps(result, sort_keys=True)

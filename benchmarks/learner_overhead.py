@@ -20,9 +20,9 @@ import torch
 from _learner_bench import PlainLoop, prepared_run, sync
 
 from ddiloco import keys
-from ddiloco.config import load_config
 from ddiloco.learner.accel import resolve_device
 from ddiloco.learner.loop import Learner
+from ddiloco.recipes import load_config
 
 
 def tokens_per_s(fn, steps: int, device: torch.device) -> float:
@@ -47,7 +47,7 @@ def main() -> None:
     cfg.run_id = "bench"
     device = resolve_device(cfg.train.device)
     with prepared_run(cfg) as (_, store):
-        learner = Learner(store, 0)
+        learner = Learner.open(store, 0)
         learner.start()
         plain = PlainLoop(store, cfg, device)
 
@@ -62,7 +62,7 @@ def main() -> None:
             plain_samples.append(tokens_per_s(lambda: plain.run(1), args.steps, device))
             learner_samples.append(tokens_per_s(tick, args.steps, device))
         status = store.get_json_or_none(keys.STATUS) or {}
-        rounds_answered = learner.rounds_answered
+        rounds_answered = learner.exchange.rounds_answered
         learner._finish("max_steps")
     p, d = statistics.median(plain_samples), statistics.median(learner_samples)
     result = {

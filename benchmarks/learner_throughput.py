@@ -31,10 +31,10 @@ import torch
 from _learner_bench import PlainLoop, learner_step, prepared_run, sync, timed
 
 from ddiloco import keys
-from ddiloco.config import load_config
 from ddiloco.learner.accel import resolve_device, resolve_precision
 from ddiloco.learner.loop import Learner
 from ddiloco.model import count_params, flops_per_token
+from ddiloco.recipes import load_config
 
 # preset: recipe (DiLoCo settings), seq_len, batch_size, synthetic documents
 PRESET_DEFAULTS = {
@@ -92,12 +92,19 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     recipe, seq_len, batch, docs = PRESET_DEFAULTS[args.preset]
     overrides = [
-        f"model.preset={args.preset}", f"model.seq_len={args.seq_len or seq_len}",
-        f"train.batch_size={args.batch_size or batch}", f"train.precision={args.precision}",
-        f"train.device={args.device}", f"train.compile={str(args.compile).lower()}", "data.tokenizer=byte",
-        "data.vocab_size=null", f"data.synthetic_docs={docs}", "diloco.learners=1",
-        "diloco.token_budget=1000000000000000", *args.overrides,
-    ]  # fmt: skip
+        f"model.preset={args.preset}",
+        f"model.seq_len={args.seq_len or seq_len}",
+        f"train.batch_size={args.batch_size or batch}",
+        f"train.precision={args.precision}",
+        f"train.device={args.device}",
+        f"train.compile={str(args.compile).lower()}",
+        "data.tokenizer=byte",
+        "data.vocab_size=null",
+        f"data.synthetic_docs={docs}",
+        "diloco.learners=1",
+        "diloco.token_budget=1000000000000000",
+        *args.overrides,
+    ]
     cfg = load_config(recipe, None, overrides)
     cfg.run_id = "bench"
     device = resolve_device(cfg.train.device)
@@ -107,7 +114,7 @@ def main() -> None:
     peak, peak_source = peak_flops(device, precision)
     with prepared_run(cfg) as (_, store):
         plain = PlainLoop(store, cfg, device)
-        learner = Learner(store, 0)
+        learner = Learner.open(store, 0)
         learner.start()
         plain.run(args.warmup)
         for _ in range(args.warmup):
@@ -122,7 +129,7 @@ def main() -> None:
                 totals[mode] = [totals[mode][0] + tokens, totals[mode][1] + seconds, totals[mode][2] + steps]
                 samples[mode].append(tokens / seconds)
         status = store.get_json_or_none(keys.STATUS) or {}
-        rounds_answered = learner.rounds_answered
+        rounds_answered = learner.exchange.rounds_answered
         learner._finish("max_steps")
         losses = {"plain": plain.loss, "learner": learner.loss}
     gpt = learner.layout.gpt_config()
@@ -137,15 +144,31 @@ def main() -> None:
     overhead = 1 - tps["learner"] / tps["plain"]
     print(f"overhead {100 * overhead:.2f}% on {name} ({args.preset}, {precision}); peak: {peak_source}")
     result = {
-        "device": name, "preset": args.preset, "params": count_params(gpt), "precision": precision,
-        "compile": cfg.train.compile, "batch_size": cfg.train.batch_size, "seq_len": cfg.model.seq_len,
-        "fragments": cfg.diloco.fragments, "sync_every": cfg.diloco.sync_every, "codec": cfg.diloco.codec,
-        "tokens_per_s_plain": tps["plain"], "tokens_per_s_learner": tps["learner"], "overhead": overhead,
-        "mfu_plain": mfu["plain"], "mfu_learner": mfu["learner"], "flops_per_token": fpt, "peak_flops": peak,
-        "peak_flops_source": peak_source, "seconds_per_mode": args.seconds, "repeats": args.repeats,
-        "plain_samples": samples["plain"], "learner_samples": samples["learner"],
-        "rounds_answered": rounds_answered, "rounds_merged": status.get("rounds_merged"),
-    }  # fmt: skip
+        "device": name,
+        "preset": args.preset,
+        "params": count_params(gpt),
+        "precision": precision,
+        "compile": cfg.train.compile,
+        "batch_size": cfg.train.batch_size,
+        "seq_len": cfg.model.seq_len,
+        "fragments": cfg.diloco.fragments,
+        "sync_every": cfg.diloco.sync_every,
+        "codec": cfg.diloco.codec,
+        "tokens_per_s_plain": tps["plain"],
+        "tokens_per_s_learner": tps["learner"],
+        "overhead": overhead,
+        "mfu_plain": mfu["plain"],
+        "mfu_learner": mfu["learner"],
+        "flops_per_token": fpt,
+        "peak_flops": peak,
+        "peak_flops_source": peak_source,
+        "seconds_per_mode": args.seconds,
+        "repeats": args.repeats,
+        "plain_samples": samples["plain"],
+        "learner_samples": samples["learner"],
+        "rounds_answered": rounds_answered,
+        "rounds_merged": status.get("rounds_merged"),
+    }
     print(json.dumps(result))
 
 

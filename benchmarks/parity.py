@@ -54,10 +54,11 @@ from typing import Any
 import torch
 
 from ddiloco.baseline import ring_factor, run_baseline
-from ddiloco.config import EvalConfig, RunConfig, TrainConfig, load_config
+from ddiloco.config import EvalConfig, RunConfig, TrainConfig
 from ddiloco.launch import LocalRun
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
+from ddiloco.recipes import load_config
+from ddiloco.store.url import open_store
 
 log = logging.getLogger("parity")
 
@@ -66,10 +67,19 @@ ABLATIONS = ("merge", "codec", "weighting", "fragments", "sync_every")
 BATCH_OPTION = "learner_batch_sizes"  # train.<this>: per-learner batch sizes by learner id
 DECOUPLED = ("diloco.codec=int4",)
 QUICK = (
-    "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.seq_len=32", "train.batch_size=4",
-    "train.warmup_steps=2", "train.heartbeat_every_s=0.2", "data.synthetic_docs=600",
-    "data.synthetic_entities=8", "diloco.fragments=2", "diloco.sync_every=4", "eval.val_batches=2",
-)  # fmt: skip
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "model.seq_len=32",
+    "train.batch_size=4",
+    "train.warmup_steps=2",
+    "train.heartbeat_every_s=0.2",
+    "data.synthetic_docs=600",
+    "data.synthetic_entities=8",
+    "diloco.fragments=2",
+    "diloco.sync_every=4",
+    "eval.val_batches=2",
+)
 
 
 def merged(*groups: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -161,16 +171,28 @@ def run_diloco(spec: Spec, workdir: Path, timeout: float, tasks: int) -> dict[st
     records = [run.store.get_json(k) for k in run.store.list("syncer/rounds/")]
     M, d = cfg.diloco.learners, cfg.diloco
     out = {
-        "final_val_loss": s["final_val_loss"], "initial_val_loss": s["initial_val_loss"],
-        "wall_seconds": s["wall_seconds"], "elapsed_seconds": elapsed,
-        "tokens_processed": s["tokens_processed"], "tokens_merged": s["tokens_merged"],
-        "bytes_per_learner": s["bytes_uploaded"] / M, "bytes_downloaded_per_learner": s["bytes_downloaded"] / M,
-        "goodput": s["goodput"], "merged_token_share": s.get("merged_token_share"),
-        "learners": M, "quorum": d.quorum, "fragments": d.fragments,
-        "sync_every": d.sync_every, "codec": d.codec, "merge": d.merge, "token_weighting": d.token_weighting,
-        "grace": d.grace is not None, "model_params": s["model_params"], "ledger_balanced": s.get("ledger_balanced"),
+        "final_val_loss": s["final_val_loss"],
+        "initial_val_loss": s["initial_val_loss"],
+        "wall_seconds": s["wall_seconds"],
+        "elapsed_seconds": elapsed,
+        "tokens_processed": s["tokens_processed"],
+        "tokens_merged": s["tokens_merged"],
+        "bytes_per_learner": s["bytes_uploaded"] / M,
+        "bytes_downloaded_per_learner": s["bytes_downloaded"] / M,
+        "goodput": s["goodput"],
+        "merged_token_share": s.get("merged_token_share"),
+        "learners": M,
+        "quorum": d.quorum,
+        "fragments": d.fragments,
+        "sync_every": d.sync_every,
+        "codec": d.codec,
+        "merge": d.merge,
+        "token_weighting": d.token_weighting,
+        "grace": d.grace is not None,
+        "model_params": s["model_params"],
+        "ledger_balanced": s.get("ledger_balanced"),
         **round_stats(records, M),
-    }  # fmt: skip
+    }
     if tasks:
         acc = s.get("task_accuracy")
         out.update(task_accuracy=mean_accuracy(acc), task_accuracies=acc)
@@ -187,13 +209,21 @@ def run_dp(spec: Spec, workdir: Path, timeout: float, tasks: int, tokens: int) -
     s = run_baseline(url, learners=cfg.diloco.learners, tokens=tokens, timeout=timeout, tasks=bool(tasks))
     elapsed = time.time() - t0
     out = {
-        "final_val_loss": s["final_val_loss"], "initial_val_loss": s["initial_val_loss"],
-        "wall_seconds": s["wall_seconds"], "elapsed_seconds": elapsed,
-        "tokens_processed": s["tokens_processed"], "tokens_merged": s["tokens_processed"],
-        "bytes_per_learner": s["bytes_sent_per_rank"], "bytes_allreduced_per_rank": s["bytes_allreduced_per_rank"],
-        "ring_factor": s["ring_factor"], "steps": s["steps"], "global_batch": s["global_batch"],
-        "learners": s["learners"], "model_params": s["model_params"], "params_identical": s["params_identical"],
-    }  # fmt: skip
+        "final_val_loss": s["final_val_loss"],
+        "initial_val_loss": s["initial_val_loss"],
+        "wall_seconds": s["wall_seconds"],
+        "elapsed_seconds": elapsed,
+        "tokens_processed": s["tokens_processed"],
+        "tokens_merged": s["tokens_processed"],
+        "bytes_per_learner": s["bytes_sent_per_rank"],
+        "bytes_allreduced_per_rank": s["bytes_allreduced_per_rank"],
+        "ring_factor": s["ring_factor"],
+        "steps": s["steps"],
+        "global_batch": s["global_batch"],
+        "learners": s["learners"],
+        "model_params": s["model_params"],
+        "params_identical": s["params_identical"],
+    }
     if tasks:  # scored like `ddiloco run` scores its final model: the same task items (cfg.eval)
         out.update(task_accuracy=mean_accuracy(s["task_accuracy"]), task_accuracies=s["task_accuracy"])
     return out
@@ -237,8 +267,11 @@ class Runner:
         res.update(command=spec.command(dp_tokens), loadavg_start=load0, loadavg_end=os.getloadavg()[0])
         log.info(
             "%s: val loss %.4f, %.0fs wall, %.3g bytes/learner",
-            spec.label, res["final_val_loss"], res["wall_seconds"], res["bytes_per_learner"],
-        )  # fmt: skip
+            spec.label,
+            res["final_val_loss"],
+            res["wall_seconds"],
+            res["bytes_per_learner"],
+        )
         self.done[key] = res
         if self.args.json:  # a long invocation that dies later still leaves every finished run behind
             with open(f"{self.args.json}.runs.jsonl", "a") as f:
@@ -386,9 +419,14 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {
-        "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(),
-        "torch": torch.__version__, "cuda": torch.cuda.is_available(), "loadavg": os.getloadavg(),
-    }  # fmt: skip
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.is_available(),
+        "loadavg": os.getloadavg(),
+    }
 
 
 # --- main -------------------------------------------------------------------------------------------------

@@ -18,9 +18,9 @@ import statistics
 import sys
 import tempfile
 
-from ddiloco.config import load_config
 from ddiloco.launch import LocalRun
-from ddiloco.store import open_store
+from ddiloco.recipes import load_config
+from ddiloco.store.url import open_store
 
 SLOW = (
     "chaos.events=[{kind: slow_learner, learner: 0, factor: 1.0, jitter: 0.1},"

@@ -190,10 +190,17 @@ def joiner(
     from ddiloco.components.runtime import ddiloco, join_name
 
     ddiloco(
-        "learner", join=store, site=site, join_name=join_name(run_tag, slot), device=device or None,
-        link_bandwidth=link_bandwidth or None, link_latency=link_latency or None,
-        metrics_port=None if metrics_port < 0 else metrics_port, s3_endpoint=s3_endpoint, restarts=restarts,
-    )  # fmt: skip
+        "learner",
+        join=store,
+        site=site,
+        join_name=join_name(run_tag, slot),
+        device=device or None,
+        link_bandwidth=link_bandwidth or None,
+        link_latency=link_latency or None,
+        metrics_port=None if metrics_port < 0 else metrics_port,
+        s3_endpoint=s3_endpoint,
+        restarts=restarts,
+    )
 
 
 @dataclass(frozen=True)

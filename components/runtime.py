@@ -6,7 +6,8 @@ Design choices:
   go to stderr and stream through, its result is the JSON object it prints as the last line of stdout.
 - A failing role fails the component with the role's exit code in the message; the role has already said
   why on stderr (one line for anything a user can fix).
-- Imports neither kfp nor torch: artifacts are duck-typed (`.path`, `.metadata`, `.log_metric`).
+- Imports neither kfp nor torch: artifacts are duck-typed (`.path`, `.metadata`, `.log_metric`); key names
+  come from `ddiloco.keys` (no torch there).
 - The run root is built here, not in the pipeline: KFP 2.17's driver replaces `{{$.pipeline_job_uuid}}` only
   when it is a parameter's *whole* value (backend/src/v2/driver/resolve.go, resolveInputParameter), so the
   pipeline passes the run id on its own and `run_root` joins it to the store base. `{namespace}` in the base
@@ -30,6 +31,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from ddiloco import keys
 
 NAMESPACE_ENV = "DDILOCO_K8S_NAMESPACE"
 """The pod's namespace (the pipeline sets it from the downward API `metadata.namespace`)."""
@@ -167,7 +170,7 @@ def open_run_store(store_url: str, s3_endpoint: str = "") -> Any:
     """The run's store, opened in this component's process (`s3_endpoint` as DDILOCO_S3_ENDPOINT)."""
     if s3_endpoint:
         os.environ["DDILOCO_S3_ENDPOINT"] = s3_endpoint  # this component's own process only
-    from ddiloco.store import open_store
+    from ddiloco.store.url import open_store
 
     return open_store(store_url)
 
@@ -217,9 +220,9 @@ def join_slots(store_url: str, learners: int, max_learners: int, s3_endpoint: st
             f"learners={learners}: this pipeline was compiled for 1..{max_learners} concurrent learners; "
             "recompile with `ddiloco pipeline compile --pipeline join --max-learners N` for more"
         )
-    if store_json(store_url, "config.json", s3_endpoint) is None:  # ddiloco.keys.CONFIG
+    if store_json(store_url, keys.CONFIG, s3_endpoint) is None:
         raise ValueError(
-            f"no run at {store_url} (no config.json): give the run root of a running run, "
+            f"no run at {store_url} (no {keys.CONFIG}): give the run root of a running run, "
             "s3://BUCKET/PREFIX/RUN_ID (its pretrain pipeline's KFP run id), readable with this cluster's Secret"
         )
     return list(range(learners))
@@ -233,12 +236,9 @@ def join_name(run_tag: str, slot: int) -> str:
 def store_model(model: Any, store_url: str, which: str, s3_endpoint: str = "") -> None:
     """Model artifact for the run's `final` or `sft` checkpoint (see `model_pointer`)."""
     if which == "final":
-        key, meta_key = "final/model.safetensors", "final/meta.json"  # ddiloco.keys.FINAL_MODEL / FINAL_META
+        key, meta_key = keys.FINAL_MODEL, keys.FINAL_META
     elif which == "sft":
-        key, meta_key = (
-            "sft/model.safetensors",
-            "sft/meta.json",
-        )  # ddiloco.posttrain.evaluate.SFT_MODEL / SFT_META
+        key, meta_key = keys.SFT_MODEL, keys.SFT_META
     else:
         raise ValueError(f"unknown checkpoint {which!r}; use final or sft")
     meta = store_json(store_url, meta_key, s3_endpoint) or {}
@@ -263,15 +263,15 @@ def run_report(store_url: str, html: Any, markdown: Any, summary: Any, s3_endpoi
 
 
 RUN_MARKERS = (
-    ("config.json", "prepared (config.json)"),
-    ("status.json", "syncer started (status.json)"),
-    ("done.json", "token budget merged (done.json)"),
-    ("final/meta.json", "final model written"),
-    ("eval/final.json", "final model evaluated"),
-    ("sft/meta.json", "fine-tuned"),
-    ("eval/sft.json", "fine-tuned model evaluated"),
+    (keys.CONFIG, "prepared (config.json)"),
+    (keys.STATUS, "syncer started (status.json)"),
+    (keys.DONE, "token budget merged (done.json)"),
+    (keys.FINAL_META, "final model written"),
+    (keys.eval_key("final"), "final model evaluated"),
+    (keys.SFT_META, "fine-tuned"),
+    (keys.eval_key("sft"), "fine-tuned model evaluated"),
 )
-"""Objects of the run root (ddiloco.protocol.wire / evaluate key names) that say how far a run got."""
+"""Objects of the run root that say how far a run got."""
 
 
 def write_incomplete_report(

@@ -34,28 +34,23 @@ from typing import Any
 import torch
 
 from ddiloco import keys
-from ddiloco.config import ConfigError, RunConfig
+from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
+from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_global, read_layout
 from ddiloco.learner.accel import inner_step, resolve_device
 from ddiloco.model import GPT, configure_optimizer
 from ddiloco.posttrain.evaluate import validation_loss
-from ddiloco.prepare import load_run_config, load_tokens
 from ddiloco.protocol import wire
+from ddiloco.run import RunRoot
 from ddiloco.schedule import lr_at, progress_of
-from ddiloco.store import Store, open_store
+from ddiloco.store.base import Store
 from ddiloco.store.shaped import Link
+from ddiloco.store.url import open_store
 
 log = logging.getLogger(__name__)
 
-# Store keys of a baseline run (relative to the run root it shares with the DiLoCo run it is compared to).
-BASELINE_SUMMARY = "baseline/summary.json"
-BASELINE_MODEL = "baseline/model.safetensors"
 HISTORY_POINTS = 200
-
-
-def baseline_rank_key(rank: int) -> str:
-    return f"baseline/rank-{rank:03d}.json"
 
 
 def ring_factor(world_size: int) -> float:
@@ -127,7 +122,7 @@ def load_initial_model(store: Store, cfg: RunConfig, layout: Layout) -> GPT:
 
 def load_baseline_model(store: Store, run_id: str, layout: Layout) -> GPT:
     payload = wire.unpack(
-        store.get(BASELINE_MODEL, max_bytes=MAX_FRAGMENT_BYTES * 4),
+        store.get(keys.BASELINE_MODEL, max_bytes=MAX_FRAGMENT_BYTES * 4),
         expect={"run_id": run_id, "kind": "baseline_final"},
     )
     model = build_model(layout)
@@ -163,7 +158,7 @@ def _rank_main(rank: int, plan: Plan) -> None:
     if plan.backend == "gloo":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only: never look for another interface
     store = open_store(plan.url)
-    cfg = load_run_config(store)
+    cfg = RunRoot.read_config(store)
     t = cfg.train
     if plan.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -176,9 +171,11 @@ def _rank_main(rank: int, plan: Plan) -> None:
         layout = read_layout(store)
         meta = store.get_json(keys.DATA_META)
         loader = ShardLoader(
-            load_tokens(store, keys.shard_key(rank % meta["num_shards"]), cfg.run_id),
-            batch_size=t.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed * 1000 + rank,
-        )  # fmt: skip
+            RunRoot(store, cfg.run_id).shard(rank % meta["num_shards"]),
+            batch_size=t.batch_size,
+            seq_len=cfg.model.seq_len,
+            seed=cfg.seed * 1000 + rank,
+        )
         model = load_initial_model(store, cfg, layout).to(device)
         opt = configure_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2))
         ddp = DistributedDataParallel(
@@ -205,21 +202,31 @@ def _rank_main(rank: int, plan: Plan) -> None:
         dist.barrier()
         wall = time.time() - t0
         report = {
-            "run_id": cfg.run_id, "rank": rank, "world_size": plan.world_size, "backend": plan.backend,
-            "device": str(device), "steps": plan.steps, "tokens_processed": tokens, "train_seconds": wall,
-            "started_at": t0, "bytes_allreduced": counter.bytes, "allreduce_calls": counter.calls,
-            "bytes_sent": counter.bytes * ring_factor(plan.world_size), "params_sha256": params_sha256(model),
-            "link_seconds": counter.link_seconds, "last_lr": lr,
+            "run_id": cfg.run_id,
+            "rank": rank,
+            "world_size": plan.world_size,
+            "backend": plan.backend,
+            "device": str(device),
+            "steps": plan.steps,
+            "tokens_processed": tokens,
+            "train_seconds": wall,
+            "started_at": t0,
+            "bytes_allreduced": counter.bytes,
+            "allreduce_calls": counter.calls,
+            "bytes_sent": counter.bytes * ring_factor(plan.world_size),
+            "params_sha256": params_sha256(model),
+            "link_seconds": counter.link_seconds,
+            "last_lr": lr,
             "first_loss": history[0][1] if history else None,
             "last_loss": sum(h[1] for h in history[-20:]) / len(history[-20:]) if history else None,
             "history": _sample(history),
-        }  # fmt: skip
+        }
         if rank == 0:
             store.put(
-                BASELINE_MODEL,
+                keys.BASELINE_MODEL,
                 wire.pack(dict(model.named_parameters()), {"run_id": cfg.run_id, "kind": "baseline_final"}),
             )
-        store.put_json(baseline_rank_key(rank), report)
+        store.put_json(keys.baseline_rank_key(rank), report)
     finally:
         dist.destroy_process_group()
 
@@ -241,7 +248,7 @@ def run_baseline(
     if url.startswith("memory://"):
         raise ConfigError("ddiloco baseline runs M processes; use a file:// or s3:// store, not memory://")
     store = open_store(url)
-    cfg = load_run_config(store)
+    cfg = RunRoot.read_config(store)
     if store.get_json_or_none(keys.DATA_META) is None:
         raise ConfigError(f"{url} is not prepared; run `ddiloco prepare --store {url}` first (or --prepare)")
     M = learners or cfg.diloco.learners
@@ -255,23 +262,34 @@ def run_baseline(
         )
     global_batch_tokens = M * cfg.train.batch_size * cfg.model.seq_len
     plan = Plan(
-        url=url, world_size=M, steps=math.ceil(budget / global_batch_tokens), token_budget=budget,
-        backend="nccl" if dev == "cuda" else "gloo", device=dev, master_port=_free_port(),
-        threads=cfg.train.threads, log_level=log.getEffectiveLevel(),
-    )  # fmt: skip
+        url=url,
+        world_size=M,
+        steps=math.ceil(budget / global_batch_tokens),
+        token_budget=budget,
+        backend="nccl" if dev == "cuda" else "gloo",
+        device=dev,
+        master_port=_free_port(),
+        threads=cfg.train.threads,
+        log_level=log.getEffectiveLevel(),
+    )
     for r in range(M):  # a rerun must not mistake an older report for this one's
-        if store.exists(baseline_rank_key(r)):
-            store.delete(baseline_rank_key(r))
+        if store.exists(keys.baseline_rank_key(r)):
+            store.delete(keys.baseline_rank_key(r))
     layout = read_layout(store)
     log.info(
         "baseline: %d %s ranks × batch %d × seq %d, %d steps (%d tokens)",
-        M, plan.backend, cfg.train.batch_size, cfg.model.seq_len, plan.steps, plan.steps * global_batch_tokens,
-    )  # fmt: skip
+        M,
+        plan.backend,
+        cfg.train.batch_size,
+        cfg.model.seq_len,
+        plan.steps,
+        plan.steps * global_batch_tokens,
+    )
     started = time.time()
     _spawn(plan, timeout)
     elapsed = time.time() - started
-    reports = [store.get_json(baseline_rank_key(r)) for r in range(M)]
-    val = load_tokens(store, keys.VAL, cfg.run_id)
+    reports = [store.get_json(keys.baseline_rank_key(r)) for r in range(M)]
+    val = RunRoot(store, cfg.run_id).val()
 
     def evaluate(model: GPT) -> float:
         e = cfg.eval
@@ -284,31 +302,50 @@ def run_baseline(
     final = evaluate(model)
     r0 = reports[0]
     summary = {
-        "method": "data-parallel", "run_id": cfg.run_id, "status": "done", "learners": M,
-        "backend": plan.backend, "device": r0["device"], "batch_size": cfg.train.batch_size,
-        "global_batch": M * cfg.train.batch_size, "seq_len": cfg.model.seq_len, "steps": plan.steps,
-        "token_budget": budget, "tokens_processed": sum(r["tokens_processed"] for r in reports),
-        "model_params": model.num_params(), "wall_seconds": max(r["train_seconds"] for r in reports),
-        "elapsed_seconds": elapsed, "bytes_allreduced_per_rank": r0["bytes_allreduced"],
-        "ring_factor": ring_factor(M), "bytes_sent_per_rank": r0["bytes_sent"],
-        "bytes_uploaded": sum(r["bytes_sent"] for r in reports), "allreduce_calls_per_rank": r0["allreduce_calls"],
+        "method": "data-parallel",
+        "run_id": cfg.run_id,
+        "status": "done",
+        "learners": M,
+        "backend": plan.backend,
+        "device": r0["device"],
+        "batch_size": cfg.train.batch_size,
+        "global_batch": M * cfg.train.batch_size,
+        "seq_len": cfg.model.seq_len,
+        "steps": plan.steps,
+        "token_budget": budget,
+        "tokens_processed": sum(r["tokens_processed"] for r in reports),
+        "model_params": model.num_params(),
+        "wall_seconds": max(r["train_seconds"] for r in reports),
+        "elapsed_seconds": elapsed,
+        "bytes_allreduced_per_rank": r0["bytes_allreduced"],
+        "ring_factor": ring_factor(M),
+        "bytes_sent_per_rank": r0["bytes_sent"],
+        "bytes_uploaded": sum(r["bytes_sent"] for r in reports),
+        "allreduce_calls_per_rank": r0["allreduce_calls"],
         "link": None if cfg.link is None else {"bandwidth": cfg.link.bandwidth, "latency": cfg.link.latency},
         "link_seconds_per_rank": r0["link_seconds"] if cfg.link is not None else None,
         "params_identical": len({r["params_sha256"] for r in reports}) == 1,
-        "initial_val_loss": initial, "final_val_loss": final, "first_train_loss": r0["first_loss"],
-        "last_train_loss": r0["last_loss"], "task_accuracy": None,
-    }  # fmt: skip
+        "initial_val_loss": initial,
+        "final_val_loss": final,
+        "first_train_loss": r0["first_loss"],
+        "last_train_loss": r0["last_loss"],
+        "task_accuracy": None,
+    }
     summary["tokens_per_second"] = summary["tokens_processed"] / summary["wall_seconds"]
     if tasks:
         from ddiloco.posttrain.evaluate import evaluate_checkpoint
 
-        result = evaluate_checkpoint(store, BASELINE_MODEL, name="baseline", ecfg=cfg.eval)
+        root = RunRoot(store, cfg.run_id)  # the baseline signs nothing: its model is read unsigned
+        result = evaluate_checkpoint(root, keys.BASELINE_MODEL, name="baseline", ecfg=cfg.eval)
         summary["task_accuracy"] = result["task_accuracy"]
-    store.put_json(BASELINE_SUMMARY, summary)
+    store.put_json(keys.BASELINE_SUMMARY, summary)
     log.info(
         "baseline: done in %.0fs, val loss %.4f -> %.4f, %.1f MB sent per rank (ring)",
-        elapsed, initial, final, summary["bytes_sent_per_rank"] / 1e6,
-    )  # fmt: skip
+        elapsed,
+        initial,
+        final,
+        summary["bytes_sent_per_rank"] / 1e6,
+    )
     return summary
 
 

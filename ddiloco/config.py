@@ -1,37 +1,36 @@
-"""Run configuration: a tree of dataclasses, recipes, YAML files and `--set a.b=c` overrides.
+"""Run configuration schema: the tree of dataclasses and the checks on it.
+
+Recipes and `load_config` (recipe → YAML → `--set`) are in `ddiloco.recipes`; setting fields from dicts and
+`a.b=c` strings in `ddiloco.overrides`.
 
 Design choices:
-- torchtitan style: nested `@dataclass(kw_only=True, slots=True)`, a docstring under every field, checks
-  in `__post_init__`/`validate()`; a recipe is a function returning a config, derived recipes mutate a base.
+- torchtitan style: nested `@dataclass(kw_only=True, slots=True)`, a docstring under every field, each
+  section checks itself in `validate()`, `RunConfig.validate()` checks them in order plus what spans them.
 - An optional feature is on when its sub-config is present (`diloco.grace: null` turns the grace window off).
-- Every error names the key and says what to change; unknown keys get a "did you mean" suggestion.
+- A section that belongs to a feature module lives there (`link`: `ddiloco.store.shaped`) or is checked by it
+  (`chaos`: `ddiloco.chaos.events` parses the events); those modules raise `ddiloco.errors.ConfigError`
+  and never import this one.
+- Every error names the key and says what to change.
 - The config travels as JSON (`config.json` at the run root); YAML is only an input format.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
 import json
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ddiloco import errors
+from ddiloco.chaos.events import schedule_from_config
+from ddiloco.overrides import apply_dict
 from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 MERGES = ("rda", "mean")
 PRECISIONS = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("cosine", "linear", "constant")
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message says which key and what to change."""
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,6 +45,9 @@ class ModelConfig:
     """Override the preset's embedding width."""
     seq_len: int = 128
     """Training context length in tokens (also the model's block size)."""
+
+    def validate(self) -> None:
+        _check(self.seq_len >= 8, "model.seq_len must be ≥ 8")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,6 +68,25 @@ class DataConfig:
     """Fraction of tokens held out (from the end) for validation."""
     num_shards: int | None = None
     """Disjoint training shards; default one per learner. Learner i reads shard i mod num_shards."""
+
+    def validate(self) -> None:
+        _check(self.tokenizer in ("byte", "bpe"), f"data.tokenizer={self.tokenizer!r}: choose byte or bpe")
+        if self.tokenizer == "bpe":
+            _check(
+                self.vocab_size is not None and self.vocab_size >= 300,
+                "data.tokenizer=bpe needs data.vocab_size ≥ 300",
+            )
+        else:
+            _check(
+                self.vocab_size is None,
+                "data.vocab_size only applies to data.tokenizer=bpe; remove it or set data.tokenizer=bpe",
+            )
+        _check(0 < self.val_fraction < 0.5, "data.val_fraction must be in (0, 0.5)")
+        _check(self.num_shards is None or self.num_shards >= 1, "data.num_shards must be ≥ 1")
+        _check(
+            self.synthetic_docs >= 100 and self.synthetic_entities >= 4,
+            "data.synthetic_docs ≥ 100 and data.synthetic_entities ≥ 4",
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -120,6 +141,23 @@ class TrainConfig:
         learner reports per step)."""
         return max([self.batch_size, *(self.learner_batch_sizes or [])]) * self.ranks
 
+    def validate(self) -> None:
+        _check(self.batch_size >= 1 and self.lr > 0, "train.batch_size must be ≥ 1 and train.lr > 0")
+        _check(
+            all(isinstance(b, int) and b >= 1 for b in self.learner_batch_sizes or []),
+            f"train.learner_batch_sizes={self.learner_batch_sizes} must be a list of integers ≥ 1 (or null)",
+        )
+        _check(self.device in DEVICES, f"train.device={self.device!r}: choose auto, cpu or cuda")
+        _check(self.threads >= 1, "train.threads must be ≥ 1")
+        _check(self.ranks >= 1, "train.ranks must be ≥ 1 (data-parallel ranks per learner)")
+        _choose("train.precision", self.precision, PRECISIONS)
+        _choose("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _check(0 <= self.lr_min_ratio <= 1, f"train.lr_min_ratio={self.lr_min_ratio} must be in [0, 1]")
+        _check(
+            self.warmup_steps >= 0 and self.grad_clip >= 0,
+            "train.warmup_steps and train.grad_clip must be ≥ 0",
+        )
+
 
 @dataclass(kw_only=True, slots=True)
 class GraceConfig:
@@ -129,6 +167,10 @@ class GraceConfig:
     """Upper bound of the grace window in seconds."""
     ema: float = 0.2
     """Smoothing factor of the EMAs ξ (step time, time to quorum, merge+publish time)."""
+
+    def validate(self) -> None:
+        _check(self.gamma >= 0 and self.cap_seconds >= 0, "diloco.grace.gamma and cap_seconds must be ≥ 0")
+        _check(0 < self.ema <= 1, "diloco.grace.ema must be in (0, 1]")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -166,6 +208,36 @@ class DilocoConfig:
     robust_clip: float | None = None
     """Robust mode: clip each outer gradient to this multiple of the round's median norm (null: off, ≥ 1)."""
 
+    def validate(self) -> None:
+        _check(self.learners >= 1, "diloco.learners must be ≥ 1")
+        _check(
+            1 <= self.quorum <= self.learners,
+            f"diloco.quorum={self.quorum} must be between 1 and diloco.learners={self.learners}",
+        )
+        _check(self.fragments >= 1, "diloco.fragments must be ≥ 1")
+        _check(
+            1 <= self.overlap <= self.fragments,
+            f"diloco.overlap={self.overlap} must be between 1 and diloco.fragments={self.fragments}",
+        )
+        _check(self.sync_every >= 1, "diloco.sync_every must be ≥ 1")
+        _check(self.merge in MERGES, f"diloco.merge={self.merge!r}: choose one of {', '.join(MERGES)}")
+        _check(self.codec in CODECS, f"diloco.codec={self.codec!r}: choose one of {', '.join(CODECS)}")
+        _choose("diloco.global_dtype", self.global_dtype, ("fp32", "bf16"))
+        _check(0.0 <= self.mixing < 1.0, f"diloco.mixing={self.mixing} must be in [0, 1)")
+        _check(
+            self.robust_clip is None or self.robust_clip >= 1.0,
+            f"diloco.robust_clip={self.robust_clip} must be null (off) or ≥ 1 "
+            "(e.g. 3: clip at 3× the median norm)",
+        )
+        _check(
+            self.outer_lr > 0 and 0 <= self.outer_momentum < 1,
+            "diloco.outer_lr must be > 0 and diloco.outer_momentum in [0, 1)",
+        )
+        _check(self.token_budget > 0, "diloco.token_budget must be > 0")
+        _check(self.round_timeout_s > 0, "diloco.round_timeout_s must be > 0")
+        if self.grace is not None:
+            self.grace.validate()
+
 
 @dataclass(kw_only=True, slots=True)
 class EvalConfig:
@@ -181,6 +253,14 @@ class EvalConfig:
     """Points of the post-hoc validation-loss curve of the global model (reports)."""
     device: str = "auto"
     """`auto` (CUDA when present), `cpu` or `cuda` for evaluation."""
+
+    def validate(self) -> None:
+        _check(self.val_batches >= 1, "eval.val_batches must be ≥ 1")
+        _check(
+            self.items_per_task >= 1 and self.curve_points >= 2,
+            "eval.items_per_task ≥ 1, eval.curve_points ≥ 2",
+        )
+        _choose("eval.device", self.device, DEVICES)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -255,6 +335,17 @@ class ChaosConfig:
     poisson: PoissonKillsConfig | None = None
     """Random learner kills (Poisson process); null for none."""
 
+    def validate(self, learners: int) -> None:
+        """Check the schedule a run with `learners` provisioned learners would fire
+        (`ddiloco.chaos.events`)."""
+        p = self.poisson
+        if p is not None and p.learners is not None:
+            _check(
+                all(isinstance(i, int) and i >= 0 for i in p.learners),
+                "chaos.poisson.learners must be learner ids",
+            )
+        schedule_from_config(self, learners)
+
 
 @dataclass(kw_only=True, slots=True)
 class RestartConfig:
@@ -266,6 +357,12 @@ class RestartConfig:
     """Upper bound of the restart delay."""
     max_restarts: int = 10
     """Restarts allowed per process before it is given up."""
+
+    def validate(self) -> None:
+        _check(
+            self.delay_s >= 0 and self.factor >= 1 and self.max_restarts >= 0,
+            "restart: delay_s ≥ 0, factor ≥ 1, max_restarts ≥ 0",
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -294,97 +391,19 @@ class RunConfig:
     """Learners' link to the store (also applied to the data-parallel baseline); null: no shaping."""
 
     def validate(self) -> RunConfig:
-        """Check consistency across sections; raise ConfigError saying what to change."""
-        d, t, m, data = self.diloco, self.train, self.model, self.data
-        _check(d.learners >= 1, "diloco.learners must be ≥ 1")
-        _check(
-            1 <= d.quorum <= d.learners,
-            f"diloco.quorum={d.quorum} must be between 1 and diloco.learners={d.learners}",
-        )
-        _check(d.fragments >= 1, "diloco.fragments must be ≥ 1")
-        _check(
-            1 <= d.overlap <= d.fragments,
-            f"diloco.overlap={d.overlap} must be between 1 and diloco.fragments={d.fragments}",
-        )
-        _check(d.sync_every >= 1, "diloco.sync_every must be ≥ 1")
-        _check(d.merge in MERGES, f"diloco.merge={d.merge!r}: choose one of {', '.join(MERGES)}")
-        _check(d.codec in CODECS, f"diloco.codec={d.codec!r}: choose one of {', '.join(CODECS)}")
-        _choose("diloco.global_dtype", d.global_dtype, ("fp32", "bf16"))
-        _check(0.0 <= d.mixing < 1.0, f"diloco.mixing={d.mixing} must be in [0, 1)")
-        _check(
-            d.robust_clip is None or d.robust_clip >= 1.0,
-            f"diloco.robust_clip={d.robust_clip} must be null (off) or ≥ 1 (e.g. 3: clip at 3× the median norm)",
-        )
-        _check(
-            d.outer_lr > 0 and 0 <= d.outer_momentum < 1,
-            "diloco.outer_lr must be > 0 and diloco.outer_momentum in [0, 1)",
-        )
-        _check(d.token_budget > 0, "diloco.token_budget must be > 0")
-        _check(d.round_timeout_s > 0, "diloco.round_timeout_s must be > 0")
-        if d.grace is not None:
-            _check(
-                d.grace.gamma >= 0 and d.grace.cap_seconds >= 0,
-                "diloco.grace.gamma and cap_seconds must be ≥ 0",
-            )
-            _check(0 < d.grace.ema <= 1, "diloco.grace.ema must be in (0, 1]")
-        _check(t.batch_size >= 1 and t.lr > 0, "train.batch_size must be ≥ 1 and train.lr > 0")
-        _check(
-            all(isinstance(b, int) and b >= 1 for b in t.learner_batch_sizes or []),
-            f"train.learner_batch_sizes={t.learner_batch_sizes} must be a list of integers ≥ 1 (or null)",
-        )
-        _check(t.device in ("auto", "cpu", "cuda"), f"train.device={t.device!r}: choose auto, cpu or cuda")
-        _check(t.threads >= 1, "train.threads must be ≥ 1")
-        _check(t.ranks >= 1, "train.ranks must be ≥ 1 (data-parallel ranks per learner)")
-        _choose("train.precision", t.precision, PRECISIONS)
-        _choose("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
-        _check(0 <= t.lr_min_ratio <= 1, f"train.lr_min_ratio={t.lr_min_ratio} must be in [0, 1]")
-        _check(t.warmup_steps >= 0 and t.grad_clip >= 0, "train.warmup_steps and train.grad_clip must be ≥ 0")
-        _check(m.seq_len >= 8, "model.seq_len must be ≥ 8")
-        _check(data.tokenizer in ("byte", "bpe"), f"data.tokenizer={data.tokenizer!r}: choose byte or bpe")
-        if data.tokenizer == "bpe":
-            _check(
-                data.vocab_size is not None and data.vocab_size >= 300,
-                "data.tokenizer=bpe needs data.vocab_size ≥ 300",
-            )
-        else:
-            _check(
-                data.vocab_size is None,
-                "data.vocab_size only applies to data.tokenizer=bpe; remove it or set data.tokenizer=bpe",
-            )
-        _check(0 < data.val_fraction < 0.5, "data.val_fraction must be in (0, 0.5)")
-        _check(data.num_shards is None or data.num_shards >= 1, "data.num_shards must be ≥ 1")
-        _check(
-            data.synthetic_docs >= 100 and data.synthetic_entities >= 4,
-            "data.synthetic_docs ≥ 100 and data.synthetic_entities ≥ 4",
-        )
-        _check(self.eval.val_batches >= 1, "eval.val_batches must be ≥ 1")
-        _check(
-            self.eval.items_per_task >= 1 and self.eval.curve_points >= 2,
-            "eval.items_per_task ≥ 1, eval.curve_points ≥ 2",
-        )
-        _choose("eval.device", self.eval.device, ("auto", "cpu", "cuda"))
+        """Check every section, in order; raise `errors.ConfigError` saying what to change."""
+        self.diloco.validate()
+        self.train.validate()
+        self.model.validate()
+        self.data.validate()
+        self.eval.validate()
         if self.sft is not None:
             self.sft.validate()
         if self.link is not None:
             self.link.validate()
-        r = self.restart
-        _check(
-            r.delay_s >= 0 and r.factor >= 1 and r.max_restarts >= 0,
-            "restart: delay_s ≥ 0, factor ≥ 1, max_restarts ≥ 0",
-        )
+        self.restart.validate()
         if self.chaos is not None:
-            from ddiloco.chaos.local import ChaosConfigError, schedule_from_config
-
-            p = self.chaos.poisson
-            if p is not None and p.learners is not None:
-                _check(
-                    all(isinstance(i, int) and i >= 0 for i in p.learners),
-                    "chaos.poisson.learners must be learner ids",
-                )
-            try:
-                schedule_from_config(self.chaos, d.learners)
-            except ChaosConfigError as e:
-                raise ConfigError(str(e)) from None
+            self.chaos.validate(self.diloco.learners)
         return self
 
     @property
@@ -406,194 +425,8 @@ class RunConfig:
 
 def _check(ok: bool, msg: str) -> None:
     if not ok:
-        raise ConfigError(msg)
+        raise errors.ConfigError(msg)
 
 
 def _choose(key: str, value: Any, choices: tuple[str, ...]) -> None:
     _check(value in choices, f"{key}={value!r}: choose one of {', '.join(choices)}")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Recipes: functions returning a config; derived ones mutate a base.
-
-
-def tiny_cpu() -> RunConfig:
-    """Default: 4 learners, K=1, a tiny GPT on the synthetic corpus; finishes in minutes on 2 cores."""
-    return RunConfig()
-
-
-def sync_diloco() -> RunConfig:
-    """Synchronous DiLoCo: every round waits for all M learners (K=M), one fragment (P=1), large H."""
-    cfg = tiny_cpu()
-    cfg.diloco.quorum = cfg.diloco.learners
-    cfg.diloco.fragments = 1
-    cfg.diloco.overlap = 1
-    cfg.diloco.sync_every = 50
-    cfg.diloco.grace = None
-    return cfg
-
-
-def small_gpu() -> RunConfig:
-    """One GPU per learner, the 125M preset, BPE tokenizer, int4 uploads."""
-    cfg = tiny_cpu()
-    cfg.model.preset, cfg.model.seq_len = "125m", 1024
-    cfg.data.tokenizer, cfg.data.vocab_size = "bpe", 8192
-    cfg.train.batch_size, cfg.train.lr, cfg.train.warmup_steps = 32, 6e-4, 200
-    cfg.train.device = "cuda"
-    cfg.diloco.fragments, cfg.diloco.sync_every, cfg.diloco.codec = 12, 100, "int4"
-    cfg.diloco.token_budget = 2_000_000_000
-    return cfg
-
-
-def paper_like() -> RunConfig:
-    """The paper's settings: P = H = 24, τ = 2, M = 8, K = 1 with grace, RDA, int4, bf16 globals."""
-    cfg = small_gpu()
-    cfg.model.preset = "350m"
-    cfg.diloco.learners, cfg.diloco.fragments, cfg.diloco.sync_every = 8, 24, 24
-    cfg.diloco.global_dtype = "bf16"
-    cfg.diloco.token_budget = 20_000_000_000
-    return cfg
-
-
-RECIPES: dict[str, typing.Callable[[], RunConfig]] = {
-    "tiny-cpu": tiny_cpu,
-    "sync-diloco": sync_diloco,
-    "small-gpu": small_gpu,
-    "paper-like": paper_like,
-}
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Loading: recipe → YAML file → --set overrides → validate.
-
-
-def load_config(
-    recipe: str | None = None, config_file: str | Path | None = None, overrides: typing.Sequence[str] = ()
-) -> RunConfig:
-    """Build a validated config from a recipe name, an optional YAML file and `a.b=c` overrides."""
-    name = recipe or "tiny-cpu"
-    if name not in RECIPES:
-        raise ConfigError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
-    cfg = RECIPES[name]()
-    if config_file is not None:
-        path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} not found; pass an existing YAML file to --config")
-        try:
-            doc = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
-        if not isinstance(doc, dict):
-            raise ConfigError(
-                f"config file {str(path)!r} must be a YAML mapping of sections (model:, diloco:, ...)"
-            )
-        if "recipe" in doc:
-            if recipe is None:
-                base = doc["recipe"]
-                if base not in RECIPES:
-                    raise ConfigError(f"{path}: unknown recipe {base!r}; choose one of {', '.join(RECIPES)}")
-                cfg = RECIPES[base]()
-            doc = {k: v for k, v in doc.items() if k != "recipe"}
-        apply_dict(cfg, doc)
-    for item in overrides:
-        apply_override(cfg, item)
-    return cfg.validate()
-
-
-def apply_override(cfg: RunConfig, item: str) -> None:
-    """Apply one `a.b.c=value` override; the value is parsed as a YAML scalar (`null`, `true`, `3`, `1e-3`)."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. diloco.quorum=2")
-    key, raw = item.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    parts = key.strip().split(".")
-    nested: Any = value
-    for part in reversed(parts):
-        nested = {part: nested}
-    apply_dict(cfg, nested)
-
-
-def apply_dict(obj: Any, values: dict[str, Any], path: str = "") -> None:
-    """Recursively set dataclass fields from a dict, checking names and types."""
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    hints = typing.get_type_hints(type(obj))
-    for key, value in values.items():
-        full = f"{path}{key}"
-        if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f"; did you mean {path + close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"unknown config key {full!r}{hint} (valid keys: {', '.join(path + f for f in fields)})"
-            )
-        hint_t = hints[key]
-        sub_t = _dataclass_type(hint_t)
-        if sub_t is not None:
-            if value is None:
-                if not _is_optional(hint_t):
-                    raise ConfigError(f"{full} cannot be null")
-                setattr(obj, key, None)
-                continue
-            if not isinstance(value, dict):
-                raise ConfigError(f"{full} is a section; give it as a mapping or set {full}.<key>=value")
-            current = getattr(obj, key)
-            if current is None:
-                current = sub_t()
-                setattr(obj, key, current)
-            apply_dict(current, value, full + ".")
-        else:
-            setattr(obj, key, _coerce(value, hint_t, full))
-
-
-def _dataclass_type(t: Any) -> type | None:
-    for cand in typing.get_args(t) or (t,):
-        if dataclasses.is_dataclass(cand):
-            return cand
-    return None
-
-
-def _is_optional(t: Any) -> bool:
-    return type(None) in typing.get_args(t)
-
-
-def _coerce(value: Any, t: Any, name: str) -> Any:
-    args = typing.get_args(t)
-    if isinstance(t, types.UnionType) or typing.get_origin(t) is typing.Union:
-        if value is None and type(None) in args:
-            return None
-        for cand in args:
-            if cand is type(None):
-                continue
-            try:
-                return _coerce(value, cand, name)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{name}={value!r} has the wrong type; expected {t}")
-    if t is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{name}={value!r} must be true or false")
-    if t is int:
-        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-            raise ConfigError(f"{name}={value!r} must be an integer")
-        return int(value)
-    if t is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{name}={value!r} must be a number")
-        return float(value)
-    if t is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{name}={value!r} must be a string")
-        return value
-    if typing.get_origin(t) is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{name}={value!r} must be a list")
-        return copy.deepcopy(value)
-    return copy.deepcopy(value)

@@ -1,6 +1,8 @@
 """The global model in the store: fragment layout, published versions, and assembling a full model.
 
 Design choices:
+- These are the primitives; `ddiloco.run.RunRoot` calls them with its run id and key (the learner and the
+  syncer still call them directly).
 - The layout (which tensor is in which fragment, shapes, embedding-like names, model config) is written
   once by `prepare` next to global version 0, so learners and the syncer agree on it without talking.
 - A global version is a write-once payload `global/{p}/v{n}`; the small `latest.json` pointer is written
@@ -23,7 +25,7 @@ from ddiloco import keys
 from ddiloco.fragments import Fragment, partition
 from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
 from ddiloco.protocol import wire
-from ddiloco.store import NotFound, ObjectTooLarge, Store
+from ddiloco.store.base import ObjectTooLarge, Store
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +155,7 @@ def read_global(
     """Read and verify global version `version` of fragment p; tensors come back as fp32.
 
     Raises `wire.PayloadError` for anything unacceptable (an oversized object is `too_large`)."""
-    blob = _get_capped(store, keys.global_key(p, version), layout.fragment_max_bytes(p))
+    blob = get_capped(store, keys.global_key(p, version), layout.fragment_max_bytes(p))
     payload = wire.unpack(
         blob, expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version}, key=key
     )
@@ -174,7 +176,8 @@ def read_global(
     return out
 
 
-def _get_capped(store: Store, key: str, max_bytes: int) -> bytes:
+def get_capped(store: Store, key: str, max_bytes: int) -> bytes:
+    """The object at `key`, refused as `PayloadError("too_large")` above `max_bytes` (one request either way)."""
     try:
         return store.get(key, max_bytes=max_bytes)
     except ObjectTooLarge as e:
@@ -191,40 +194,3 @@ def write_initial_globals(
         if latest_version(store, frag.fragment_id) is not None:
             continue
         publish_global(store, run_id, frag.fragment_id, 0, {n: params[n] for n in frag.names}, dtype, key=key)
-
-
-def load_latest_model(
-    store: Store, run_id: str, layout: Layout, *, key: bytes | None = None
-) -> tuple[GPT, list[int]]:
-    """Assemble the newest global version of every fragment into a model (for evaluation)."""
-    model = build_model(layout)
-    params = dict(model.named_parameters())
-    versions = []
-    with torch.no_grad():
-        for frag in layout.fragments:
-            v = latest_version(store, frag.fragment_id)
-            if v is None:
-                raise NotFound(
-                    f"fragment {frag.fragment_id} has no global version; run `ddiloco prepare` first"
-                )
-            for n, t in read_global(store, run_id, layout, frag.fragment_id, v, key=key).items():
-                params[n].copy_(t)
-            versions.append(v)
-    return model, versions
-
-
-def load_final_model(store: Store, run_id: str, layout: Layout, *, key: bytes | None = None) -> GPT:
-    """The syncer's final model; with the run `key` its signature is required."""
-    model = build_model(layout)
-    payload = wire.unpack(
-        _get_capped(store, keys.FINAL_MODEL, layout.model_max_bytes()),
-        expect={"run_id": run_id, "kind": "final"},
-        key=key,
-    )
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for n, p in params.items():
-            if n not in payload.tensors or payload.tensors[n].shape != p.shape:
-                raise wire.PayloadError("wrong_shape", f"final model is missing or mis-shapes {n}")
-            p.copy_(payload.tensors[n].float())
-    return model

@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable, Mapping
 
 from ddiloco import keys
-from ddiloco.config import ConfigError
+from ddiloco.errors import ConfigError
 from ddiloco.hostname import host_name
-from ddiloco.store import Store, StoreConfigError
+from ddiloco.store.base import Store, StoreConfigError
 from ddiloco.store.shaped import Link, LinkConfig, shape
 
 log = logging.getLogger(__name__)
@@ -61,21 +61,17 @@ def default_site(env: Mapping[str, str] | None = None) -> str:
     return check_site((os.environ if env is None else env).get(SITE_ENV) or DEFAULT_SITE)
 
 
-def claim_key(learner_id: int, nonce: str) -> str:
-    return f"{keys.learner_prefix(learner_id)}claims/{nonce}.json"
-
-
 def _ids_and_claims(store: Store) -> tuple[set[int], dict[tuple[str, str], int]]:
     """Learner ids with any object in the store, and named claims: (site, name) -> id."""
     used: set[int] = set()
     named: dict[tuple[str, str], int] = {}
-    for key in store.list("learners/"):
-        parts = key.split("/")
-        if len(parts) < 3 or not parts[1].isdigit():
+    for key in store.list(keys.LEARNERS):
+        parts = key[len(keys.LEARNERS) :].split("/")
+        if len(parts) < 2 or not parts[0].isdigit():
             continue
-        lid = int(parts[1])
+        lid = int(parts[0])
         used.add(lid)
-        if parts[2] == "claims" and key.endswith(".json"):
+        if key.startswith(keys.claim_prefix(lid)) and key.endswith(".json"):
             claim = store.get_json_or_none(key)
             if isinstance(claim, dict) and claim.get("name") and claim.get("won"):
                 named.setdefault((str(claim.get("site")), str(claim["name"])), lid)
@@ -84,10 +80,10 @@ def _ids_and_claims(store: Store) -> tuple[set[int], dict[tuple[str, str], int]]
 
 def reserved_ids(store: Store) -> int:
     """Ids below this belong to the run's owner: its M learners and any learner its chaos schedule adds."""
-    from ddiloco.chaos.local import schedule_from_config
-    from ddiloco.prepare import load_run_config
+    from ddiloco.chaos.events import schedule_from_config
+    from ddiloco.run import RunRoot
 
-    cfg = load_run_config(store)
+    cfg = RunRoot.read_config(store)
     added = [
         e.learner for e in schedule_from_config(cfg.chaos, cfg.diloco.learners) if e.kind == "add_learner"
     ]
@@ -127,11 +123,11 @@ def claim_learner_id(
             "pid": os.getpid(),
             "time": time.time(),
         }
-        store.put_json(claim_key(lid, nonce), claim)
+        store.put_json(keys.claim_key(lid, nonce), claim)
         sleep(settle_s)
-        others = [k for k in store.list(keys.learner_prefix(lid)) if k != claim_key(lid, nonce)]
+        others = [k for k in store.list(keys.learner_prefix(lid)) if k != keys.claim_key(lid, nonce)]
         if not others:
-            store.put_json(claim_key(lid, nonce), {**claim, "won": True})
+            store.put_json(keys.claim_key(lid, nonce), {**claim, "won": True})
             log.info("join: site %s claimed learner id %d", site, lid)
             return lid
         log.info("join: learner id %d is contended (%d other objects); trying the next one", lid, len(others))
@@ -145,9 +141,9 @@ def link_for(store: Store, bandwidth: str | None = None, latency: str | None = N
         cfg = LinkConfig(bandwidth=bandwidth, latency=latency)
         cfg.validate()
     else:
-        from ddiloco.prepare import load_run_config
+        from ddiloco.run import RunRoot
 
-        cfg = load_run_config(store).link
+        cfg = RunRoot.read_config(store).link
     return Link.from_config(cfg)
 
 
@@ -168,18 +164,22 @@ def learner_id_for(store: Store, learner_id: int | None, site: str, name: str | 
 def add_learner_args(p: argparse.ArgumentParser) -> None:
     """The learner's join, site and link flags (`ddiloco learner`)."""
     p.add_argument(
-        "--join", metavar="URL", default=None,
+        "--join",
+        metavar="URL",
+        default=None,
         help="run root of an existing run to join from elsewhere (s3://bucket/prefix/RUN_ID, file:///dir/RUN_ID); "
         "instead of --store; picks a free learner id unless --learner-id is given",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--site", default=None,
+        "--site",
+        default=None,
         help=f"where this learner runs (reports, metrics, summary by site); default ${SITE_ENV} or {DEFAULT_SITE}",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--join-name", default=None,
+        "--join-name",
+        default=None,
         help="stable name of a joined learner: a restart with the same --site and name takes the same id back",
-    )  # fmt: skip
+    )
     p.add_argument("--link-bandwidth", default=None, help="this learner's link, per direction, e.g. 10Mbit")
     p.add_argument("--link-latency", default=None, help="this learner's added one-way latency, e.g. 50ms")
 

@@ -19,6 +19,43 @@ FINAL_META = "final/meta.json"
 DONE = "done.json"
 SUMMARY = "summary.json"
 LAUNCHER_EVENTS = "launcher/events.json"
+UPDATES = "updates/"
+LEARNERS = "learners/"
+ROUNDS = "syncer/rounds/"
+CHAOS = "chaos/"
+"""Chaos event records (`ddiloco.chaos`): `chaos/fired/...` locally, `chaos/{backend}/...` on a cluster."""
+
+# Post-training (ddiloco.posttrain): evaluation results, the fine-tuned model and the report.
+EVAL = "eval/"
+SFT_MODEL = "sft/model.safetensors"
+SFT_META = "sft/meta.json"
+REPORT_HTML = "report/report.html"
+REPORT_MD = "report/summary.md"
+REPORT_METRICS = "report/metrics.json"
+
+# The synchronous data-parallel baseline (ddiloco.baseline), in the run root it is compared with.
+BASELINE_SUMMARY = "baseline/summary.json"
+BASELINE_MODEL = "baseline/model.safetensors"
+
+
+def eval_key(name: str) -> str:
+    """Where `ddiloco evaluate --name NAME` writes its result (`eval/final.json`, `eval/sft.json`, ...)."""
+    return f"{EVAL}{name}.json"
+
+
+EVAL_CURVE = eval_key("curve")
+"""The cached validation-loss curve of the global model (not an evaluation result)."""
+
+
+def eval_name(key: str) -> str | None:
+    """NAME of an `eval_key(NAME)` listed under `EVAL`, or None for anything else (the curve included)."""
+    if not (key.startswith(EVAL) and key.endswith(".json")) or key == EVAL_CURVE:
+        return None
+    return key[len(EVAL) : -len(".json")]
+
+
+def baseline_rank_key(rank: int) -> str:
+    return f"baseline/rank-{rank:03d}.json"
 
 
 def shard_key(i: int) -> str:
@@ -38,11 +75,16 @@ def momentum_key(p: int, version: int) -> str:
 
 
 def round_record_key(round_: int) -> str:
-    return f"syncer/rounds/{round_:08d}.json"
+    return f"{ROUNDS}{round_:08d}.json"
+
+
+def fragment_updates_prefix(p: int) -> str:
+    """Every update of fragment p, of any round."""
+    return f"{UPDATES}{p:03d}/"
 
 
 def update_prefix(p: int, round_: int) -> str:
-    return f"updates/{p:03d}/{round_:08d}/"
+    return f"{UPDATES}{p:03d}/{round_:08d}/"
 
 
 def update_key(p: int, round_: int, learner_id: int, incarnation: int) -> str:
@@ -50,7 +92,7 @@ def update_key(p: int, round_: int, learner_id: int, incarnation: int) -> str:
 
 
 def learner_prefix(learner_id: int) -> str:
-    return f"learners/{learner_id:03d}/"
+    return f"{LEARNERS}{learner_id:03d}/"
 
 
 def incarnation_key(learner_id: int) -> str:
@@ -69,6 +111,20 @@ def incarnation_claim_prefix(learner_id: int) -> str:
 
 def report_key(learner_id: int, incarnation: int) -> str:
     return f"{learner_prefix(learner_id)}inc-{incarnation:04d}/report.json"
+
+
+def is_report_key(key: str) -> bool:
+    """Whether a key listed under `LEARNERS` is a learner report (`report_key`)."""
+    return key.startswith(LEARNERS) and key.endswith("/report.json")
+
+
+def claim_prefix(learner_id: int) -> str:
+    """Claims of a learner id by joiners from elsewhere (`ddiloco.join`)."""
+    return f"{learner_prefix(learner_id)}claims/"
+
+
+def claim_key(learner_id: int, nonce: str) -> str:
+    return f"{claim_prefix(learner_id)}{nonce}.json"
 
 
 def ckpt_key(learner_id: int, step: int) -> str:
@@ -117,3 +173,13 @@ def parse_update_name(name: str) -> tuple[int, int] | None:
     if len(lid) > 9 or len(inc) > 9 or name != f"{int(lid):03d}-{int(inc):04d}.safetensors":
         return None
     return int(lid), int(inc)
+
+
+CHAOS_SELF_FIRED = "fired"
+"""The `chaos_record_key` backend of the kills a learner fires at itself (`at_step`)."""
+
+
+def chaos_record_key(backend: str, event_id: str) -> str:
+    """What chaos did with one event, written once: `backend` is the chaos step's (`k8s`, `local`), or
+    CHAOS_SELF_FIRED; `summary.json` lists everything under CHAOS."""
+    return f"{CHAOS}{backend}/{event_id}.json"

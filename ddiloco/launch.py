@@ -23,16 +23,20 @@ from pathlib import Path
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.chaos.local import LocalChaos, schedule_from_config
+from ddiloco.chaos.events import schedule_from_config
+from ddiloco.chaos.local import LaunchedProcesses
+from ddiloco.chaos.runner import ChaosRunner
 from ddiloco.config import RunConfig
-from ddiloco.globalmodel import build_model, read_layout
+from ddiloco.globalmodel import build_model
 from ddiloco.posttrain.evaluate import validation_loss
 from ddiloco.posttrain.report import write_reports
 from ddiloco.posttrain.stages import posttrain
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import load_tokens, prepare
+from ddiloco.prepare import prepare
 from ddiloco.protocol import signing
-from ddiloco.store import Store, StoreError, open_store
+from ddiloco.run import RunRoot
+from ddiloco.store.base import Store, StoreError
+from ddiloco.store.url import open_store
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +88,9 @@ class LocalRun:
         self.key = signing.for_run(self.secret, cfg.run_id)
         self.extra_env[signing.ENV_VAR] = given.strip()
         self.store: Store = open_store(self.url, env={**os.environ, **self.extra_env})
+        self.root = RunRoot(self.store, cfg.run_id, self.key)
         self.policy = cfg.restart
-        self.chaos: LocalChaos | None = None
+        self.chaos: ChaosRunner | None = None
         self.metrics_base_port = metrics_base_port
         self.metrics_ports: dict[str, int] = {}
         self.procs: list[Proc] = []
@@ -191,7 +196,7 @@ class LocalRun:
     # --- the run --------------------------------------------------------------------------------------------
     def evaluate_model(self, model) -> float:
         cfg = self.cfg
-        val = load_tokens(self.store, keys.VAL, cfg.run_id, run_key=self.key)
+        val = self.root.val()
         return validation_loss(
             model,
             val,
@@ -205,10 +210,13 @@ class LocalRun:
     ) -> dict[str, Any]:
         cfg = self.cfg
         meta = prepare(self.store, cfg, secret=self.secret)
-        layout = read_layout(self.store)
+        layout = self.root.layout()
         log.info("run %s: starting syncer and %d learners", cfg.run_id, cfg.diloco.learners)
-        self.chaos = LocalChaos(
-            schedule_from_config(cfg.chaos, cfg.diloco.learners), self, float(meta["prepared_at"])
+        self.chaos = ChaosRunner(
+            self.store,
+            LaunchedProcesses(self),
+            schedule_from_config(cfg.chaos, cfg.diloco.learners),
+            float(meta["prepared_at"]),
         )
         self.t0 = float(meta["prepared_at"])
         self.procs.append(Proc("syncer", None))
@@ -220,7 +228,7 @@ class LocalRun:
         try:
             while True:
                 self.chaos.poll()
-                done = self._exists(keys.DONE)
+                done = self._done()
                 self.supervise(time.monotonic(), done)
                 status = self._status() or status
                 if on_progress is not None:
@@ -239,32 +247,32 @@ class LocalRun:
             self.chaos.release()
             self.stop_all(timeout=60)
             # Answers uploaded while the syncer was finishing are garbage once every process is gone.
-            self.store.delete_prefix("updates/")
+            self.store.delete_prefix(keys.UPDATES)
         finally:
             self.chaos.release()
             for proc in self.running():
                 proc.popen.kill()
-            self.store.put_json(
-                keys.LAUNCHER_EVENTS, {"restarts": self.restart_log, "chaos_events": self.chaos.fired}
+            self.root.write_launcher_events(
+                {"restarts": self.restart_log, "chaos_events": [r.to_json() for r in self.chaos.records]}
             )
         # Evaluated afterwards so that chaos times (counted from the end of prepare) hit running processes.
         initial = self.evaluate_model(build_model(layout, cfg.seed))
-        fields = posttrain(self.store, eval_cfg=cfg.eval, sft_cfg=cfg.sft, skip_sft=cfg.sft is None)
+        fields = posttrain(self.root, eval_cfg=cfg.eval, sft_cfg=cfg.sft, skip_sft=cfg.sft is None)
         summary = build_summary(self.store, {"initial_val_loss": initial, **fields})
-        self.store.put_json(keys.SUMMARY, summary)
+        self.root.write_summary(summary)
         write_reports(self.store)  # after summary.json, which it renders
         return summary
 
-    def _exists(self, key: str) -> bool:
+    def _done(self) -> bool:
         try:
-            return self.store.exists(key)
+            return self.root.is_done()
         except StoreError as e:  # the orchestrator only watches: a store hiccup is not a reason to stop
             log.warning("store unavailable to the orchestrator (%s)", e)
             return False
 
     def _status(self) -> dict[str, Any] | None:
         try:
-            return self.store.get_json_or_none(keys.STATUS)
+            return self.root.status()
         except StoreError:
             return None
 

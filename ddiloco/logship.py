@@ -34,7 +34,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.store import AtomicCreateUnsupported, Store, StoreError, open_store
+from ddiloco.store.base import AtomicCreateUnsupported, Store, StoreError
+from ddiloco.store.url import open_store
 
 log = logging.getLogger(__name__)
 

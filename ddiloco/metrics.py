@@ -68,9 +68,11 @@ class LearnerMetrics:
             f"{ns}_upload_failures", "Uploads that failed after retries", ["learner_id"], registry=registry
         ).labels(**lbl)
         self.rejected = Counter(  # kind: global (refused here) or update (refused by the syncer)
-            f"{ns}_rejected", "Objects rejected, by kind and reason", ["learner_id", "kind", "reason"],
+            f"{ns}_rejected",
+            "Objects rejected, by kind and reason",
+            ["learner_id", "kind", "reason"],
             registry=registry,
-        )  # fmt: skip
+        )
         self.store_retries = Gauge(
             f"{ns}_store_retries", "Store operations retried (cumulative)", ["learner_id"], registry=registry
         ).labels(**lbl)
@@ -204,13 +206,66 @@ class SyncerMetrics:
 
 
 METRIC_NAMES = frozenset(
-    [f"ddiloco_learner_{n}_total" for n in ("inner_steps", "tokens", "rounds_answered", "uploaded_bytes", "downloaded_bytes", "upload_failures", "merged_tokens", "discarded_tokens")]
-    + [f"ddiloco_learner_{n}" for n in ("loss", "learning_rate", "tokens_per_second", "store_retries", "fragment_staleness", "incarnation", "site")]
-    + [f"ddiloco_syncer_{n}_total" for n in ("rounds", "merges", "rejected_updates", "published_bytes", "tokens_merged", "tokens_discarded")]
-    + [f"ddiloco_syncer_{n}" for n in ("token_budget", "live_learners", "goodput", "merged_token_share", "global_version", "outer_gradient_norm")]
-    + [f"ddiloco_syncer_{h}_{s}" for h in ("quorum_size", "grace_wait_seconds", "time_to_quorum_seconds", "merge_seconds", "answer_staleness") for s in ("bucket", "sum", "count")]
+    [
+        f"ddiloco_learner_{n}_total"
+        for n in (
+            "inner_steps",
+            "tokens",
+            "rounds_answered",
+            "uploaded_bytes",
+            "downloaded_bytes",
+            "upload_failures",
+            "merged_tokens",
+            "discarded_tokens",
+        )
+    ]
+    + [
+        f"ddiloco_learner_{n}"
+        for n in (
+            "loss",
+            "learning_rate",
+            "tokens_per_second",
+            "store_retries",
+            "fragment_staleness",
+            "incarnation",
+            "site",
+        )
+    ]
+    + [
+        f"ddiloco_syncer_{n}_total"
+        for n in (
+            "rounds",
+            "merges",
+            "rejected_updates",
+            "published_bytes",
+            "tokens_merged",
+            "tokens_discarded",
+        )
+    ]
+    + [
+        f"ddiloco_syncer_{n}"
+        for n in (
+            "token_budget",
+            "live_learners",
+            "goodput",
+            "merged_token_share",
+            "global_version",
+            "outer_gradient_norm",
+        )
+    ]
+    + [
+        f"ddiloco_syncer_{h}_{s}"
+        for h in (
+            "quorum_size",
+            "grace_wait_seconds",
+            "time_to_quorum_seconds",
+            "merge_seconds",
+            "answer_staleness",
+        )
+        for s in ("bucket", "sum", "count")
+    ]
     + ["ddiloco_syncer_clipped_updates_total", "ddiloco_learner_rejected_total", "up"]
-)  # fmt: skip
+)
 
 
 def serve(registry: CollectorRegistry, port: int | None, host: str = "0.0.0.0") -> int | None:

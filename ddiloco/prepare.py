@@ -7,7 +7,8 @@ corrected config.
 
 With the run secret (`DDILOCO_RUN_KEY`, see `ddiloco.protocol.signing`) shards, validation split and global version
 0 are signed with the run's key; a rerun with a different secret is refused with a clear error instead of
-leaving learners that reject version 0 forever.
+leaving learners that reject version 0 forever. Every object is read and written through
+`ddiloco.run.RunRoot`.
 """
 
 from __future__ import annotations
@@ -18,19 +19,14 @@ from typing import Any
 
 import torch
 
-from ddiloco import keys
-from ddiloco.config import ConfigError, RunConfig
+from ddiloco.config import RunConfig
 from ddiloco.data import load_texts, split_tokens, tokenize_corpus
-from ddiloco.globalmodel import (
-    make_layout,
-    model_config_from_run,
-    read_global,
-    read_layout,
-    write_initial_globals,
-)
+from ddiloco.errors import ConfigError
+from ddiloco.globalmodel import make_layout, model_config_from_run
 from ddiloco.model import init_model
 from ddiloco.protocol import signing, wire
-from ddiloco.store import Store
+from ddiloco.run import MAX_TOKENS, RunRoot
+from ddiloco.store.base import Store
 from ddiloco.synthetic import entropy_floor, make_world, synthetic_documents
 from ddiloco.tokenizer import build_tokenizer, tokenizer_from_json
 
@@ -52,16 +48,17 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     key = signing.for_run(secret, cfg.run_id)
     if key is None:
         signing.warn_unsigned("prepare")
-    existing = store.get_json_or_none(keys.CONFIG)
+    root = RunRoot(store, cfg.run_id, key)
+    existing = root.config_dict()
     if existing is not None:
         if existing != cfg.to_dict():
             raise ConfigError(
                 f"{store.url} already holds a different run config (run_id {existing.get('run_id')!r}); "
                 "use a new --run-id / store prefix, or rerun with the same config"
             )
-        meta = store.get_json_or_none(keys.DATA_META)
-        if meta is not None and store.exists(keys.LAYOUT):
-            _check_existing_signature(store, cfg.run_id, key)
+        meta = root.data_meta()
+        if meta is not None and root.has_layout():
+            _check_existing_signature(root)
             log.info("run %s already prepared at %s", cfg.run_id, store.url)
             return meta
 
@@ -81,23 +78,16 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     if val.numel() < cfg.model.seq_len + 1:
         raise ConfigError("the validation split is shorter than one sequence; raise data.val_fraction")
     if existing is None:  # only once the corpus is known to be usable: a fixed rerun must not be refused
-        store.put_json(keys.CONFIG, cfg.to_dict())
+        root.write_config(cfg)
 
-    store.put(keys.TOKENIZER, tok.to_json().encode())
+    root.write_tokenizer(tok)
     for i, s in enumerate(shards):
-        store.put(
-            keys.shard_key(i),
-            wire.pack(
-                {"tokens": s.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "shard", "shard": i}, key=key
-            ),
-        )
-    store.put(
-        keys.VAL, wire.pack({"tokens": val.to(torch.int32)}, {"run_id": cfg.run_id, "kind": "val"}, key=key)
-    )
+        root.write_shard(i, s)
+    root.write_val(val)
 
     model = init_model(model_config_from_run(cfg, tok.vocab_size), cfg.seed)
     layout = make_layout(model, cfg.diloco.fragments)
-    write_initial_globals(store, cfg.run_id, model, layout, cfg.diloco.global_dtype, key=key)
+    root.write_initial_globals(model, layout, cfg.diloco.global_dtype)
 
     meta = {
         "run_id": cfg.run_id,
@@ -113,52 +103,38 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     if cfg.data.source == "synthetic":
         world = make_world(cfg.seed, n_entities=cfg.data.synthetic_entities)
         meta["entropy_floor"] = entropy_floor(world, cfg.seed, min(cfg.data.synthetic_docs, 2000), tok)
-    store.put_json(keys.DATA_META, meta)  # written last: its presence means "prepared"
+    root.write_data_meta(meta)  # written last: its presence means "prepared"
     log.info(
         "prepared run %s: %d shards × ~%d tokens, %d validation tokens, %d-parameter model in %d fragments (%.1fs)",
-        cfg.run_id, len(shards), sum(meta["shard_tokens"]) // len(shards), meta["val_tokens"],
-        meta["model_params"], layout.num_fragments, time.monotonic() - t0,
-    )  # fmt: skip
+        cfg.run_id,
+        len(shards),
+        sum(meta["shard_tokens"]) // len(shards),
+        meta["val_tokens"],
+        meta["model_params"],
+        layout.num_fragments,
+        time.monotonic() - t0,
+    )
     return meta
 
 
-def load_run_config(store: Store) -> RunConfig:
-    d = store.get_json_or_none(keys.CONFIG)
-    if d is None:
-        raise ConfigError(
-            f"no run config at {store.url}/{keys.CONFIG}; run `ddiloco prepare --store {store.url}` first"
-        )
-    return RunConfig.from_dict(d)
-
-
-def _check_existing_signature(store: Store, run_id: str, key: bytes | None) -> None:
-    if key is None:
+def _check_existing_signature(root: RunRoot) -> None:
+    if root.key is None:
         return
     try:
-        read_global(store, run_id, read_layout(store), 0, 0, key=key)
+        root.read_global(root.layout(), 0, 0)
     except wire.PayloadError as e:
         raise ConfigError(
-            f"{store.url} was prepared with another {signing.ENV_VAR} ({e.reason}); "
+            f"{root.url} was prepared with another {signing.ENV_VAR} ({e.reason}); "
             "use the same secret as the first prepare, or a new --run-id / store prefix"
         ) from None
 
 
+# The learner and the syncer still read these two through here; they go once both open a RunRoot.
+def load_run_config(store: Store) -> RunConfig:
+    return RunRoot.read_config(store)
+
+
 def load_tokens(
-    store: Store, key: str, run_id: str, *, max_tokens: int = 2 << 30, run_key: bytes | None = None
+    store: Store, key: str, run_id: str, *, max_tokens: int = MAX_TOKENS, run_key: bytes | None = None
 ) -> torch.Tensor:
-    """A token payload (shard or validation split) as int64. Read at most `max_tokens` int32 tokens' worth of
-    bytes; with the `run_key` the payload's signature is required."""
-    blob = store.get(key, max_bytes=4 * max_tokens + (1 << 20))
-    try:
-        payload = wire.unpack(blob, expect={"run_id": run_id}, key=run_key)
-    except wire.PayloadError as e:
-        if e.reason not in ("unsigned", "bad_signature"):
-            raise
-        raise ConfigError(
-            f"{store.url}/{key} does not verify ({e}); give every role the {signing.ENV_VAR} that "
-            "prepare used"
-        ) from None
-    tokens = payload.tensors.get("tokens")
-    if tokens is None or tokens.dim() != 1 or tokens.dtype != torch.int32:
-        raise wire.PayloadError("malformed", f"{key} holds no 1-D int32 'tokens' tensor")
-    return tokens.to(torch.int64)
+    return RunRoot(store, run_id, run_key).tokens(key, max_tokens=max_tokens)

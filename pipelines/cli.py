@@ -128,12 +128,19 @@ def _require_kfp() -> None:
 def _compile_changes(args: argparse.Namespace) -> dict[str, Any]:
     hours = getattr(args, "run_timeout_hours", None)
     return {
-        "registry": args.registry, "max_learners": args.max_learners, "gpus_per_learner": args.gpus_per_learner,
-        "accelerator": args.accelerator, "learner_retries": args.learner_retries, "syncer_retries": args.syncer_retries,
-        "learner_cpu": args.learner_cpu, "learner_memory": args.learner_memory, "syncer_cpu": args.syncer_cpu,
-        "syncer_memory": args.syncer_memory, "run_timeout_s": None if hours is None else int(hours * 3600),
+        "registry": args.registry,
+        "max_learners": args.max_learners,
+        "gpus_per_learner": args.gpus_per_learner,
+        "accelerator": args.accelerator,
+        "learner_retries": args.learner_retries,
+        "syncer_retries": args.syncer_retries,
+        "learner_cpu": args.learner_cpu,
+        "learner_memory": args.learner_memory,
+        "syncer_cpu": args.syncer_cpu,
+        "syncer_memory": args.syncer_memory,
+        "run_timeout_s": None if hours is None else int(hours * 3600),
         "crash_restarts": getattr(args, "crash_restarts", None),
-    }  # fmt: skip
+    }
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -206,11 +213,18 @@ def cmd_schedule_create(args: argparse.Namespace) -> int:
         params = parse_params(args.param, package_parameters(package))
         client = _client(args)
         rr = client.create_recurring_run(
-            experiment_id=_experiment_id(client, args.experiment, args.namespace), job_name=args.name,
-            description=args.description, cron_expression=cron, interval_second=args.interval_seconds,
-            max_concurrency=args.max_concurrency, no_catchup=not args.catchup, params=params,
-            pipeline_package_path=str(package), enabled=True, enable_caching=False,
-        )  # fmt: skip
+            experiment_id=_experiment_id(client, args.experiment, args.namespace),
+            job_name=args.name,
+            description=args.description,
+            cron_expression=cron,
+            interval_second=args.interval_seconds,
+            max_concurrency=args.max_concurrency,
+            no_catchup=not args.catchup,
+            params=params,
+            pipeline_package_path=str(package),
+            enabled=True,
+            enable_caching=False,
+        )
     print(json.dumps({"recurring_run_id": rr.recurring_run_id, "name": args.name, "cron": cron}))
     return 0
 
@@ -261,9 +275,10 @@ def _compile_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--syncer-cpu")
     g.add_argument("--syncer-memory")
     g.add_argument(
-        "--run-timeout-hours", type=float,
+        "--run-timeout-hours",
+        type=float,
         help="deadline of each learner / syncer / chaos pod, and the window in which any step is retried",
-    )  # fmt: skip
+    )
     g.add_argument("--crash-restarts", type=int, help="restarts of a crashed learner/syncer inside its pod")
 
 
@@ -279,9 +294,12 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--package", help="a compiled pipeline YAML instead of compiling --pipeline now")
     p.add_argument("--experiment", default="ddiloco", help="experiment name (created when missing)")
     p.add_argument(
-        "--param", action="append", default=[], metavar="NAME=VALUE",
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="pipeline parameter, YAML value (repeatable): --param learners=8 --param 'overrides=[diloco.codec=int4]'",
-    )  # fmt: skip
+    )
 
 
 def register(subparsers: Any) -> None:

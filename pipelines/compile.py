@@ -9,10 +9,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ddiloco.pipelines import join, smoke
 from ddiloco.pipelines.pretrain import ClusterOptions, pipeline_function
 from kfp import compiler
-
-from pipelines import join, smoke
 
 HERE = Path(__file__).resolve().parent
 PIPELINES: dict[str, ClusterOptions] = {

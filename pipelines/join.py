@@ -65,10 +65,16 @@ def pipeline_function(opts: ClusterOptions = OPTIONS) -> Callable[..., Any]:
         k8s.cpu_step(check, "check-run")
         with dsl.ParallelFor(items=check.output, parallelism=opts.max_learners, name="learners") as slot:
             learner = c.joiner(
-                store=run_root, site=site, run_tag=dsl.PIPELINE_JOB_ID_PLACEHOLDER, slot=slot,
-                s3_endpoint=s3_endpoint, link_bandwidth=link_bandwidth, link_latency=link_latency,
-                metrics_port=opts.metrics_port, restarts=opts.crash_restarts,
-            )  # fmt: skip
+                store=run_root,
+                site=site,
+                run_tag=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                slot=slot,
+                s3_endpoint=s3_endpoint,
+                link_bandwidth=link_bandwidth,
+                link_latency=link_latency,
+                metrics_port=opts.metrics_port,
+                restarts=opts.crash_restarts,
+            )
             k8s.learner(learner.after(check))
 
     return join

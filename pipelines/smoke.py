@@ -9,10 +9,18 @@ from __future__ import annotations
 from ddiloco.pipelines.pretrain import ClusterOptions
 
 TINY = [
-    "model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.seq_len=64", "train.batch_size=8",
-    "data.synthetic_docs=4000", "data.synthetic_entities=16", "diloco.fragments=2", "eval.val_batches=4",
-    "train.device=cpu", "train.threads=2",
-]  # fmt: skip
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=64",
+    "model.seq_len=64",
+    "train.batch_size=8",
+    "data.synthetic_docs=4000",
+    "data.synthetic_entities=16",
+    "diloco.fragments=2",
+    "eval.val_batches=4",
+    "train.device=cpu",
+    "train.threads=2",
+]
 
 OPTIONS = ClusterOptions(
     name="ddiloco-smoke",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ddiloco.config import RunConfig, load_config
+from ddiloco.config import RunConfig
+from ddiloco.recipes import load_config
 
 TINY = [
     "model.n_layer=1",

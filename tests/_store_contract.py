@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ddiloco.store import NotFound, ObjectTooLarge, Store, StoreError
+from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreError
 
 ContractCheck = Callable[[Store], None]
 

@@ -1,16 +1,53 @@
-"""`ddiloco baseline`: synchronous data-parallel training on a prepared run root (see `ddiloco.baseline`)."""
+"""`ddiloco baseline`: synchronous data-parallel training on a prepared run root (see `ddiloco.baseline`).
+
+Design choices:
+- The baseline trains with the run's own config (model, data, token budget) so the comparison is like for
+  like; `--recipe/--config/--set` apply only with `--prepare`, which prepares the run root first.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Any
+
+from ddiloco.cli.args import add_config_args, config_for_store
+from ddiloco.errors import ConfigError
+from ddiloco.protocol.signing import key_from_env
+from ddiloco.store.url import open_store
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    from ddiloco.cli.main import _config_args  # cli.py builds the parser that calls us: already imported
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from ddiloco.baseline import run_baseline  # imports torch: only when it runs
+    from ddiloco.prepare import prepare
 
-    p = subparsers.add_parser(
+    if args.prepare:
+        cfg = config_for_store(args)
+        prepare(open_store(args.store), cfg, secret=key_from_env())
+    elif args.overrides or args.recipe or args.config:
+        raise ConfigError("--recipe/--config/--set only apply with --prepare; the store's config is used")
+    summary = run_baseline(
+        args.store,
+        learners=args.learners,
+        tokens=args.tokens,
+        device=args.device,
+        timeout=args.timeout,
+        tasks=not args.no_tasks,
+    )
+    print(
+        f"baseline {summary['run_id']}: {summary['learners']} ranks, {summary['tokens_processed']} tokens in "
+        f"{summary['wall_seconds']:.0f}s, val loss {summary['initial_val_loss']:.3f} -> "
+        f"{summary['final_val_loss']:.3f}, {summary['bytes_sent_per_rank'] / 1e6:.1f} MB sent per rank",
+        file=sys.stderr,
+    )
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add `baseline` to the `ddiloco` subcommands."""
+    p = sub.add_parser(
         "baseline",
         help="synchronous data-parallel training of the same model, data and token budget (for comparison)",
     )
@@ -31,39 +68,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="prepare the store first from --recipe/--config/--set (a no-op if it is already prepared)",
     )
-    _config_args(p)
+    add_config_args(p)
     p.set_defaults(func=cmd_baseline)
-
-
-def cmd_baseline(args: argparse.Namespace) -> int:
-    from ddiloco.baseline import run_baseline
-    from ddiloco.cli.main import _load
-    from ddiloco.config import ConfigError
-
-    if args.prepare:
-        from ddiloco.prepare import prepare
-        from ddiloco.store import open_store
-
-        cfg = _load(args)
-        cfg.run_id = cfg.run_id or args.store.rstrip("/").rsplit("/", 1)[-1]
-        from ddiloco.protocol.signing import key_from_env
-
-        prepare(open_store(args.store), cfg, secret=key_from_env())
-    elif args.overrides or args.recipe or args.config:
-        raise ConfigError("--recipe/--config/--set only apply with --prepare; the store's config is used")
-    summary = run_baseline(
-        args.store,
-        learners=args.learners,
-        tokens=args.tokens,
-        device=args.device,
-        timeout=args.timeout,
-        tasks=not args.no_tasks,
-    )
-    print(
-        f"baseline {summary['run_id']}: {summary['learners']} ranks, {summary['tokens_processed']} tokens in "
-        f"{summary['wall_seconds']:.0f}s, val loss {summary['initial_val_loss']:.3f} -> "
-        f"{summary['final_val_loss']:.3f}, {summary['bytes_sent_per_rank'] / 1e6:.1f} MB sent per rank",
-        file=sys.stderr,
-    )
-    print(json.dumps(summary, sort_keys=True))
-    return 0

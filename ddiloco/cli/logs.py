@@ -19,7 +19,8 @@ from ddiloco.logship import (
     when,
     who,
 )
-from ddiloco.store import StoreError, open_store
+from ddiloco.store.base import StoreError
+from ddiloco.store.url import open_store
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

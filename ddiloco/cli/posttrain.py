@@ -1,18 +1,31 @@
 """Command line of the post-training stages: `ddiloco evaluate`, `ddiloco sft` and `ddiloco report`.
 
-`register(subparsers)` adds them to the main parser (cli.py); each handler prints one JSON object (or the
-report paths) on stdout and returns an exit code. Errors a user can fix propagate as ValueError /
-StoreError, which cli.main turns into one line on stderr and exit code 2.
+Each handler prints one JSON object (or the report paths) on stdout and returns an exit code. Errors a user
+can fix propagate as ValueError / StoreError, which `ddiloco.cli.main` turns into one line on stderr and exit
+code 2.
+
+Design choices:
+- `evaluate` and `sft` run with the `eval:` and `sft:` sections of the config the run was prepared with (the
+  run root's config.json), the same settings `ddiloco run` post-trains with; `--set eval.KEY=VALUE` /
+  `--set sft.KEY=VALUE` change them for this invocation, and a flag given explicitly (`--items`, `--steps`,
+  ...) wins over both.
+- An `sft: null` run (no fine-tuning planned) can still be fine-tuned by hand: the section's defaults apply.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
-from typing import Any
+from typing import Any, TypeVar
+
+from ddiloco.cli.args import add_set_arg, with_section_overrides
+from ddiloco.config import EvalConfig, SFTConfig
+from ddiloco.store.url import open_store
 
 log = logging.getLogger(__name__)
+Section = TypeVar("Section", EvalConfig, SFTConfig)
 
 
 def _tasks(value: str) -> list[str]:
@@ -22,48 +35,55 @@ def _tasks(value: str) -> list[str]:
     return names
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ddiloco import keys
-    from ddiloco.posttrain.evaluate import EvalTasksConfig, evaluate_checkpoint
-    from ddiloco.store import open_store
+def with_flags(section: Section, **flags: Any) -> Section:
+    """A copy of the config section with the flags that were given (not None) set, validated."""
+    out = dataclasses.replace(section, **{k: v for k, v in flags.items() if v is not None})
+    out.validate()
+    return out
 
-    store = open_store(args.store)
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ddiloco.posttrain.evaluate import evaluate_checkpoint  # imports torch: only when it runs
+    from ddiloco.run import RunRoot
+
+    root = RunRoot.from_env(open_store(args.store), role="evaluate")
+    cfg = with_section_overrides(root.config(), "eval", args.overrides)
+    ecfg = with_flags(
+        cfg.eval, items_per_task=args.items, tasks=args.tasks, seed=args.seed, device=args.device
+    )
     spec = args.model
     if spec is None:
-        spec = "final" if store.exists(keys.FINAL_MODEL) else "latest"
-    ecfg = EvalTasksConfig(items_per_task=args.items, tasks=args.tasks, seed=args.seed, device=args.device)
-    result = evaluate_checkpoint(store, spec, name=args.name, ecfg=ecfg)
+        spec = "final" if root.has_final_model() else "latest"
+    result = evaluate_checkpoint(root, spec, name=args.name, ecfg=ecfg)
     brief = {k: result[k] for k in ("model", "val_loss", "perplexity", "task_accuracy") if k in result}
     print(json.dumps(brief, sort_keys=True))
     return 0
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from ddiloco.posttrain.sft import SFTConfig, run_sft
-    from ddiloco.store import open_store
+    from ddiloco.posttrain.sft import run_sft  # imports torch: only when it runs
+    from ddiloco.run import RunRoot
 
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "base": args.base,
-            "data": args.data,
-            "steps": args.steps,
-            "batch_size": args.batch_size,
-            "lr": args.lr,
-            "replay_fraction": args.replay_fraction,
-            "seed": args.seed,
-            "device": args.device,
-        }.items()
-        if v is not None
-    }
-    metrics = run_sft(open_store(args.store), SFTConfig(**overrides))
+    root = RunRoot.from_env(open_store(args.store), role="sft")
+    cfg = with_section_overrides(root.config(), "sft", args.overrides)
+    scfg = with_flags(
+        cfg.sft or SFTConfig(),
+        base=args.base,
+        data=args.data,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        replay_fraction=args.replay_fraction,
+        seed=args.seed,
+        device=args.device,
+    )
+    metrics = run_sft(root, scfg)
     print(json.dumps({k: v for k, v in metrics.items() if k not in ("loss_curve", "config")}, sort_keys=True))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ddiloco.posttrain.report import write_comparison, write_reports
-    from ddiloco.store import open_store
 
     stores = [open_store(r) for r in args.runs]
     if len(stores) == 1:
@@ -82,6 +102,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "evaluate",
         help="validation loss, perplexity and downstream task accuracy of a checkpoint in the store",
+        description="Settings come from the run's eval: section, then --set eval.KEY=VALUE, then the flags "
+        "below.",
     )
     p.add_argument("--store", required=True, help="run root, e.g. file:///dir/run or s3://bucket/prefix/run")
     p.add_argument(
@@ -90,36 +112,50 @@ def register(sub: Any) -> None:
         help="final | latest | sft | round:N | learner:ID | a payload key (default: final, else latest)",
     )
     p.add_argument("--name", default=None, help="result name: writes eval/NAME.json (default from --model)")
-    p.add_argument("--tasks", type=_tasks, default=None, help="comma-separated task names (default: all)")
-    p.add_argument("--items", type=int, default=200, help="items per task (default 200)")
-    p.add_argument("--seed", type=int, default=None, help="task seed (default: the run's seed)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument(
+        "--tasks",
+        type=_tasks,
+        default=None,
+        help="comma-separated task names (default: eval.tasks, else all)",
+    )
+    p.add_argument("--items", type=int, default=None, help="items per task (default: eval.items_per_task)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="task seed (default: eval.seed, else the run's seed)"
+    )
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="(default: eval.device)")
+    add_set_arg(p, "eval.items_per_task=50")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
         "sft",
         help="fine-tune a checkpoint on prompt/response pairs; writes sft/model.safetensors to the store",
+        description="Settings come from the run's sft: section (defaults when it is null), then --set "
+        "sft.KEY=VALUE, then the flags below.",
     )
     p.add_argument("--store", required=True, help="run root")
     p.add_argument(
-        "--data", default=None, help='JSONL of {"prompt", "response"} (default: built-in instructions)'
+        "--data", default=None, help='JSONL of {"prompt", "response"} (default: sft.data, else built-in)'
     )
     p.add_argument(
-        "--base", default=None, help="checkpoint to fine-tune (default final; as evaluate --model)"
+        "--base", default=None, help="checkpoint to fine-tune, as evaluate --model (default: sft.base)"
     )
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default 300)")
-    p.add_argument("--batch-size", type=int, default=None, help="examples per step (default 32)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: sft.steps)")
+    p.add_argument("--batch-size", type=int, default=None, help="examples per step (default: sft.batch_size)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: sft.lr)")
     p.add_argument(
         "--replay-fraction",
         type=float,
         default=None,
-        help="share of pre-training windows per batch (default 0.5)",
+        help="share of pre-training windows per batch (default: sft.replay_fraction)",
     )
     p.add_argument(
-        "--seed", type=int, default=None, help="seed of split and batches (default: the run's seed)"
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of split and batches (default: sft.seed, else the run's seed)",
     )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="(default: sft.device)")
+    add_set_arg(p, "sft.steps=100")
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser(

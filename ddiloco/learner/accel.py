@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ddiloco.config import ConfigError
+from ddiloco.errors import ConfigError
 from ddiloco.schedule import warmup_factor
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import torch
 
 from ddiloco import keys
 from ddiloco.protocol import wire
-from ddiloco.store import NotFound, ObjectTooLarge, Store
+from ddiloco.store.base import NotFound, ObjectTooLarge, Store
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ Design choices:
 - Two process groups: the default one (NCCL on GPU, gloo on CPU) carries DDP's gradient all-reduces and the
   parameter broadcasts; a gloo group on the hosts carries rank 0's small control messages, so a follower
   learns what to do next without synchronising its GPU.
-- Hand-shake (rank 0's `Learner.__init__`): the run config, the layout and the learner id as JSON, then each
+- Hand-shake (rank 0's `Learner.start`, first): the run config, the layout and the learner id as JSON, then each
   follower's slice of the learner's shard. The shard is cut into WORLD_SIZE contiguous slices; rank r
   trains on slice r (seed `rank_seed`), so together the ranks read the shard once per epoch.
 - Start (`Learner.start`, after rank 0 restored its checkpoint and applied the current globals): rank 0
@@ -256,9 +256,11 @@ class Follower:
         self.model = init_model(self.layout.gpt_config(), self.cfg.seed, device=dev)
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))
         self.loader = ShardLoader(
-            tokens, batch_size=t.batch_for(self.learner_id), seq_len=self.cfg.model.seq_len,
+            tokens,
+            batch_size=t.batch_for(self.learner_id),
+            seq_len=self.cfg.model.seq_len,
             seed=rank_seed(self.cfg.seed * 1000 + self.learner_id, group.rank),
-        )  # fmt: skip
+        )
         self.precision = resolve_precision(t.precision, dev)
         self.net = maybe_compile(group.wrap(self.model), t.compile)
         self.params = dict(self.model.named_parameters())
@@ -282,6 +284,12 @@ class Follower:
             x, y = self.loader.next_batch()
             lr = lr_at(progress_of(merged, self.cfg.diloco.token_budget), inner_step, t)
             train_step(
-                self.net, self.opt, to_device(x, dev), to_device(y, dev), lr, t.grad_clip, precision=self.precision
-            )  # fmt: skip
+                self.net,
+                self.opt,
+                to_device(x, dev),
+                to_device(y, dev),
+                lr,
+                t.grad_clip,
+                precision=self.precision,
+            )
             self.steps += 1

@@ -1,4 +1,5 @@
-"""The learner's helpers around the loop: status poller, incarnations, history, checkpoints off the loop.
+"""The learner's helpers around the loop: status poller, incarnations, history, the I/O schedule, reports and
+checkpoints off the loop.
 
 Design choices:
 - The poller thread keeps the newest syncer status in memory and survives an unavailable store with
@@ -35,7 +36,7 @@ from ddiloco.learner.accel import HostCopier, HostSnapshot
 from ddiloco.learner.checkpoint import load_optimizer_tensors, optimizer_tensors, save_learner_checkpoint
 from ddiloco.model import GPT, configure_optimizer
 from ddiloco.protocol import wire
-from ddiloco.store import Store, StoreError
+from ddiloco.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,37 @@ def sample_history(
         if len(history) > HISTORY_POINTS:
             history[:] = history[:-1:2] + history[-1:]
     return list(history)
+
+
+class IoSchedule:
+    """When the loop writes a heartbeat report and a checkpoint: deadlines on the monotonic clock, checked at
+    step boundaries (the loop never waits for them). A heartbeat may also be forced early: the first cadence
+    measurement is what rounds are paced by, so the syncer should read it at once."""
+
+    def __init__(self, heartbeat_every_s: float, checkpoint_every_s: float) -> None:
+        self.heartbeat_every_s, self.checkpoint_every_s = heartbeat_every_s, checkpoint_every_s
+        self.next_report = self.next_checkpoint = 0.0
+
+    def begin(self) -> None:
+        """Start both clocks now (after the start-up report)."""
+        now = time.monotonic()
+        self.next_report = now + self.heartbeat_every_s
+        self.next_checkpoint = now + self.checkpoint_every_s
+
+    def report_due(self, force: bool = False) -> bool:
+        """Whether a heartbeat is due (or `force`d); if so, the next one is a full period from now."""
+        now = time.monotonic()
+        if now < self.next_report and not force:
+            return False
+        self.next_report = now + self.heartbeat_every_s
+        return True
+
+    def checkpoint_due(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_checkpoint:
+            return False
+        self.next_checkpoint = now + self.checkpoint_every_s
+        return True
 
 
 class ReportWriter:

@@ -9,6 +9,8 @@ Design choices:
 - Tasks come from the run's own data: the synthetic world (`tasks.synthetic_tasks`) for the built-in corpus,
   cloze multiple choice from the validation split for user corpora. Deterministic given `EvalTasksConfig.seed`.
 - Results are JSON under `eval/` so reports and reruns read them instead of recomputing.
+- Everything is read through a `ddiloco.run.RunRoot`, so with the run key every model and the validation
+  split must verify; a model signed with another key, or unsigned, is refused (one line: which key to set).
 """
 
 from __future__ import annotations
@@ -23,34 +25,16 @@ import torch
 from ddiloco import keys
 from ddiloco.config import EvalConfig
 from ddiloco.data import val_batches
-from ddiloco.globalmodel import (
-    MAX_FRAGMENT_BYTES,
-    Layout,
-    build_model,
-    load_final_model,
-    load_latest_model,
-    read_global,
-    read_layout,
-)
+from ddiloco.globalmodel import Layout
 from ddiloco.model import GPT
+from ddiloco.posttrain.summary import read_round_records
 from ddiloco.posttrain.tasks import TaskItem, cloze_tasks, evaluate_tasks, synthetic_tasks
-from ddiloco.protocol import wire
-from ddiloco.store import NotFound, Store
+from ddiloco.run import RunRoot
+from ddiloco.store.base import NotFound
 from ddiloco.synthetic import make_world
-from ddiloco.tokenizer import Tokenizer, tokenizer_from_json
+from ddiloco.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-# Keys this module (and sft.py / report.py) add under the run root.
-SFT_MODEL = "sft/model.safetensors"
-SFT_META = "sft/meta.json"
-EVAL_CURVE = "eval/curve.json"
-MAX_TOKENIZER_BYTES = 256 << 20  # a BPE vocabulary of a few 100k merges is tens of MB
-
-
-def eval_key(name: str) -> str:
-    return f"eval/{name}.json"
-
 
 EvalTasksConfig = EvalConfig  # the `eval:` section of the run config
 
@@ -84,70 +68,43 @@ def perplexity(loss: float) -> float:
 
 
 # --- models in the store -------------------------------------------------------------------------------------
-def model_from_payload(layout: Layout, blob: bytes, *, run_id: str, key: str) -> tuple[GPT, dict[str, Any]]:
-    """A model from any payload that holds every parameter, named `name` or `param/name`."""
-    payload = wire.unpack(blob, expect={"run_id": run_id})
-    model = build_model(layout)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            t = payload.tensors.get(n, payload.tensors.get(f"param/{n}"))
-            if t is None or t.shape != p.shape:
-                raise wire.PayloadError("wrong_shape", f"{key} is missing or mis-shapes parameter {n}")
-            p.copy_(t.float())
-    return model, payload.meta
+MODEL_SPECS = "final, latest, sft, round:N, learner:ID or a payload key"
 
 
-def versions_after_round(store: Store, round_: int, num_fragments: int) -> list[int]:
+def versions_after_round(records: list[dict[str, Any]], round_: int, num_fragments: int) -> list[int]:
     """Global version of every fragment right after round `round_` merged (0 for fragments not yet merged)."""
     versions = [0] * num_fragments
-    for rec in (store.get_json(k) for k in store.list("syncer/rounds/")):
+    for rec in records:
         if rec["round"] <= round_:
             versions[rec["fragment_id"]] = max(versions[rec["fragment_id"]], rec["version"])
     return versions
 
 
-def model_at_versions(store: Store, run_id: str, layout: Layout, versions: list[int]) -> GPT:
-    model = build_model(layout)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for frag, v in zip(layout.fragments, versions, strict=True):
-            for n, t in read_global(store, run_id, layout, frag.fragment_id, v).items():
-                params[n].copy_(t)
-    return model
-
-
-def load_model(store: Store, spec: str, run_id: str, layout: Layout) -> tuple[GPT, dict[str, Any]]:
+def load_model(root: RunRoot, spec: str, layout: Layout) -> tuple[GPT, dict[str, Any]]:
     """(model, description) for `final`, `latest`, `sft`, `round:N`, `learner:ID` or a payload key."""
     if spec == "final":
-        return load_final_model(store, run_id, layout), {"model": "final", "key": keys.FINAL_MODEL}
+        return root.final_model(layout), {"model": "final", "key": keys.FINAL_MODEL}
     if spec == "latest":
-        model, versions = load_latest_model(store, run_id, layout)
-        return model, {"model": "latest", "versions": versions}
+        versions = root.latest_versions(layout)
+        return root.model_at_versions(layout, versions), {"model": "latest", "versions": versions}
     if spec.startswith(("round:", "learner:")) and not spec.split(":", 1)[1].isdigit():
-        raise ValueError(f"bad model {spec!r}: use final, latest, sft, round:N, learner:ID or a payload key")
+        raise ValueError(f"bad model {spec!r}: use {MODEL_SPECS}")
     if spec.startswith("round:"):
-        versions = versions_after_round(store, int(spec.split(":", 1)[1]), layout.num_fragments)
-        return model_at_versions(store, run_id, layout, versions), {"model": spec, "versions": versions}
+        records = read_round_records(root.store)
+        versions = versions_after_round(records, int(spec.split(":", 1)[1]), layout.num_fragments)
+        return root.model_at_versions(layout, versions), {"model": spec, "versions": versions}
     if spec == "sft":
-        key = SFT_MODEL
+        key = keys.SFT_MODEL
     elif spec.startswith("learner:"):
-        pointer = store.get_json_or_none(keys.ckpt_latest_key(int(spec.split(":", 1)[1])))
-        if pointer is None:
-            raise NotFound(f"learner {spec.split(':', 1)[1]} has no checkpoint in {store.url}")
-        key = pointer["key"]
+        key = root.learner_checkpoint_key(int(spec.split(":", 1)[1]))
     else:
         key = spec
     try:
-        blob = store.get(key, max_bytes=MAX_FRAGMENT_BYTES * 4)
+        model, meta = root.payload_model(key, layout)
     except NotFound:
         hint = "; run `ddiloco sft` first" if spec == "sft" else ""
-        raise NotFound(f"no checkpoint at {store.url}/{key}{hint}") from None
-    model, meta = model_from_payload(layout, blob, run_id=run_id, key=key)
+        raise NotFound(f"no checkpoint at {root.url}/{key}{hint}") from None
     return model, {"model": spec, "key": key, "kind": meta.get("kind")}
-
-
-def load_tokenizer(store: Store) -> Tokenizer:
-    return tokenizer_from_json(store.get(keys.TOKENIZER, max_bytes=MAX_TOKENIZER_BYTES).decode())
 
 
 # --- tasks ---------------------------------------------------------------------------------------------------
@@ -166,11 +123,11 @@ def split_documents(tokens: torch.Tensor, eos_id: int) -> list[list[int]]:
 
 
 def build_tasks(
-    store: Store, cfg: Any, tokenizer: Tokenizer, val: torch.Tensor, ecfg: EvalTasksConfig
+    root: RunRoot, cfg: Any, tokenizer: Tokenizer, val: torch.Tensor, ecfg: EvalTasksConfig
 ) -> dict[str, list[TaskItem]]:
     """The run's task suite: the synthetic world's probes, or cloze items from the validation text."""
     seed = cfg.seed if ecfg.seed is None else ecfg.seed
-    meta = store.get_json_or_none(keys.DATA_META) or {}
+    meta = root.data_meta() or {}
     if cfg.data.source == "synthetic":
         world = make_world(meta.get("world_seed", cfg.seed), n_entities=cfg.data.synthetic_entities)
         tasks = synthetic_tasks(world, seed, ecfg.items_per_task)
@@ -211,20 +168,18 @@ def evaluate_model(
 
 
 def evaluate_checkpoint(
-    store: Store, spec: str = "final", *, name: str | None = None, ecfg: EvalTasksConfig | None = None
+    root: RunRoot, spec: str = "final", *, name: str | None = None, ecfg: EvalTasksConfig | None = None
 ) -> dict[str, Any]:
-    """Evaluate one checkpoint of the run at `store` and write the result to eval/{name}.json."""
-    from ddiloco.prepare import load_run_config, load_tokens
-
+    """Evaluate one checkpoint of the run and write the result to eval/{name}.json."""
     ecfg = ecfg or EvalTasksConfig()
     t0 = time.monotonic()
-    cfg = load_run_config(store)
-    layout = read_layout(store)
-    tokenizer = load_tokenizer(store)
-    val = load_tokens(store, keys.VAL, cfg.run_id)
-    model, info = load_model(store, spec, cfg.run_id, layout)
+    cfg = root.config()
+    layout = root.layout()
+    tokenizer = root.tokenizer()
+    val = root.val()
+    model, info = load_model(root, spec, layout)
     model.to(resolve_device(ecfg.device))
-    tasks = build_tasks(store, cfg, tokenizer, val, ecfg)
+    tasks = build_tasks(root, cfg, tokenizer, val, ecfg)
     result = {
         "run_id": cfg.run_id,
         **info,
@@ -233,7 +188,7 @@ def evaluate_checkpoint(
         "seconds": time.monotonic() - t0,
     }
     name = name or spec.replace(":", "-").replace("/", "_")
-    store.put_json(eval_key(name), result)
+    root.write_eval_result(name, result)
     log.info(
         "evaluated %s: val loss %.4f, %s (%.1fs)",
         spec,
@@ -268,27 +223,25 @@ def curve_points(records: list[dict[str, Any]], num_fragments: int, points: int)
 
 
 def global_loss_curve(
-    store: Store, points: int = 8, *, records: list[dict[str, Any]] | None = None, refresh: bool = False
+    root: RunRoot, points: int = 8, *, records: list[dict[str, Any]] | None = None, refresh: bool = False
 ) -> list[dict[str, Any]]:
     """Validation loss of the global model at `points` moments of the run; cached at eval/curve.json and
     recomputed when more rounds have merged since (a report of a running run) or with refresh."""
-    from ddiloco.prepare import load_run_config, load_tokens
-
     if records is None:
-        records = [store.get_json(k) for k in store.list("syncer/rounds/")]
-    cached = None if refresh else store.get_json_or_none(EVAL_CURVE, max_bytes=16 << 20)
+        records = read_round_records(root.store)
+    cached = None if refresh else root.document(keys.EVAL_CURVE)
     if (
         cached is not None
         and cached.get("points_requested") == points
         and cached.get("rounds") == len(records)
     ):
         return cached["points"]
-    cfg = load_run_config(store)
-    layout = read_layout(store)
-    val = load_tokens(store, keys.VAL, cfg.run_id)
+    cfg = root.config()
+    layout = root.layout()
+    val = root.val()
     snaps = curve_points(records, layout.num_fragments, max(points, 2))
     for snap in snaps:
-        model = model_at_versions(store, cfg.run_id, layout, snap["versions"])
+        model = root.model_at_versions(layout, snap["versions"])
         snap["val_loss"] = validation_loss(
             model,
             val,
@@ -296,5 +249,7 @@ def global_loss_curve(
             seq_len=cfg.model.seq_len,
             max_batches=cfg.eval.val_batches,
         )
-    store.put_json(EVAL_CURVE, {"points_requested": points, "rounds": len(records), "points": snaps})
+    root.write_document(
+        keys.EVAL_CURVE, {"points_requested": points, "rounds": len(records), "points": snaps}
+    )
     return snaps

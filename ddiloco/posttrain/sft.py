@@ -20,7 +20,9 @@ Design choices:
   (ignored by `GPT.forward`), so only the response and its closing <eos> are learned.
 - AdamW with linear warm-up and cosine decay to 10%; batches of random examples padded to the batch's
   longest, pad targets -100. One process, CUDA when present.
-- The result is a payload `sft/model.safetensors` (kind "sft") and `sft/meta.json` with the metrics.
+- The result is a payload `sft/model.safetensors` (kind "sft", signed with the run key like every other
+  model of the run) and `sft/meta.json` with the metrics. The base model and the replay shard are read
+  through the `RunRoot`, so with the run key they must verify.
 """
 
 from __future__ import annotations
@@ -36,12 +38,10 @@ from typing import Any
 
 import torch
 
-from ddiloco import keys
 from ddiloco.config import SFTConfig
 from ddiloco.data import iter_jsonl
-from ddiloco.globalmodel import read_layout
 from ddiloco.model import GPT, IGNORE_INDEX, configure_optimizer
-from ddiloco.posttrain.evaluate import SFT_META, SFT_MODEL, load_model, load_tokenizer, resolve_device
+from ddiloco.posttrain.evaluate import load_model, resolve_device
 from ddiloco.posttrain.tasks import (
     TaskItem,
     agreement_problem,
@@ -49,8 +49,7 @@ from ddiloco.posttrain.tasks import (
     evaluate_tasks,
     random_word,
 )
-from ddiloco.protocol import wire
-from ddiloco.store import Store
+from ddiloco.run import RunRoot
 from ddiloco.synthetic import SyntheticWorld, make_world
 from ddiloco.tokenizer import Tokenizer
 
@@ -235,33 +234,31 @@ def _accuracy(model: GPT, tokenizer: Tokenizer, test: dict[str, list[TaskItem]])
     return acc
 
 
-def run_sft(store: Store, scfg: SFTConfig | None = None) -> dict[str, Any]:
-    """Fine-tune `scfg.base` of the run at `store`, write sft/model.safetensors + sft/meta.json, return metrics."""
-    from ddiloco.prepare import load_run_config, load_tokens
-
+def run_sft(root: RunRoot, scfg: SFTConfig | None = None) -> dict[str, Any]:
+    """Fine-tune `scfg.base` of the run, write sft/model.safetensors (signed) + sft/meta.json, return metrics."""
     scfg = scfg or SFTConfig()
     t0 = time.monotonic()
-    cfg = load_run_config(store)
+    cfg = root.config()
     seed = cfg.seed if scfg.seed is None else scfg.seed
-    layout = read_layout(store)
-    tokenizer = load_tokenizer(store)
+    layout = root.layout()
+    tokenizer = root.tokenizer()
     if scfg.data is not None:
         keyed = read_jsonl_pairs(scfg.data)
     elif cfg.data.source == "synthetic":
-        meta = store.get_json_or_none(keys.DATA_META) or {}
+        meta = root.data_meta() or {}
         world = make_world(meta.get("world_seed", cfg.seed), n_entities=cfg.data.synthetic_entities)
         keyed = synthetic_instructions(world, seed, scfg.items_per_kind)
     else:
         raise ValueError("this run trained on a user corpus: pass an instruction JSONL file with --data")
     train, test = split_items(keyed, seed, scfg.heldout_fraction, scfg.eval_items)
-    model, info = load_model(store, scfg.base, cfg.run_id, layout)
+    model, info = load_model(root, scfg.base, layout)
     model.to(resolve_device(scfg.device))
     heldout = [it for items in test.values() for it in items]
     before, loss_before = _accuracy(model, tokenizer, test), response_loss(model, tokenizer, heldout)
     t_train = time.monotonic()
     replay = None
     if scfg.replay_fraction > 0:
-        replay = load_tokens(store, keys.shard_key(0), cfg.run_id)
+        replay = root.shard(0)
     losses = train_sft(model, tokenizer, train, scfg, seed, replay)
     train_seconds = time.monotonic() - t_train
     after, loss_after = _accuracy(model, tokenizer, test), response_loss(model, tokenizer, heldout)
@@ -287,15 +284,15 @@ def run_sft(store: Store, scfg: SFTConfig | None = None) -> dict[str, Any]:
         "config": asdict(scfg),
         "device": str(next(model.parameters()).device),
     }
-    state = {n: p.detach().float().cpu() for n, p in model.named_parameters()}
-    store.put(
-        SFT_MODEL,
-        wire.pack(state, {"run_id": cfg.run_id, "kind": "sft", "base": scfg.base, "steps": scfg.steps}),
-    )
+    root.write_sft_model(model, {"base": scfg.base, "steps": scfg.steps})
     metrics["seconds"] = time.monotonic() - t0
-    store.put_json(SFT_META, metrics)
+    root.write_sft_meta(metrics)
     log.info(
         "sft: %d steps on %d items in %.1fs; held-out instruction accuracy %.2f -> %.2f",
-        scfg.steps, len(train), train_seconds, before["all"], after["all"],
-    )  # fmt: skip
+        scfg.steps,
+        len(train),
+        train_seconds,
+        before["all"],
+        after["all"],
+    )
     return metrics

@@ -1,8 +1,9 @@
 """After pre-training: evaluate the final model, fine-tune it (SFT), evaluate the result.
 
-`posttrain(store)` is what `ddiloco run` calls once the syncer is done; it returns the fields that go into
+`posttrain(root)` is what `ddiloco run` calls once the syncer is done; it returns the fields that go into
 summary.json. Each stage also leaves its own JSON in the store (eval/final.json, sft/meta.json,
-eval/sft.json), so the KFP evaluate / sft components and the report read the same numbers.
+eval/sft.json), so the KFP evaluate / sft components and the report read the same numbers. The `RunRoot`
+carries the run key: every model read is verified and the fine-tuned model is signed.
 """
 
 from __future__ import annotations
@@ -13,18 +14,25 @@ from typing import Any
 
 from ddiloco.posttrain.evaluate import EvalTasksConfig, evaluate_checkpoint
 from ddiloco.posttrain.sft import SFTConfig, run_sft
-from ddiloco.store import Store
+from ddiloco.run import RunRoot
 
 log = logging.getLogger(__name__)
 
 SFT_SUMMARY_KEYS = (
-    "steps", "train_items", "heldout_items", "heldout_split", "train_seconds", "final_loss",
-    "heldout_response_loss_before", "heldout_response_loss_after", "device",
-)  # fmt: skip
+    "steps",
+    "train_items",
+    "heldout_items",
+    "heldout_split",
+    "train_seconds",
+    "final_loss",
+    "heldout_response_loss_before",
+    "heldout_response_loss_after",
+    "device",
+)
 
 
 def posttrain(
-    store: Store,
+    root: RunRoot,
     *,
     eval_cfg: EvalTasksConfig | None = None,
     sft_cfg: SFTConfig | None = None,
@@ -37,15 +45,15 @@ def posttrain(
     t0 = time.monotonic()
     sft_cfg = sft_cfg or SFTConfig()
     name = "final" if sft_cfg.base == "final" else None
-    pre = evaluate_checkpoint(store, sft_cfg.base, name=name, ecfg=eval_cfg)
+    pre = evaluate_checkpoint(root, sft_cfg.base, name=name, ecfg=eval_cfg)
     if skip_sft:
         fields = summary_fields(pre, None, None)
     else:
-        sft = run_sft(store, sft_cfg)
-        post = evaluate_checkpoint(store, "sft", name="sft", ecfg=eval_cfg)
+        sft = run_sft(root, sft_cfg)
+        post = evaluate_checkpoint(root, "sft", name="sft", ecfg=eval_cfg)
         fields = summary_fields(pre, sft, post)
     fields["posttrain_seconds"] = time.monotonic() - t0
-    log.info("post-training of %s done in %.1fs", store.url, fields["posttrain_seconds"])
+    log.info("post-training of %s done in %.1fs", root.url, fields["posttrain_seconds"])
     return fields
 
 

@@ -21,15 +21,16 @@ from collections import Counter
 from typing import Any
 
 from ddiloco import chiptime, keys
-from ddiloco.store import Store
+from ddiloco.protocol import messages
+from ddiloco.store.base import Store
 
 
 def read_reports(store: Store) -> list[dict[str, Any]]:
-    return [store.get_json(k) for k in store.list("learners/") if k.endswith("/report.json")]
+    return [store.get_json(k) for k in store.list(keys.LEARNERS) if keys.is_report_key(k)]
 
 
 def read_round_records(store: Store) -> list[dict[str, Any]]:
-    return [store.get_json(k) for k in store.list("syncer/rounds/")]
+    return [store.get_json(k) for k in store.list(keys.ROUNDS)]
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -44,7 +45,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     done = store.get_json_or_none(keys.DONE)
     events = store.get_json_or_none(keys.LAUNCHER_EVENTS) or {}
     reports = read_reports(store)
-    fired = [store.get_json(k) for k in store.list("chaos/") if k.endswith(".json")]
+    fired = [store.get_json(k) for k in store.list(keys.CHAOS) if k.endswith(".json")]
     chaos_events = sorted(events.get("chaos_events", []) + fired, key=lambda e: e.get("time_s", 0.0))
     records = read_round_records(store)
     P = len(layout["fragments"])
@@ -57,7 +58,6 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     per_learner: dict[str, dict[str, Any]] = {}
     by_site: dict[str, dict[str, Any]] = {}  # site -> merged (fragment-tokens), processed, learner ids
     for rep in reports:
-        contributor = keys.contributor(rep["learner_id"], rep["incarnation"])
         site = by_site.setdefault(
             str(rep.get("site") or "local"), {"merged": 0, "processed": 0, "ids": set()}
         )
@@ -71,8 +71,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
             pend = f.get("pending")
             credited = 0
             if pend is not None:
-                rec = by_round.get(pend["round"])
-                if rec is not None and contributor in rec["contributors"]:
+                if messages.credited(by_round.get(pend["round"]), rep["learner_id"], rep["incarnation"]):
                     credited = pend["tokens"]
                     m_sec += pend["seconds"]
             m_tok += credited

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddiloco.config import ConfigError
+from ddiloco.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

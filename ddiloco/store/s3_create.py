@@ -33,15 +33,12 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from minio import Minio
 from minio.error import InvalidResponseError, S3Error
 
 from ddiloco.store.base import AtomicCreateUnsupported, StoreConfigError, StoreError, StoreUnavailable
-
-if TYPE_CHECKING:
-    from ddiloco.store.s3 import _Connection
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +77,20 @@ class CreateSupport:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
+class CreateConnection(Protocol):
+    """What creating needs of an S3Store's connection (s3.py's `_Connection` has it): declared here, so this
+    module does not import s3.py, which imports it."""
+
+    client: Minio
+    bucket: str
+    root_prefix: str
+    create: CreateSupport
+
+
 class S3CreateMixin:
     """`_create` for S3Store; uses its connection, retry wrapper (`_call`) and raw operations."""
 
-    _conn: _Connection
+    _conn: CreateConnection
     url: str
 
     if TYPE_CHECKING:

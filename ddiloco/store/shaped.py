@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ddiloco.errors import ConfigError
 from ddiloco.store.base import Store
 from ddiloco.store.wrapped import DelegatingStore
 
@@ -143,8 +144,6 @@ class LinkConfig:
     """Added one-way latency, e.g. 50ms (each store request pays a round trip); null: none."""
 
     def validate(self) -> None:
-        from ddiloco.config import ConfigError  # config.py imports this module
-
         try:
             Link.parse(self.bandwidth, self.latency)
         except ValueError as e:

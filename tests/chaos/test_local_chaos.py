@@ -6,7 +6,7 @@ from ddiloco import keys
 from ddiloco.globalmodel import latest_version
 from ddiloco.launch import LocalRun
 from ddiloco.protocol import wire
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import torch
 from ddiloco.learner.accel import HostCopier
 from ddiloco.learner.loop import Learner
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
 pytestmark = [
@@ -31,7 +31,7 @@ def _store(name: str, *overrides: str):
 
 def _losses(store, device: str, steps: int = STEPS) -> tuple[list[float], Learner]:
     """Per-step losses of a fresh learner (no syncer: inner steps only)."""
-    learner = Learner(store, 0, device=device)
+    learner = Learner.open(store, 0, device=device)
     learner.start()
     out = [learner.step() for _ in range(steps)]
     learner._finish("max_steps")
@@ -84,12 +84,12 @@ def test_snapshots_see_their_step_boundary_and_never_later_writes():
 
 def test_restart_from_a_checkpoint_with_fused_adamw_on_cuda():
     store = _store("gpu-ckpt", "train.checkpoint_every_s=0", "train.precision=fp32")
-    first = Learner(store, 0, device="cuda")
+    first = Learner.open(store, 0, device="cuda")
     first.start()
     for _ in range(4):
         first.tick()
     first._finish("max_steps")
-    second = Learner(store, 0, device="cuda")
+    second = Learner.open(store, 0, device="cuda")
     second.start()
     assert second.inner_step > 0  # restored
     steps = [s["step"] for s in second.opt.state.values()]

@@ -11,7 +11,10 @@ import pytest
 from ddiloco import keys
 from ddiloco.posttrain.evaluate import EvalTasksConfig
 from ddiloco.posttrain.sft import SFTConfig
-from ddiloco.store import Store, open_store
+from ddiloco.protocol import signing
+from ddiloco.run import RunRoot
+from ddiloco.store.base import Store
+from ddiloco.store.url import open_store
 
 # Long enough that the tiny model has learned something (val loss ~1.3), short enough for ~15 s per run.
 RUN_OVERRIDES = ("diloco.token_budget=150000", "model.seq_len=64")
@@ -26,6 +29,8 @@ class PosttrainedRuns:
     """K = 1 of M = 2, post-trained (evaluate -> SFT -> evaluate), summary.json updated, report written."""
     km: Store
     """K = M = 2, training only."""
+    roots: dict[str, RunRoot]
+    """"k1" / "km" as RunRoots holding their run key (`ddiloco run` keeps it in {workdir}/{run_id}.key)."""
     fields: dict[str, Any]
     """What posttrain() returned for k1."""
     report: dict[str, Any]
@@ -43,9 +48,13 @@ def posttrained_runs(tmp_path_factory: pytest.TempPathFactory) -> PosttrainedRun
     for run_id, extra in (("k1", ()), ("km", ("diloco.quorum=2", "diloco.token_budget=40000"))):
         LocalRun(tiny_config(run_id, *RUN_OVERRIDES, *extra), root).run(timeout=240)
     k1, km = open_store(str(root / "k1")), open_store(str(root / "km"))
-    fields = posttrain(k1, eval_cfg=TEST_EVAL, sft_cfg=TEST_SFT)
+    roots = {
+        name: RunRoot.open(store, signing.parse_key((root / f"{name}.key").read_text()), role="test")
+        for name, store in (("k1", k1), ("km", km))
+    }
+    fields = posttrain(roots["k1"], eval_cfg=TEST_EVAL, sft_cfg=TEST_SFT)
     k1.put_json(
         keys.SUMMARY, {**k1.get_json(keys.SUMMARY), **fields}
     )  # what `ddiloco run` does after training
     report = write_reports(k1, root / "report-k1", curve_points=TEST_EVAL.curve_points)
-    return PosttrainedRuns(root=root, k1=k1, km=km, fields=fields, report=report)
+    return PosttrainedRuns(root=root, k1=k1, km=km, roots=roots, fields=fields, report=report)

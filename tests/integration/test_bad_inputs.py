@@ -20,12 +20,14 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.globalmodel import load_final_model, publish_global, read_layout
+from ddiloco.globalmodel import publish_global, read_layout
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import signing, wire
-from ddiloco.store import Store, open_store
+from ddiloco.run import RunRoot
+from ddiloco.store.base import Store
+from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config
 
@@ -75,7 +77,7 @@ def start(name: str, *overrides: str, robust=None, learners: int = 2) -> Run:
     prepare(store, tiny_config(name, *DETERMINISTIC, *overrides), secret=SECRET)
     now = [0.0]
     syncer = Syncer(store, poll_s=0, clock=lambda: now[0], secret=SECRET, robust_clip=robust)
-    r = Run(name, store, syncer, [Learner(store, i, secret=SECRET) for i in range(learners)], now=now)
+    r = Run(name, store, syncer, [Learner.open(store, i, secret=SECRET) for i in range(learners)], now=now)
     for learner in r.learners:
         learner.pool.shutdown()
         learner.pool = Inline()
@@ -114,7 +116,7 @@ def run(
             after(r, max(opened, default=-1))
     else:
         raise AssertionError("the run did not finish")
-    model = load_final_model(r.store, name, read_layout(r.store), key=r.key)
+    model = RunRoot(r.store, name, r.key).final_model(read_layout(r.store))
     r.final = {n: p.detach().clone() for n, p in model.named_parameters()}
     return r
 
@@ -175,7 +177,7 @@ def reference() -> tuple[Run, bytes]:
             captured["blob"] = r.store.get(key)
 
     ref = run("inj-ref", after=grab)
-    assert ref.syncer.rejected == Counter() and ref.syncer.clipped == Counter()
+    assert ref.syncer.intake.rejected == Counter() and ref.syncer.books.clipped == Counter()
     return ref, captured["blob"]
 
 
@@ -234,7 +236,7 @@ def test_injected_objects_are_counted_by_reason_and_change_nothing(reference):
     assert_bitwise_equal(live.final, ref.final)
     expected = Counter(reason for objs in injected.values() for reason in objs.values())
     expected["replay"] += 1  # the copy under its own merged round, found by the sweep after the next merge
-    assert live.syncer.rejected == expected
+    assert live.syncer.intake.rejected == expected
     for s, objs in injected.items():  # each object under its own reason, in its round's record
         assert live.store.get_json(keys.round_record_key(s))["rejected"] == objs
     summary = build_summary(live.store)
@@ -250,7 +252,10 @@ def test_injected_objects_are_counted_by_reason_and_change_nothing(reference):
     told = {(n["learner_id"], n["reason"]) for n in live.store.get_json(keys.STATUS)["rejections"]}
     assert told == {(95, "non_finite"), (96, "wrong_shape"), (98, "bad_codec"), (99, "bad_counters"),
                     (100, "future_steps"), (101, "bad_base")}  # fmt: skip
-    assert all(not learner.rejected_updates and not learner.rejected_globals for learner in live.learners)
+    assert all(
+        not learner.exchange.rejected_updates and not learner.feed.rejected_globals
+        for learner in live.learners
+    )
 
 
 def test_the_equality_check_has_teeth(reference):
@@ -262,7 +267,7 @@ def test_the_equality_check_has_teeth(reference):
             put(r, s, "095-0000.safetensors", fake_update(r, s, 95))
 
     control = run("inj-control", before=before)
-    assert control.syncer.rejected == Counter()
+    assert control.syncer.intake.rejected == Counter()
     assert not all(torch.equal(control.final[n], ref.final[n]) for n in ref.final)
 
 
@@ -293,7 +298,9 @@ def test_robust_mode_clips_a_ten_times_outlier(reference):
     without robust mode is ≥ 4× further again (measured ~6.7×; ~0.55 of the training distance).
     """
     ref, _ = reference
-    init = {n: p.detach().clone() for n, p in Learner(ref.store, 50, secret=SECRET).model.named_parameters()}
+    init = {
+        n: p.detach().clone() for n, p in Learner.open(ref.store, 50, secret=SECRET).model.named_parameters()
+    }
     rounds = (4, 9, 14)
 
     clean = run("rob-clean", robust=2.0)
@@ -302,8 +309,9 @@ def test_robust_mode_clips_a_ten_times_outlier(reference):
     robust = run("rob-live", after=copies_of_learner0(10.0, rounds), robust=2.0)
     control = run("rob-control", after=copies_of_learner0(10.0, rounds))
 
-    assert honest.syncer.clipped == Counter() and control.syncer.clipped == Counter()
-    assert robust.syncer.clipped == Counter(norm_outlier=len(rounds)) and robust.syncer.rejected == Counter()
+    assert honest.syncer.books.clipped == Counter() and control.syncer.books.clipped == Counter()
+    assert robust.syncer.books.clipped == Counter(norm_outlier=len(rounds))
+    assert robust.syncer.intake.rejected == Counter()
     for s in rounds:
         (factor,) = robust.store.get_json(keys.round_record_key(s))["clipped"].values()
         assert 0.15 < factor < 0.25  # 10× the median cut to 2×
@@ -327,7 +335,7 @@ def test_junk_filed_under_a_learners_name_does_not_block_its_answer():
     for _ in range(3):  # looked at again once a second, counted once: the bytes did not change
         r.now[0] += 1.0
         r.syncer.step()
-    assert r.syncer.rejected == Counter(malformed=1)
+    assert r.syncer.intake.rejected == Counter(malformed=1)
     tick(r)  # one step (a learner answers once it has stepped) ...
     tick(r)  # ... then its answer replaces the junk
     for _ in range(2):  # read and accepted, then merged
@@ -337,7 +345,7 @@ def test_junk_filed_under_a_learners_name_does_not_block_its_answer():
     assert list(rec["contributors"]) == ["0-0"] and rec["rejected"] == {"000-0000.safetensors": "malformed"}
     assert r.store.get_json(keys.STATUS)["rejections"] == []  # junk is nobody's: no learner is told
     tick(r)
-    assert r.learners[0].rejected_updates == Counter()
+    assert r.learners[0].exchange.rejected_updates == Counter()
 
 
 def test_a_learner_is_told_when_its_answer_is_rejected_and_its_tokens_stay_outstanding():
@@ -350,25 +358,27 @@ def test_a_learner_is_told_when_its_answer_is_rejected_and_its_tokens_stay_outst
             break
         tick(r)
         told = {n["round"] for n in bad.poller.latest["rejections"] if n["learner_id"] == 0}
-        assert not any(fs.pending and fs.pending["round"] in told for fs in bad.frags)  # dropped once told
+        assert not any(fs.pending and fs.pending.round in told for fs in bad.ledger)  # dropped once told
     for learner in r.learners:
         learner.poller.poll_once()
         learner.tick()
         learner._finish("done")
-    assert r.syncer.rejected["bad_codec"] == bad.rounds_answered > 0
-    assert bad.rejected_updates == Counter(bad_codec=bad.rounds_answered)
-    assert r.learners[1].rejected_updates == Counter()
+    assert r.syncer.intake.rejected["bad_codec"] == bad.exchange.rounds_answered > 0
+    assert bad.exchange.rejected_updates == Counter(bad_codec=bad.exchange.rounds_answered)
+    assert r.learners[1].exchange.rejected_updates == Counter()
     report = r.store.get_json(keys.report_key(0, 0))
-    assert report["rejected_updates"] == {"bad_codec": bad.rounds_answered}
+    assert report["rejected_updates"] == {"bad_codec": bad.exchange.rounds_answered}
     assert sum(f["merged_tokens"] for f in report["fragments"].values()) == 0
     assert (
         bad.registry.get_sample_value(
             "ddiloco_learner_rejected_total", {"learner_id": "0", "kind": "update", "reason": "bad_codec"}
         )
-        == bad.rounds_answered
+        == bad.exchange.rounds_answered
     )
     summary = build_summary(r.store)
-    assert summary["ledger_balanced"] and summary["rejected_updates"] == {"bad_codec": bad.rounds_answered}
+    assert summary["ledger_balanced"] and summary["rejected_updates"] == {
+        "bad_codec": bad.exchange.rounds_answered
+    }
 
 
 def _forge_global(r: Run, p: int, version: int, key=None) -> None:
@@ -389,8 +399,8 @@ def test_a_learner_skips_a_global_version_that_fails_verification_and_keeps_trai
     before = {n: t.clone() for n, t in learner.params.items()}
     for _ in range(3):
         tick(r)  # the forged version is tried once, refused, never retried
-    assert learner.inner_step == steps + 3 and learner.frags[0].anchor == 0
-    assert learner.rejected_globals == Counter(unsigned=1)
+    assert learner.inner_step == steps + 3 and learner.ledger[0].anchor == 0
+    assert learner.feed.rejected_globals == Counter(unsigned=1)
     assert not any(
         torch.equal(learner.params[n], torch.zeros_like(t)) for n, t in before.items() if t.numel() > 1
     )
@@ -401,10 +411,10 @@ def test_a_learner_skips_a_global_version_that_fails_verification_and_keeps_trai
 def test_roles_start_from_the_newest_version_that_verifies():
     r = start("bad-latest", learners=0)
     _forge_global(r, 1, 1, key=signing.for_run(b"\x02" * 32, "bad-latest"))  # signed, with another key
-    learner = Learner(r.store, 0, secret=SECRET)
+    learner = Learner.open(r.store, 0, secret=SECRET)
     learner.start()
-    assert [fs.anchor for fs in learner.frags] == [0, 0]
-    assert learner.rejected_globals == Counter(bad_signature=1)
+    assert [fs.anchor for fs in learner.ledger] == [0, 0]
+    assert learner.feed.rejected_globals == Counter(bad_signature=1)
     assert Syncer(r.store, secret=SECRET).versions == [0, 0]  # a restarted syncer does not adopt it
     learner._finish("max_steps")
 
@@ -418,14 +428,14 @@ def test_a_tampered_checkpoint_is_not_loaded():
         tick(r)
     meta = {"run_id": r.name, "cursor": a.loader.state_dict(), "incarnation": 0}
     save_learner_checkpoint(r.store, 0, a.inner_step, a.model, a.opt, meta)  # unsigned: not by this run
-    b = Learner(r.store, 0, secret=SECRET)
+    b = Learner.open(r.store, 0, secret=SECRET)
     b.start()
     assert b.inner_step == 0 and not b.opt.state  # fresh, from the current globals
     b._finish("max_steps")
 
 
 def test_prepare_refuses_a_store_prepared_with_another_secret():
-    from ddiloco.config import ConfigError
+    from ddiloco.errors import ConfigError
 
     r = start("bad-secret", learners=0)
     cfg = tiny_config("bad-secret", *DETERMINISTIC)

@@ -12,12 +12,12 @@ import pytest
 from ddiloco import keys
 from ddiloco.launch import LocalRun
 from ddiloco.learner.loop import Learner
-from ddiloco.posttrain.report import flat_metrics, site_rows
+from ddiloco.posttrain.report_data import flat_metrics, site_rows
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import signing
-from ddiloco.store import open_store
 from ddiloco.store.shaped import Link, shape
+from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
 
@@ -34,7 +34,7 @@ def _inner_steps_in(seconds: float, link: Link | None):
     thread = threading.Thread(target=syncer.run, kwargs={"max_seconds": seconds + 20}, daemon=True)
     thread.start()
     shaped = shape(store, link)
-    learner = Learner(shaped, 0)
+    learner = Learner.open(shaped, 0)
     learner.start()  # start-up reads (globals, shard) do go over the link, on this thread
     before = shaped.link_stats.snapshot() if link else None
     steps, t0 = 0, time.monotonic()
@@ -54,10 +54,10 @@ def test_a_1mbit_link_does_not_block_inner_steps():
     # The link really was slow and carried the answers: seconds of shaping, all of it off the main thread.
     assert after["seconds"] - before["seconds"] > 2.0, after
     assert after["main_thread_seconds"] == before["main_thread_seconds"], (before, after)
-    assert slow_learner.rounds_answered >= 2 and slow_learner.bytes_up > 0
+    assert slow_learner.exchange.rounds_answered >= 2 and slow_learner.exchange.bytes_up > 0
     # Inner steps go on at about the same rate (generous: the machine is shared and noisy).
     assert slow >= 0.5 * free, (slow, free)
-    assert free_learner.rounds_answered >= slow_learner.rounds_answered
+    assert free_learner.exchange.rounds_answered >= slow_learner.exchange.rounds_answered
 
 
 def test_summary_report_and_metrics_break_merged_tokens_down_by_site():
@@ -65,7 +65,7 @@ def test_summary_report_and_metrics_break_merged_tokens_down_by_site():
     store = open_store(f"memory://{name}")
     prepare(store, tiny_config(name))
     syncer = Syncer(store, poll_s=0)
-    learners = [Learner(store, 0, site="dc1"), Learner(store, 1, site="eu-west")]
+    learners = [Learner.open(store, 0, site="dc1"), Learner.open(store, 1, site="eu-west")]
     for learner in learners:
         learner.start()
     drive(syncer, learners)

@@ -25,9 +25,10 @@ from ddiloco.learner.accel import inner_step, lr_at
 from ddiloco.learner.loop import Learner
 from ddiloco.model import configure_optimizer, init_model
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import load_tokens, prepare
+from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
-from ddiloco.store import open_store
+from ddiloco.run import RunRoot
+from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config
 
@@ -56,11 +57,11 @@ def _rank_main(rank: int, url: str | None, port: int, max_steps: int | None, out
             Path(f"{out}/rank{rank}.json").write_text("{}")
             return
         if rank == 0:
-            learner = Learner(open_store(url), 0, device="cpu", group=group)
+            learner = Learner.open(open_store(url), 0, device="cpu", group=group)
             reason = learner.run(max_steps=max_steps, wait_timeout=60)
             model, loader = learner.model, learner.loader
-            info = {"reason": reason, "steps": learner.inner_step, "tokens": learner.tokens_processed}
-            info["anchors"] = [f.anchor for f in learner.frags]
+            info = {"reason": reason, "steps": learner.inner_step, "tokens": learner.ledger.tokens_processed}
+            info["anchors"] = [f.anchor for f in learner.ledger]
         else:
             follower = ddp.Follower(group)  # no store: everything comes from rank 0
             assert follower.run() == 0
@@ -125,7 +126,7 @@ def test_two_ranks_match_one_process_on_the_concatenated_batch_then_merge_and_re
             for n, v in read_global(store, cfg.run_id, layout, p, 0).items():
                 dict(ref.named_parameters())[n].copy_(v)
     opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
-    tokens = load_tokens(store, keys.shard_key(0), cfg.run_id)
+    tokens = RunRoot(store, cfg.run_id).shard(0)
     b = ddp.slice_bounds(tokens.numel(), WORLD)
     loaders = [
         ShardLoader(tokens[b[r] : b[r + 1]], batch_size=B, seq_len=cfg.model.seq_len, seed=ddp.rank_seed(cfg.seed * 1000, r))

@@ -8,7 +8,7 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.launch import LocalRun
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
 pytestmark = pytest.mark.slow

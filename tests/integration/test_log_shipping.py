@@ -18,7 +18,7 @@ from ddiloco import keys, logship
 from ddiloco.cli.main import main
 from ddiloco.posttrain.summary import read_reports
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
 pytestmark = pytest.mark.slow

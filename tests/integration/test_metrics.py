@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 from ddiloco.learner.loop import Learner
 from ddiloco.metrics import serve
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
 
@@ -18,34 +18,36 @@ def test_registries_agree_with_the_books():
     cfg = tiny_config("metrics-books")
     prepare(store, cfg)
     syncer = Syncer(store, poll_s=0, registry=CollectorRegistry())
-    learners = [Learner(store, i, registry=CollectorRegistry()) for i in range(2)]
+    learners = [Learner.open(store, i, registry=CollectorRegistry()) for i in range(2)]
     for learner in learners:
         learner.start()
     drive(syncer, learners)
-    syncer.refresh_learners()  # the learners' final reports, as the next pass of the loop would read them
+    syncer.roster.refresh()  # the learners' final reports, as the next pass of the loop would read them
     get = syncer.registry.get_sample_value
     assert get("ddiloco_syncer_tokens_merged_total") == syncer.tokens_merged() >= cfg.diloco.token_budget
-    assert get("ddiloco_syncer_rounds_total", {"outcome": "merged"}) == syncer.rounds_merged
-    assert get("ddiloco_syncer_quorum_size_count") == syncer.rounds_merged
-    assert get("ddiloco_syncer_quorum_size_sum") == sum(led["merged_answers"] for led in syncer.ledger)
+    assert get("ddiloco_syncer_rounds_total", {"outcome": "merged"}) == syncer.books.rounds_merged
+    assert get("ddiloco_syncer_quorum_size_count") == syncer.books.rounds_merged
+    assert get("ddiloco_syncer_quorum_size_sum") == sum(f.ledger.merged_answers for f in syncer.fragments)
     for p, v in enumerate(syncer.versions):
         assert get("ddiloco_syncer_global_version", {"fragment": str(p)}) == v
         assert get("ddiloco_syncer_merges_total", {"fragment": str(p)}) == v
     assert get("ddiloco_syncer_token_budget") == cfg.diloco.token_budget
     assert 0.95 <= get("ddiloco_syncer_goodput") <= 1, "nothing failed: no learner time was lost"
-    processed = sum(learner.tokens_processed for learner in learners)
+    processed = sum(learner.ledger.tokens_processed for learner in learners)
     assert get("ddiloco_syncer_merged_token_share") == pytest.approx(syncer.tokens_merged() / processed)
     assert get("ddiloco_syncer_published_bytes_total") > 0
     for learner in learners:
         lget, lbl = learner.registry.get_sample_value, {"learner_id": str(learner.learner_id)}
         assert lget("ddiloco_learner_inner_steps_total", lbl) == learner.inner_step
-        assert lget("ddiloco_learner_tokens_total", lbl) == learner.tokens_processed
-        assert lget("ddiloco_learner_rounds_answered_total", lbl) == learner.rounds_answered > 0
-        assert lget("ddiloco_learner_uploaded_bytes_total", lbl) == learner.bytes_up > 0
+        assert lget("ddiloco_learner_tokens_total", lbl) == learner.ledger.tokens_processed
+        assert lget("ddiloco_learner_rounds_answered_total", lbl) == learner.exchange.rounds_answered > 0
+        assert lget("ddiloco_learner_uploaded_bytes_total", lbl) == learner.exchange.bytes_up > 0
         fates = lget("ddiloco_learner_merged_tokens_total", lbl) + lget(
             "ddiloco_learner_discarded_tokens_total", lbl
         )
-        assert abs(fates - learner.tokens_processed) < 1e-6, "every processed token is merged or discarded"
+        assert abs(fates - learner.ledger.tokens_processed) < 1e-6, (
+            "every processed token is merged or discarded"
+        )
         assert lget("ddiloco_learner_incarnation", lbl) == 0
         assert lget("ddiloco_learner_loss", lbl) == learner.loss
 

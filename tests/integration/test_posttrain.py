@@ -12,16 +12,8 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.cli.posttrain import register
-from ddiloco.posttrain.evaluate import (
-    EVAL_CURVE,
-    SFT_MODEL,
-    build_tasks,
-    eval_key,
-    evaluate_checkpoint,
-    load_tokenizer,
-)
-from ddiloco.posttrain.report import REPORT_HTML, REPORT_MD, REPORT_METRICS
-from ddiloco.prepare import load_run_config, load_tokens
+from ddiloco.keys import EVAL_CURVE, REPORT_HTML, REPORT_MD, REPORT_METRICS, SFT_MODEL, eval_key
+from ddiloco.posttrain.evaluate import build_tasks, evaluate_checkpoint
 from tests.integration.conftest import TEST_EVAL
 
 pytestmark = pytest.mark.slow
@@ -68,7 +60,7 @@ def test_results_are_in_summary_json_and_the_store(posttrained_runs):
 
 def test_evaluation_is_deterministic(posttrained_runs):
     store = posttrained_runs.k1
-    again = evaluate_checkpoint(store, "final", name="final-again", ecfg=TEST_EVAL)
+    again = evaluate_checkpoint(posttrained_runs.roots["k1"], "final", name="final-again", ecfg=TEST_EVAL)
     first = store.get_json(eval_key("final"))
     assert again["val_loss"] == first["val_loss"]
     assert again["task_accuracy"] == first["task_accuracy"]
@@ -152,11 +144,10 @@ def test_sft_cli_on_user_jsonl_then_evaluate_it(posttrained_runs, tmp_path):
 
 
 def test_user_corpus_runs_get_cloze_tasks_from_held_out_text(posttrained_runs):
-    store = posttrained_runs.km
-    cfg = load_run_config(store)
+    root = posttrained_runs.roots["km"]
+    cfg = root.config()
     cfg.data.source = "my-corpus.txt"  # as if the run had trained on a user corpus
-    tok = load_tokenizer(store)
-    tasks = build_tasks(store, cfg, tok, load_tokens(store, keys.VAL, cfg.run_id), TEST_EVAL)
+    tasks = build_tasks(root, cfg, root.tokenizer(), root.val(), TEST_EVAL)
     assert list(tasks) == ["cloze"] and len(tasks["cloze"]) == TEST_EVAL.items_per_task
     assert all(it.answer in it.choices and len(it.choices) == 4 for it in tasks["cloze"])
 
@@ -164,6 +155,6 @@ def test_user_corpus_runs_get_cloze_tasks_from_held_out_text(posttrained_runs):
 def test_posttrain_without_sft_only_evaluates(posttrained_runs):
     from ddiloco.posttrain.stages import posttrain
 
-    fields = posttrain(posttrained_runs.km, eval_cfg=TEST_EVAL, skip_sft=True)
+    fields = posttrain(posttrained_runs.roots["km"], eval_cfg=TEST_EVAL, skip_sft=True)
     assert fields["final_val_loss"] is not None and set(fields["task_accuracy"]) >= {"fact_mc", "count"}
     assert fields["sft_val_loss"] is None and fields["instruction_accuracy_after"] is None

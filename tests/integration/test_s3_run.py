@@ -3,7 +3,7 @@
 import pytest
 
 from ddiloco.launch import LocalRun
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]

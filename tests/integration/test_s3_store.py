@@ -19,16 +19,16 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error
 
-from ddiloco.store import (
+from ddiloco.store.base import (
     AtomicCreateUnsupported,
     ObjectTooLarge,
-    RetryPolicy,
     Store,
     StoreConfigError,
     StoreUnavailable,
-    open_store,
 )
+from ddiloco.store.retry import RetryPolicy
 from ddiloco.store.s3 import S3Store
+from ddiloco.store.url import open_store
 from tests._seaweed import SeaweedServer, seaweed_server
 from tests._store_contract import CONTRACT, ContractCheck
 

@@ -63,7 +63,7 @@ def test_the_tag_is_version_plus_a_digest_of_the_installed_sources(tmp_path):
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, copy / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
     assert source_digest(copy) == source_digest(ROOT), "YAML and caches are not part of the image's sources"
-    (copy / "ddiloco" / "learner.py").write_text(
-        (ROOT / "ddiloco" / "learner.py").read_text() + "\n# changed\n"
+    (copy / "ddiloco" / "learner" / "loop.py").write_text(
+        (ROOT / "ddiloco" / "learner" / "loop.py").read_text() + "\n# changed\n"
     )
     assert source_digest(copy) != source_digest(ROOT)

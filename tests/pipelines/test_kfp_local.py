@@ -33,7 +33,7 @@ TINY = [
 def stop_learners(store: str) -> None:
     """What the syncer publishes when a run is over; learners exit at their next step."""
     from ddiloco import keys
-    from ddiloco.store import open_store
+    from ddiloco.store.url import open_store
 
     open_store(store).put_json(keys.STATUS, {"done": True, "versions": {}, "open_rounds": [], "merged": []})
 

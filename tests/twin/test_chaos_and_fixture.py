@@ -10,6 +10,8 @@ from tests.twin import KFP_2_17, Cluster, Twin, stragglers
 
 pytestmark = pytest.mark.twin
 FIXTURE = Path(__file__).parent / "fixtures" / "pretrain-db5ec2f.yaml"
+FIXTURE_IMAGE = Path(__file__).parent / "fixtures" / "db5ec2f_image"
+"""On the pods' PYTHONPATH for the fixture: the top-level `components` package that image installed."""
 ALWAYS = {"spec": {"templateDefaults": {"retryStrategy": {"limit": "0", "retryPolicy": "Always"}}}}
 
 
@@ -85,7 +87,13 @@ def test_db5ec2f_passes_the_literal_job_uuid_into_the_store_url_and_prepare_fail
     replaced with; prepare rejects the literal before it makes any S3 request, and nothing else runs."""
     cluster = Cluster(secrets={"mlpipeline-minio-artifact": {"accesskey": "a", "secretkey": "b"}})
     run = Twin(
-        FIXTURE, tmp_path / "twin", cluster=cluster, workflow_defaults=KFP_2_17, time_scale=5, timeout_s=120
+        FIXTURE,
+        tmp_path / "twin",
+        cluster=cluster,
+        workflow_defaults=KFP_2_17,
+        time_scale=5,
+        timeout_s=120,
+        env={"PYTHONPATH": str(FIXTURE_IMAGE)},
     ).run()
     prep = run.task("prepare")
     values = prep.executor_input["inputs"]["parameterValues"]

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from ddiloco.pipelines.compile import compile_pipeline
 
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from tests.twin import KFP_2_17, Cluster, Twin, stragglers
 
 pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow]

@@ -367,7 +367,7 @@ def test_kube_api_stand_in_serves_the_official_client_and_the_chaos_backend(tmp_
         monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
         backend = KubernetesPods.connect("ns", "wf-a")  # in-cluster config fails, then the kubeconfig
         assert backend.pods() == {"wf-a-learner": "learner"}
-        assert backend.kill("learner", "wf-a-learner", None)["action"] == "deleted pod"
+        assert backend.kill("learner", "wf-a-learner", None).action == "deleted pod"
         assert pods.deleted == [("wf-a-learner", 0.0)]
         core = backend.api
         assert core.read_namespaced_pod("wf-a-report", "ns").metadata.name == "wf-a-report"

@@ -10,13 +10,13 @@ import torch
 from torch.nn import functional as F
 
 from ddiloco import keys
-from ddiloco.config import ConfigError
+from ddiloco.errors import ConfigError
 from ddiloco.learner import accel
 from ddiloco.learner.io import CheckpointWriter, snapshot_checkpoint
 from ddiloco.learner.loop import Learner
 from ddiloco.model import GPT, configure_optimizer, count_params, flops_per_token, gpt_config, init_model
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
 V, T, B = 32, 16, 8
@@ -184,12 +184,12 @@ def test_gpu_presets_sized_on_the_meta_device(preset, billions):
 def test_learner_on_cpu_with_bf16_autocast():
     store = open_store("memory://accel-bf16")
     prepare(store, tiny_config("accel-bf16", "train.precision=bf16", "diloco.learners=1"))
-    learner = Learner(store, 0)
+    learner = Learner.open(store, 0)
     assert learner.precision == "bf16" and learner.device.type == "cpu" and learner.net is learner.model
     learner.start()
     losses = [learner.step() for _ in range(8)]
     assert all(isinstance(v, float) and v == v for v in losses)  # read every step on CPU, finite
-    assert learner.tokens_processed == 8 * learner.loader.tokens_per_batch
+    assert learner.ledger.tokens_processed == 8 * learner.loader.tokens_per_batch
     learner._finish("max_steps")
 
 
@@ -211,7 +211,7 @@ class _DeferredPool:
 def test_checkpoint_writer_writes_the_newest_waiting_snapshot_only():
     store = open_store("memory://accel-ckpt")
     prepare(store, tiny_config("accel-ckpt", "diloco.learners=1"))
-    learner = Learner(store, 0)
+    learner = Learner.open(store, 0)
     writer = CheckpointWriter(store, 0, learner.layout, None)
     pool = _DeferredPool()
     copier = accel.HostCopier(torch.device("cpu"))
@@ -222,7 +222,7 @@ def test_checkpoint_writer_writes_the_newest_waiting_snapshot_only():
     assert len(pool.jobs) == 1  # one writer, which takes whatever snapshot is newest when it runs
     pool.run_all()
     assert store.get_json(keys.ckpt_latest_key(0))["inner_step"] == 3
-    restored = Learner(store, 0)
+    restored = Learner.open(store, 0)
     restored.start()
     assert restored.loader.state_dict() == learner.loader.state_dict()
     for name, p in restored.model.named_parameters():  # (start() then overwrote params with the globals)
@@ -239,7 +239,7 @@ def test_deferred_loss_reading_reports_the_same_curve_one_step_late():
     for defer in (False, True):
         store = open_store(f"memory://accel-defer-{defer}")
         prepare(store, tiny_config(f"accel-defer-{defer}", "diloco.learners=1"))
-        learner = Learner(store, 0)
+        learner = Learner.open(store, 0)
         learner._defer_loss = defer
         learner.start()
         curves.append([learner.step() for _ in range(5)])

@@ -7,22 +7,20 @@ import torch
 
 from ddiloco import keys
 from ddiloco.baseline import (
-    BASELINE_MODEL,
-    BASELINE_SUMMARY,
-    baseline_rank_key,
     load_baseline_model,
     load_initial_model,
     ring_factor,
     run_baseline,
 )
-from ddiloco.config import ConfigError
 from ddiloco.data import ShardLoader
+from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import read_layout
 from ddiloco.learner.accel import inner_step
 from ddiloco.model import configure_optimizer
-from ddiloco.prepare import load_tokens, prepare
+from ddiloco.prepare import prepare
+from ddiloco.run import RunRoot
 from ddiloco.schedule import lr_at, progress_of
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
 
@@ -54,8 +52,8 @@ def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
     assert s["bytes_uploaded"] == M * s["bytes_sent_per_rank"]
     assert s["params_identical"]
     assert s["final_val_loss"] < s["initial_val_loss"]
-    assert store.get_json(BASELINE_SUMMARY) == s
-    reports = [store.get_json(baseline_rank_key(r)) for r in range(M)]
+    assert store.get_json(keys.BASELINE_SUMMARY) == s
+    reports = [store.get_json(keys.baseline_rank_key(r)) for r in range(M)]
     assert len({r["params_sha256"] for r in reports}) == 1
     assert all(r["allreduce_calls"] >= s["steps"] for r in reports)
 
@@ -67,7 +65,7 @@ def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
     opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
     loaders = [
         ShardLoader(
-            load_tokens(store, keys.shard_key(r), cfg.run_id),
+            RunRoot(store, cfg.run_id).shard(r),
             batch_size=B,
             seq_len=T,
             seed=cfg.seed * 1000 + r,
@@ -82,7 +80,7 @@ def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
     dp = load_baseline_model(store, cfg.run_id, layout)
     for (name, a), (_, b) in zip(sorted(dp.named_parameters()), sorted(ref.named_parameters()), strict=True):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{name} differs from the reference")
-    assert store.exists(BASELINE_MODEL)
+    assert store.exists(keys.BASELINE_MODEL)
     last = lr_at(progress_of((s["steps"] - 1) * M * B * T, tokens), s["steps"] - 1, t)
     assert t.lr_schedule == "cosine" and last < 0.25 * t.lr  # 8/9 of the budget: near the 0.1 × lr floor
     assert all(r["last_lr"] == last for r in reports)

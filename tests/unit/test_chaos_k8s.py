@@ -14,20 +14,15 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from ddiloco import keys
-from ddiloco.chaos.k8s import (
-    ROLE_LABEL,
-    WORKFLOW_LABEL,
-    ChaosBackendError,
-    ChaosRole,
-    KubernetesPods,
-    LocalProcesses,
-    markdown_table,
-    record_key,
-    register,
-)
-from ddiloco.chaos.local import schedule_from_config
+from ddiloco.chaos.events import schedule_from_config
+from ddiloco.chaos.k8s import ROLE_LABEL, WORKFLOW_LABEL, ChaosBackendError, KubernetesPods
+from ddiloco.chaos.local import LocalPids
+from ddiloco.chaos.record import markdown_table
+from ddiloco.chaos.runner import ChaosRunner
+from ddiloco.cli.chaos import register
 from ddiloco.config import ChaosConfig, RunConfig
-from ddiloco.store import open_store, reset_memory_stores
+from ddiloco.store.memory import reset_memory_stores
+from ddiloco.store.url import open_store
 
 NS = "team-a"
 
@@ -177,7 +172,7 @@ def test_deletes_exactly_the_scheduled_pods_of_its_own_run(store):
     report(store, 0, 0, "wf-a-learner-0")
     store.put_json(keys.STATUS, {"syncer_host": "wf-a-syncer", "syncer_pid": 7})
     with KubeAPIStandIn(two_runs()) as api:
-        role = ChaosRole(
+        role = ChaosRunner(
             store, KubernetesPods.connect(NS, "wf-a", host=api.url), events(*SCHEDULE), time.time()
         )
         role.poll()
@@ -195,14 +190,14 @@ def test_deletes_exactly_the_scheduled_pods_of_its_own_run(store):
             "wf-a-syncer",
         }
 
-    by_id = {r["id"]: r for r in role.records}
+    by_id = {r.event.id: r.to_json() for r in role.records}
     assert by_id["k1"]["action"] == "deleted pod" and by_id["k1"]["pod"] == "wf-a-learner-1"
     assert by_id["ks"]["pod"] == "wf-a-syncer" and by_id["ks"]["grace_period_s"] == 0
     assert by_id["stall"]["action"].startswith("skipped (not possible on Kubernetes")
     assert "step" not in by_id and "slow" not in by_id  # the learner fires those itself
     assert [e.id for e in role.pending] == ["later"]
     for rid in ("k1", "ks", "stall"):
-        assert store.get_json(record_key("k8s", rid)) == by_id[rid]
+        assert store.get_json(keys.chaos_record_key("k8s", rid)) == by_id[rid]
     assert "wf-a-learner-1" in markdown_table(role.records)
 
 
@@ -222,19 +217,19 @@ def test_never_deletes_a_pod_of_another_run_or_without_the_role_label(store, hon
     with KubeAPIStandIn(two_runs(), honour_selectors=honour_selectors) as api:
         pods = KubernetesPods.connect(NS, "wf-a", host=api.url)
         assert set(pods.pods()) == {"wf-a-learner-0", "wf-a-learner-1", "wf-a-syncer"}
-        role = ChaosRole(store, pods, schedule, time.time(), victim_wait_s=0)
+        role = ChaosRunner(store, pods, schedule, time.time(), victim_wait_s=0)
         records = role.run(poll_s=0)
         assert api.deletes() == []
         assert len(api.pods) == len(two_runs())
-    assert sorted(r["id"] for r in records) == ["a", "b", "c", "d", "s"]
-    assert all(r["action"].startswith("skipped (no live") for r in records)
+    assert sorted(r.event.id for r in records) == ["a", "b", "c", "d", "s"]
+    assert all(r.action.startswith("skipped (no live") for r in records)
 
 
 def test_waits_for_a_victim_that_is_not_running_yet(store):
     clock = [1000.0]
     schedule = events({"id": "k", "kind": "kill_learner", "learner": 1, "at_s": 5})
     with KubeAPIStandIn(two_runs()) as api:
-        role = ChaosRole(store, KubernetesPods.connect(NS, "wf-a", host=api.url), schedule, 1000.0,
+        role = ChaosRunner(store, KubernetesPods.connect(NS, "wf-a", host=api.url), schedule, 1000.0,
                          victim_wait_s=30, clock=lambda: clock[0])  # fmt: skip
         role.poll()
         assert api.requests == [] and role.pending  # not due yet
@@ -245,7 +240,7 @@ def test_waits_for_a_victim_that_is_not_running_yet(store):
         clock[0] = 1020.0
         role.poll()
         assert api.deletes() == ["wf-a-learner-1"] and not role.pending
-        assert role.records[0]["time_s"] == 20.0
+        assert role.records[0].to_json()["time_s"] == 20.0
 
 
 def test_a_retried_chaos_step_fires_nothing_twice_and_stops_at_done(store):
@@ -255,10 +250,10 @@ def test_a_retried_chaos_step_fires_nothing_twice_and_stops_at_done(store):
         {"id": "never", "kind": "kill_learner", "learner": 0, "at_s": 3600},
     )
     with KubeAPIStandIn(two_runs()) as api:
-        ChaosRole(store, KubernetesPods.connect(NS, "wf-a", host=api.url), schedule, time.time()).poll()
+        ChaosRunner(store, KubernetesPods.connect(NS, "wf-a", host=api.url), schedule, time.time()).poll()
         assert api.deletes() == ["wf-a-learner-1"]
         api.pods["wf-a-learner-1"] = _pod("wf-a-learner-1", "wf-a", "learner")  # the Argo retry, same name
-        again = ChaosRole(store, KubernetesPods.connect(NS, "wf-a", host=api.url), schedule, time.time())
+        again = ChaosRunner(store, KubernetesPods.connect(NS, "wf-a", host=api.url), schedule, time.time())
         assert [e.id for e in again.pending] == ["never"]
         store.put_json(keys.DONE, {"done": True})
         assert again.run(poll_s=0) == []
@@ -292,7 +287,7 @@ def test_cli_reads_the_run_schedule_from_the_store(tmp_path):
         )  # fmt: skip
         assert args.func(args) == 0
         assert api.deletes() == ["wf-a-learner-0"]
-    assert store.get_json(record_key("k8s", "k0"))["pod"] == "wf-a-learner-0"
+    assert store.get_json(keys.chaos_record_key("k8s", "k0"))["pod"] == "wf-a-learner-0"
     assert "| k0 | kill_learner |" in md.read_text()
 
 
@@ -305,11 +300,11 @@ def test_local_backend_kills_only_the_role_process_on_its_store(store, tmp_path)
         [sys.executable, "-c", sleeper, "ddiloco", "learner", "--store", "file:///runs/b"]
     )
     try:
-        backend = LocalProcesses("file:///runs/a")
+        backend = LocalPids("file:///runs/a")
         assert backend.kill("learner", backend.hostname, other.pid) is None
         assert backend.kill("syncer", backend.hostname, mine.pid) is None
         assert backend.kill("learner", "some-other-host", mine.pid) is None
-        assert backend.kill("learner", backend.hostname, mine.pid)["action"] == "SIGKILL"
+        assert backend.kill("learner", backend.hostname, mine.pid).action == "SIGKILL"
         assert mine.wait(timeout=10) == -9
         assert other.poll() is None
     finally:

@@ -2,7 +2,9 @@ import json
 
 import pytest
 
-from ddiloco.config import RECIPES, ConfigError, RunConfig, load_config
+from ddiloco.config import RunConfig
+from ddiloco.errors import ConfigError
+from ddiloco.recipes import RECIPES, load_config
 
 
 def test_default_recipe_is_tiny_cpu_and_valid():

@@ -3,7 +3,7 @@
 import pytest
 
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config
 
@@ -18,20 +18,20 @@ def syncer(name: str, *overrides: str) -> Syncer:
 
 def test_the_window_spans_tau_rounds_of_h_over_p_steps():
     s = syncer("grace-a", "diloco.sync_every=32", "diloco.fragments=4", "diloco.overlap=2")
-    s.xi_quorum, s.xi_sync = 0.030, 0.020
+    s.books.xi_quorum, s.books.xi_sync = 0.030, 0.020
     assert s.grace_window() == pytest.approx(1.0 * (2 * 8 * 0.010 - 0.030 - 0.020))
 
 
 def test_with_h_equal_p_it_is_the_papers_tau_steps():
     s = syncer("grace-b", "diloco.sync_every=4", "diloco.fragments=4", "diloco.overlap=2")
-    s.xi_quorum, s.xi_sync = 0.0, 0.0
+    s.books.xi_quorum, s.books.xi_sync = 0.0, 0.0
     assert s.grace_window() == pytest.approx(2 * 0.010)
 
 
 def test_clamped_to_zero_and_to_the_cap():
     s = syncer("grace-c", "diloco.sync_every=32", "diloco.fragments=2", "diloco.grace.cap_seconds=0.05")
-    s.xi_quorum, s.xi_sync = 0.0, 0.0
+    s.books.xi_quorum, s.books.xi_sync = 0.0, 0.0
     assert s.grace_window() == 0.05
-    s.xi_quorum = 10.0
+    s.books.xi_quorum = 10.0
     assert s.grace_window() == 0.0
     assert syncer("grace-d", "diloco.grace=null").grace_window() == 0.0

@@ -10,7 +10,7 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.learner.io import next_incarnation
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from ddiloco.store.wrapped import DelegatingStore
 
 

@@ -6,10 +6,9 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.cli.main import build_parser
-from ddiloco.config import ConfigError
+from ddiloco.errors import ConfigError
 from ddiloco.join import (
     check_site,
-    claim_key,
     claim_learner_id,
     default_site,
     link_for,
@@ -17,8 +16,8 @@ from ddiloco.join import (
     resolve_args,
 )
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
 from ddiloco.store.shaped import Link
+from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
 
@@ -49,7 +48,7 @@ def test_a_contended_id_is_left_to_the_other_joiner():
     def sleep(seconds):
         if not first_sleep:  # another joiner writes its claim for the same id while we settle
             first_sleep.append(seconds)
-            store.put_json(claim_key(4, "someone-else"), {"site": "x"})
+            store.put_json(keys.claim_key(4, "someone-else"), {"site": "x"})
 
     lid = claim_learner_id(store, "b", provisioned=4, settle_s=0.0, sleep=sleep)
     assert lid == 5

@@ -9,7 +9,8 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.learner.io import ReportWriter, RoundRecords
-from ddiloco.store import StoreUnavailable, open_store
+from ddiloco.store.base import StoreUnavailable
+from ddiloco.store.url import open_store
 
 KEY = keys.report_key(0, 0)
 

@@ -5,7 +5,7 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config
 
@@ -40,8 +40,8 @@ def test_learners_with_skewed_clocks_are_live_while_their_reports_change(setup, 
     for seq in range(1, 4):
         for lid in (0, 1):
             store.put_json(keys.report_key(lid, 0), report(lid, seq, wall() + offset_s))
-        syncer.refresh_learners()
-        assert sorted(r["learner_id"] for r in syncer.live_learners()) == [0, 1], (offset_s, seq)
+        syncer.roster.refresh()
+        assert sorted(r["learner_id"] for r in syncer.roster.live()) == [0, 1], (offset_s, seq)
         mono.t += timeout / 2
         wall.t += timeout / 2
     # rounds open for them: nothing waits on a clock read on another machine
@@ -54,14 +54,14 @@ def test_a_learner_whose_report_stops_changing_is_dead_after_the_timeout(setup):
     timeout = max(3.0, 5 * syncer.cfg.train.heartbeat_every_s)
     store.put_json(keys.report_key(0, 0), report(0, 1, wall()))
     store.put_json(keys.report_key(1, 0), report(1, 1, wall()))
-    syncer.refresh_learners()
+    syncer.roster.refresh()
     mono.t += timeout - 0.5
     store.put_json(keys.report_key(1, 0), report(1, 2, wall() + timeout))  # learner 1 heartbeats, 0 does not
-    syncer.refresh_learners()
+    syncer.roster.refresh()
     mono.t += 1.0
-    syncer.refresh_learners()
-    assert [r["learner_id"] for r in syncer.live_learners()] == [1]
+    syncer.roster.refresh()
+    assert [r["learner_id"] for r in syncer.roster.live()] == [1]
     # a final report is never live, however fresh
     store.put_json(keys.report_key(1, 0), {**report(1, 3, wall()), "final": True})
-    syncer.refresh_learners()
-    assert syncer.live_learners() == []
+    syncer.roster.refresh()
+    assert syncer.roster.live() == []

@@ -13,7 +13,9 @@ import pytest
 from ddiloco import keys, logship
 from ddiloco.cli.main import main
 from ddiloco.posttrain.report import deaths_html, deaths_markdown
-from ddiloco.store import StoreUnavailable, open_store, reset_memory_stores
+from ddiloco.store.base import StoreUnavailable
+from ddiloco.store.memory import reset_memory_stores
+from ddiloco.store.url import open_store
 
 
 @pytest.fixture

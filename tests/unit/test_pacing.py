@@ -5,7 +5,7 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.prepare import prepare
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config
 
@@ -41,7 +41,7 @@ def test_rounds_open_every_h_over_p_real_steps_not_compute_steps(setup):
     store, syncer, mono, wall = setup
     for lid in (0, 1):
         store.put_json(keys.report_key(lid, 0), report(lid, 1, wall()))
-    syncer.refresh_learners()
+    syncer.roster.refresh()
     assert syncer.xi_step() == pytest.approx(0.05)
     syncer.maybe_open_round(mono())
     assert list(syncer.open) == [0]
@@ -56,9 +56,9 @@ def test_rounds_open_every_h_over_p_real_steps_not_compute_steps(setup):
 def test_a_fragment_is_not_synced_again_before_learners_trained_h_steps_on_its_version(setup):
     store, syncer, mono, wall = setup
     store.put_json(keys.report_key(0, 0), report(0, 1, wall()))
-    syncer.refresh_learners()
-    syncer.merged_clock[0] = mono()  # fragment 0's newest version was just published
-    syncer.next_round = 2  # fragment 0 is next
+    syncer.roster.refresh()
+    syncer.fragments[0].merged_clock = mono()  # fragment 0's newest version was just published
+    syncer.books.next_round = 2  # fragment 0 is next
     mono.t += 32 * 0.05 - 0.1
     syncer.maybe_open_round(mono())
     assert not syncer.open
@@ -80,19 +80,19 @@ def test_goodput_gauge_counts_a_dead_learners_down_time_on_the_syncers_clock(set
         for lid in (0, 1):
             rep = report(lid, seq, t0 + 10 * seq, started=t0, productive_seconds=10.0 * seq)
             store.put_json(keys.report_key(lid, 0), rep)
-        syncer.refresh_learners()
+        syncer.roster.refresh()
     assert syncer.metrics_state()["goodput"] == pytest.approx(1.0)
     tick(10.0)  # learner 1 dies: its report stops changing; learner 0 goes on
     store.put_json(keys.report_key(0, 0), report(0, 3, t0 + 30, started=t0, productive_seconds=30.0))
-    syncer.refresh_learners()
-    assert [r["learner_id"] for r in syncer.live_learners()] == [0]
+    syncer.roster.refresh()
+    assert [r["learner_id"] for r in syncer.roster.live()] == [0]
     assert syncer.metrics_state()["goodput"] == pytest.approx((30 + 20) / (30 + 30))
     # It restarts: the old incarnation's books stay counted, the gap between them is lost.
     tick(2.0)
     rep = report(1, 1, t0 + 32, inc=1, started=t0 + 31, productive_seconds=0.5)
     store.put_json(keys.report_key(1, 1), rep)
     store.put_json(keys.report_key(0, 0), report(0, 4, t0 + 32, started=t0, productive_seconds=32.0))
-    syncer.refresh_learners()
+    syncer.roster.refresh()
     assert syncer.registry.get_sample_value("ddiloco_syncer_goodput") == pytest.approx((32 + 20.5) / 64)
 
 
@@ -100,6 +100,6 @@ def test_merged_token_share_gauge(setup):
     store, syncer, mono, wall = setup
     store.put_json(keys.report_key(0, 0), report(0, 1, wall(), tokens_processed=4000))
     store.put_json(keys.report_key(0, 1), report(0, 1, wall(), inc=1, tokens_processed=6000))
-    syncer.refresh_learners()
-    syncer.ledger[0]["merged_tokens"] = syncer.ledger[1]["merged_tokens"] = 8000
+    syncer.roster.refresh()
+    syncer.fragments[0].ledger.merged_tokens = syncer.fragments[1].ledger.merged_tokens = 8000
     assert syncer.registry.get_sample_value("ddiloco_syncer_merged_token_share") == pytest.approx(0.8)

@@ -8,15 +8,10 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.config import RunConfig
-from ddiloco.posttrain.report import (
-    _event_time,
-    flat_metrics,
-    load_run,
-    render_comparison_html,
-    render_run_html,
-    render_run_markdown,
-)
-from ddiloco.store import open_store, reset_memory_stores
+from ddiloco.posttrain.report import render_comparison_html, render_run_html, render_run_markdown
+from ddiloco.posttrain.report_data import _event_time, flat_metrics, load_run
+from ddiloco.store.memory import reset_memory_stores
+from ddiloco.store.url import open_store
 
 T0 = 1_800_000_000.0
 

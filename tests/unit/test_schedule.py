@@ -5,11 +5,13 @@ import math
 import pytest
 
 from ddiloco import keys
-from ddiloco.config import RECIPES, ConfigError, TrainConfig, load_config
+from ddiloco.config import TrainConfig
+from ddiloco.errors import ConfigError
 from ddiloco.learner.loop import Learner
 from ddiloco.prepare import prepare
+from ddiloco.recipes import RECIPES, load_config
 from ddiloco.schedule import GlobalSchedule, decay_factor, lr_at, progress_of
-from ddiloco.store import open_store
+from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
 
@@ -129,7 +131,7 @@ def test_learner_optimizer_lr_follows_the_runs_global_progress():
     cfg = tiny_config("sched-learner", "train.warmup_steps=2", "diloco.token_budget=100000")
     prepare(store, cfg)
     t, budget = cfg.train, cfg.diloco.token_budget
-    early = Learner(store, 0)
+    early = Learner.open(store, 0)
     early.start()
     assert [_tick(early) for _ in range(3)] == pytest.approx(
         [t.lr / 2, t.lr, t.lr]
@@ -140,10 +142,10 @@ def test_learner_optimizer_lr_follows_the_runs_global_progress():
     assert half == pytest.approx(0.55 * t.lr)
     assert _tick(early) == pytest.approx(half)
     assert early.registry.get_sample_value("ddiloco_learner_learning_rate", {"learner_id": "0"}) == half
-    report = early._report()
+    report = early._report().to_json()
     assert report["lr"] == half and report["progress"] == 0.5
 
-    late = Learner(store, 1)  # joins now: warms up over its own steps, then matches the early learner
+    late = Learner.open(store, 1)  # joins now: warms up over its own steps, then matches the early learner
     late.start()
     assert _tick(late) == pytest.approx(half / 2)
     assert _tick(late) == pytest.approx(half) == _tick(early)

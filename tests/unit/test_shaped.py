@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from ddiloco.config import ConfigError, load_config
-from ddiloco.store import open_store
+from ddiloco.errors import ConfigError
+from ddiloco.recipes import load_config
 from ddiloco.store.shaped import (
     Link,
     ShapedStore,
@@ -15,6 +15,7 @@ from ddiloco.store.shaped import (
     parse_latency,
     shape,
 )
+from ddiloco.store.url import open_store
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ import struct
 import pytest
 import torch
 
-from ddiloco.config import ConfigError
+from ddiloco.errors import ConfigError
 from ddiloco.protocol import signing, wire
 
 MASTER = bytes(range(32))

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ddiloco.simulate import cli
+from ddiloco.cli import simulate as cli
 
 FAST = ["--horizon", "3d"]
 

@@ -16,20 +16,12 @@ import pytest
 import urllib3
 from minio.error import S3Error, ServerError
 
-from ddiloco.store import (
-    FileStore,
-    MemoryStore,
-    NotFound,
-    RetryPolicy,
-    Store,
-    StoreConfigError,
-    StoreError,
-    StoreUnavailable,
-    call_with_retry,
-    open_store,
-    reset_memory_stores,
-)
+from ddiloco.store.base import NotFound, Store, StoreConfigError, StoreError, StoreUnavailable
+from ddiloco.store.file import FileStore
+from ddiloco.store.memory import MemoryStore, reset_memory_stores
+from ddiloco.store.retry import RetryPolicy, call_with_retry
 from ddiloco.store.s3 import S3Settings, is_transient
+from ddiloco.store.url import open_store
 from tests._store_contract import CONTRACT, ContractCheck
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,7 +104,8 @@ def test_memory_store_is_thread_safe() -> None:
 _READER = textwrap.dedent(
     """
     import sys, time
-    from ddiloco.store import open_store, NotFound
+    from ddiloco.store.base import NotFound
+    from ddiloco.store.url import open_store
     store = open_store(sys.argv[1])
     stop = sys.argv[2]
     import os

@@ -17,17 +17,13 @@ import urllib3
 from minio import Minio
 from minio.error import InvalidResponseError, S3Error
 
-from ddiloco.store import (
-    AtomicCreateUnsupported,
-    FileStore,
-    RetryPolicy,
-    StoreError,
-    StoreUnavailable,
-    open_store,
-    reset_memory_stores,
-)
+from ddiloco.store.base import AtomicCreateUnsupported, StoreError, StoreUnavailable
+from ddiloco.store.file import FileStore
+from ddiloco.store.memory import reset_memory_stores
+from ddiloco.store.retry import RetryPolicy
 from ddiloco.store.s3_create import put_if_absent
 from ddiloco.store.shaped import Link, ShapedStore
+from ddiloco.store.url import open_store
 from ddiloco.store.wrapped import OutageStore
 from tests._store_contract import race_to_create
 
@@ -47,7 +43,7 @@ def _fresh_memory():
 _CLAIMER = textwrap.dedent(
     """
     import os, sys, time
-    from ddiloco.store import open_store
+    from ddiloco.store.url import open_store
     store, me, go, n = open_store(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     while not os.path.exists(go):
         time.sleep(0.001)

@@ -1,0 +1,168 @@
+"""The roles a run is made of, as commands: `prepare`, `learner`, `syncer` and `summary`.
+
+`ddiloco run` starts the learner and syncer roles as processes (`python -m ddiloco.cli learner|syncer`), the
+Kubeflow components start every role the same way.
+
+Design choices:
+- A role started during a store outage waits for the store (`until_store_answers`) instead of failing: on
+  a cluster the pods of a run start in any order and a restarted pod may come back mid-outage.
+- A role on a run root that holds no run fails at once, saying to run `ddiloco prepare` first.
+- torch-heavy modules are imported inside the handlers, so `ddiloco --help` and the cheap commands start
+  fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ddiloco import keys, logship
+from ddiloco.cli.args import add_config_args, add_metrics_args, config_for_store
+from ddiloco.join import add_learner_args, learner_id_for, resolve_args, shape_learner_store
+from ddiloco.metrics import push_task_metrics, serve
+from ddiloco.protocol import signing
+from ddiloco.store.base import Store, StoreUnavailable
+from ddiloco.store.url import open_store
+
+log = logging.getLogger("ddiloco")
+T = TypeVar("T")
+
+
+def until_store_answers(make: Callable[[], T], role: str, max_wait_s: float = 600.0) -> T:
+    """Start-up reads retried while the store is unavailable: a role started during an outage waits."""
+    delay, deadline = 1.0, time.monotonic() + max_wait_s
+    while True:
+        try:
+            return make()
+        except StoreUnavailable as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s: store unavailable at start-up (%s); retrying in %.0fs", role, e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
+def role_store(url: str, role: str) -> Store:
+    """The role's store (with the run's chaos wrapper) once the store answers; a clear error (run `ddiloco
+    prepare` first) when the run root holds no run."""
+    from ddiloco.chaos.inprocess import chaos_store
+    from ddiloco.run import RunRoot  # imports torch: only in the roles that train
+
+    store = open_store(url)
+    cfg = until_store_answers(lambda: RunRoot.read_config(store), role)
+    return until_store_answers(lambda: chaos_store(store, cfg), role)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from ddiloco.prepare import prepare
+
+    cfg = config_for_store(args)
+    t0 = time.monotonic()
+    meta = prepare(open_store(args.store), cfg, secret=signing.key_from_env())
+    task_metrics = {
+        "seconds": time.monotonic() - t0,
+        "train_tokens": sum(meta["shard_tokens"]),
+        "val_tokens": meta["val_tokens"],
+    }
+    push_task_metrics(args.pushgateway, "prepare", cfg.run_id, task_metrics)
+    print(json.dumps(meta, sort_keys=True))
+    return 0
+
+
+def cmd_learner(args: argparse.Namespace) -> int:
+    from ddiloco.learner import ddp
+
+    # Started by torchrun with WORLD_SIZE > 1: rank 0 is the learner, the other ranks follow it and never
+    # touch the store (`ddiloco.learner.ddp`).
+    group = ddp.from_env(args.device or "auto")
+    if group is not None and group.rank > 0:
+        try:
+            return ddp.Follower(group).run() or 0
+        finally:
+            group.close()
+    try:
+        return run_learner(args, group)
+    finally:
+        if group is not None:
+            group.close()  # tells the followers to stop, even when rank 0 exits early
+
+
+def run_learner(args: argparse.Namespace, group: Any) -> int:
+    """Rank 0's part of `ddiloco learner`: join the run (or take the given id) and train until it is done."""
+    from ddiloco.learner.loop import Learner
+
+    secret = signing.key_from_env()
+    url, site = resolve_args(args)  # --store URL --learner-id N, or --join URL [--learner-id N]
+    store = shape_learner_store(role_store(url, "learner"), args.link_bandwidth, args.link_latency)
+    if until_store_answers(lambda: store.exists(keys.DONE), "learner"):
+        log.info("run at %s is already done; learner %s exits", url, args.learner_id)
+        return 0
+    lid = until_store_answers(lambda: learner_id_for(store, args.learner_id, site, args.join_name), "learner")
+    learner = until_store_answers(
+        lambda: Learner.open(store, lid, device=args.device, secret=secret, site=site, group=group), "learner"
+    )
+    logship.bind(url, ident=lid, incarnation=learner.incarnation)
+    serve(learner.registry, args.metrics_port, args.metrics_host)
+    learner.run(max_steps=args.max_steps, wait_timeout=args.wait_timeout)
+    return 0
+
+
+def cmd_syncer(args: argparse.Namespace) -> int:
+    from ddiloco.syncer.loop import Syncer
+
+    secret = signing.key_from_env()
+    store = role_store(args.store, "syncer")
+    syncer = until_store_answers(lambda: Syncer(store, secret=secret), "syncer")
+    logship.bind(args.store, incarnation=syncer.books.incarnation)
+    serve(syncer.registry, args.metrics_port, args.metrics_host)
+    syncer.run(max_seconds=args.max_seconds)
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from ddiloco.posttrain.summary import build_summary
+
+    print(json.dumps(build_summary(open_store(args.store)), indent=2, sort_keys=True))
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add `prepare`, `learner`, `syncer` and `summary` to the `ddiloco` subcommands."""
+    p = sub.add_parser(
+        "prepare", help="write config, tokenizer, shards, validation split and global v0 to the store"
+    )
+    p.add_argument(
+        "--store", required=True, help="run root: file:///dir/run, s3://bucket/prefix/run, memory://name"
+    )
+    p.add_argument(
+        "--pushgateway",
+        default=os.environ.get("DDILOCO_PUSHGATEWAY"),
+        help="Pushgateway URL for task metrics",
+    )
+    add_config_args(p)
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("learner", help="run one learner against a prepared run root")
+    p.add_argument("--store", help="run root of this learner's run (or --join URL)")
+    p.add_argument("--learner-id", type=int, help="learner id; a new id joins a running run (--join: picked)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--wait-timeout", type=float, default=None, help="seconds to wait for global version 0")
+    add_metrics_args(p)
+    add_learner_args(p)  # --join URL, --site, --join-name, --link-bandwidth, --link-latency
+    p.set_defaults(func=cmd_learner)
+
+    p = sub.add_parser("syncer", help="run the syncer until the token budget is merged")
+    p.add_argument("--store", required=True)
+    p.add_argument("--max-seconds", type=float, default=None)
+    add_metrics_args(p)
+    p.set_defaults(func=cmd_syncer)
+
+    p = sub.add_parser("summary", help="print the run summary computed from the store")
+    p.add_argument("--store", required=True)
+    p.set_defaults(func=cmd_summary)

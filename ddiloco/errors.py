@@ -1,0 +1,13 @@
+"""Error classes shared across packages, kept apart so raising one never imports the module that checks it.
+
+Design choices:
+- A leaf module (imports nothing from ddiloco): `ddiloco.store.shaped`, `ddiloco.chaos.events` and the
+  config modules all raise `ConfigError` without importing each other.
+- `ConfigError` is a `ValueError`: the command line prints every ValueError as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message says which key and what to change."""

@@ -1,0 +1,245 @@
+"""The learner's side of the protocol: answers up, new global versions in, the syncer's word on each answer.
+
+Design choices:
+- At a step boundary the loop hands the newest status to `sync` (apply what finished downloading, start new
+  downloads, settle answers whose round closed) and to `answer_rounds` (snapshot a delta for each open round
+  of a fragment that can answer). Every store access runs on the I/O pool the caller owns and passes in.
+- An answer is credited as merged only when the syncer's status or round record (`RoundRecords`) names this
+  incarnation among the round's contributors: the one rule, `ddiloco.protocol.messages.credited`. A fragment
+  is not overwritten while its pending answer's fate is unknown (an open round, or a closed one whose record
+  is still being read), so a version never settles tokens before the syncer's word.
+- An answer's report is built (naming the answer as pending) before its update is uploaded, and written
+  first, on the same I/O thread: a crash cannot make the syncer merge tokens the reports never mention.
+- The syncer's rejections of this incarnation's answers are logged, counted (`rejected_updates`) and drop
+  the pending answer: its tokens stay outstanding and go into the next answer for that fragment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from ddiloco import keys
+from ddiloco.config import DilocoConfig
+from ddiloco.learner.accel import HostSnapshot
+from ddiloco.learner.io import ReportWriter, RoundRecords, pack_update
+from ddiloco.learner.ledger import FragmentLedger, Settled
+from ddiloco.learner.versions import Tensors, VersionFeed
+from ddiloco.metrics import LearnerMetrics
+from ddiloco.protocol.messages import LearnerReport, credited
+from ddiloco.store.base import Store, StoreError
+
+__all__ = ["Exchange"]
+
+log = logging.getLogger(__name__)
+
+AFTER_THE_END = 1 << 62  # a version bound past any real one: at the end of the run, any merge counts
+
+
+class Exchange:
+    """One learner incarnation's rounds and versions. `overwritten`: fragments overwritten since the caller
+    last cleared it (what the other ranks must receive)."""
+
+    def __init__(
+        self,
+        store: Store,
+        ledger: FragmentLedger,
+        feed: VersionFeed,
+        reports: ReportWriter,
+        metrics: LearnerMetrics,
+        incarnation: int,
+        diloco: DilocoConfig,
+    ) -> None:
+        """`diloco`: the run's outer settings, read when used (`mixing`, the upload `codec`)."""
+        self.store, self.ledger, self.feed, self.reports, self.metrics = store, ledger, feed, reports, metrics
+        self.incarnation, self.diloco = incarnation, diloco
+        self.layout, self.learner_id = feed.layout, feed.learner_id
+        self.key, self.run_id = feed.key, feed.run_id
+        self.rounds = RoundRecords(store)  # the syncer's word on rounds of pending answers
+        self.uploads: list[Future] = []
+        self.overwritten: list[int] = []
+        self.rounds_answered = 0
+        self.bytes_up = 0
+        self.upload_failures = 0
+        self.rejected_updates: Counter[str] = Counter()
+        self._answered: set[int] = set()
+        self._notices_seen: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+
+    # --- versions in ----------------------------------------------------------------------------------------
+    def join(self, latest: list[int]) -> list[int]:
+        """Take the newest verifying version ≤ `latest[p]` of every fragment as it is; returns them."""
+        versions = []
+        for p, v in enumerate(latest):
+            version, tensors = self.feed.first(p, v)
+            self.feed.overwrite(p, tensors, mixing=0.0)
+            self._settle(self.ledger.applied(p, version, credited=False))
+            versions.append(version)
+        return versions
+
+    def sync(self, pool: ThreadPoolExecutor, status: dict[str, Any]) -> None:
+        """Apply finished downloads, start new ones, settle answers whose round closed without a merge."""
+        pending = self.ledger.pending_rounds()
+        for s in self.rounds.follow(pool, status, pending):
+            self.ledger.drop_pending(pending[s], s)  # closed without merging us: the tokens stay outstanding
+        for p, version, tensors in self.feed.collect(lambda p: self._fate_known(status, p)):
+            if version > self.ledger[p].anchor:
+                self._apply(p, version, tensors, status)
+        self._read_notices(status)
+        versions = status.get("versions", {})
+        for p, books in enumerate(self.ledger):
+            v = int(versions.get(str(p), books.anchor))
+            self.metrics.staleness.labels(learner_id=self.metrics.learner_id, fragment=str(p)).set(
+                max(0, v - books.anchor)
+            )
+            if v > books.anchor:
+                self.feed.request(pool, p, v)
+
+    def _apply(self, p: int, version: int, tensors: Tensors, status: dict[str, Any]) -> None:
+        self.feed.overwrite(p, tensors, self.diloco.mixing)
+        self.overwritten.append(p)
+        pend = self.ledger[p].pending
+        merged = pend is not None and self._credited(status, p, pend.round, version)
+        self._settle(self.ledger.applied(p, version, merged))
+
+    # --- the syncer's word ----------------------------------------------------------------------------------
+    def _credited(self, status: dict[str, Any], p: int, round_: int, version: int) -> bool:
+        return credited(self.rounds.merge_of(status, round_, p, version), self.learner_id, self.incarnation)
+
+    def _fate_known(self, status: dict[str, Any], p: int) -> bool:
+        """False while p's pending answer is in a round not known to be merged: applying a version would
+        settle its tokens before the syncer's word (an open round, or a closed one whose record is read)."""
+        pend = self.ledger[p].pending
+        return pend is None or self.rounds.decided(status, pend.round)
+
+    def _settle(self, settled: Settled) -> None:
+        """Metrics count tokens, not fragment-tokens: each fragment's share is 1/P of a token."""
+        P = self.layout.num_fragments
+        self.metrics.merged_tokens.inc(settled.merged / P)
+        self.metrics.discarded_tokens.inc(settled.discarded / P)
+
+    def _read_notices(self, status: dict[str, Any]) -> None:
+        """The syncer's rejections of this incarnation's answers: log, count, and drop the pending answer
+        (its tokens stay outstanding and go into the next answer for that fragment)."""
+        me = (self.learner_id, self.incarnation)
+        for n in status.get("rejections", []):
+            if not isinstance(n, dict) or (n.get("learner_id"), n.get("incarnation")) != me:
+                continue
+            key, reason = (n.get("round"), n.get("fragment_id")), str(n.get("reason"))[:40]
+            if key in self._notices_seen or not all(isinstance(k, int) for k in key):
+                continue
+            self._notices_seen.add(key)
+            self.rejected_updates[reason] += 1
+            self.metrics.rejected.labels(learner_id=str(self.learner_id), kind="update", reason=reason).inc()
+            log.warning(
+                "learner %d: the syncer rejected its answer to round %d (fragment %d): %s",
+                self.learner_id,
+                key[0],
+                key[1],
+                reason,
+            )
+            if 0 <= key[1] < len(self.ledger):
+                self.ledger.drop_pending(key[1], key[0])
+
+    def settle_final(self, status: dict[str, Any]) -> None:
+        """The run is over: answers the final status or their round record names as merged are credited,
+        the rest is discarded."""
+        for p, books in enumerate(self.ledger):
+            if not self._fate_known(status, p):  # merged too long ago for the status to list it?
+                try:
+                    self.rounds.read(books.pending.round)  # type: ignore[union-attr]
+                except StoreError as e:  # the final report keeps it pending: the summary settles it
+                    log.warning("learner %d: answer left pending (%s)", self.learner_id, e)
+                    continue
+            pend = books.pending
+            merged = pend is not None and self._credited(status, p, pend.round, AFTER_THE_END)
+            self._settle(self.ledger.settle_final(p, merged))
+
+    # --- answers out ----------------------------------------------------------------------------------------
+    def answer_rounds(
+        self,
+        pool: ThreadPoolExecutor,
+        status: dict[str, Any],
+        inner_step: int,
+        report: Callable[[], LearnerReport],
+    ) -> None:
+        """Answer every open round of a fragment that has steps, no answer in flight and no version coming:
+        its delta is snapshotted now and uploaded, after `report()` (built now), by an I/O thread."""
+        for r in status.get("open_rounds", []):
+            s, p = int(r["round"]), int(r["fragment_id"])
+            if s in self._answered or not self.ledger.can_answer(p) or self.feed.downloading(p):
+                continue
+            self._answered.add(s)
+            snap = self._delta(p)
+            header = self._header(p, s, inner_step)
+            self.ledger.answer_sent(p, s)
+            self.uploads.append(pool.submit(self._upload, p, s, snap, header, report()))
+            self.rounds_answered += 1
+            self.metrics.rounds_answered.inc()
+
+    def _delta(self, p: int) -> HostSnapshot:
+        """p's parameters minus its anchor: queued on the device, copied to the host without stalling it."""
+        params, anchors, copier = self.feed.params, self.feed.anchors, self.feed.copier
+        with torch.no_grad():
+            delta = {n: (params[n].detach() - anchors[n]).float() for n in self.layout.fragments[p].names}
+        return copier.snapshot(delta, copy=False)
+
+    def _header(self, p: int, round_: int, inner_step: int) -> dict[str, Any]:
+        books = self.ledger[p]
+        return {
+            "run_id": self.run_id,
+            "kind": "update",
+            "learner_id": self.learner_id,
+            "incarnation": self.incarnation,
+            "fragment_id": p,
+            "round": round_,
+            "base_version": books.anchor,
+            "c_steps": books.c_steps,
+            "c_tokens": books.c_tokens,
+            "c_seconds": books.c_seconds,
+            "inner_step": inner_step,
+            "codec": self.diloco.codec,
+        }
+
+    def _upload(self, p: int, s: int, snap: HostSnapshot, header: dict, report: LearnerReport) -> None:
+        blob = pack_update(snap, header["codec"], header, self.key)
+        try:
+            self.reports.write(
+                report.to_json()
+            )  # or a newer one is stored already, which names this answer too
+            self.store.put(keys.update_key(p, s, self.learner_id, self.incarnation), blob)
+        except StoreError as e:
+            with self._lock:
+                self.upload_failures += 1
+            self.metrics.upload_failures.inc()
+            log.warning(
+                "learner %d: upload for round %d failed (%s); the tokens stay outstanding",
+                self.learner_id,
+                s,
+                e,
+            )
+            return
+        with self._lock:
+            self.bytes_up += len(blob)
+        self.metrics.uploaded.inc(len(blob))
+
+    def traffic(self) -> tuple[int, int, int]:
+        """(bytes uploaded, bytes downloaded, failed uploads) so far, read consistently off the I/O threads."""
+        with self._lock, self.feed.lock:
+            return self.bytes_up, self.feed.bytes_down, self.upload_failures
+
+    def wait_uploads(self, timeout: float = 30) -> None:
+        for fut in self.uploads:
+            try:
+                fut.result(timeout=timeout)
+            except Exception as e:  # the upload thread already logged its own store errors
+                log.debug("upload ended with %s", e)
+
+    def forget_finished_uploads(self) -> None:
+        self.uploads = [f for f in self.uploads if not f.done()]

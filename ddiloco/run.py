@@ -1,0 +1,300 @@
+"""The run root: every object a run keeps in its store, read and written through one class.
+
+Design choices:
+- `RunRoot(store, run_id, key)` is one run as its store holds it: config, data, layout, global versions,
+  the final and fine-tuned models and the JSON documents (done, summary, status, evaluation results). Key
+  names come from `ddiloco.keys`; the global-version primitives stay in `ddiloco.globalmodel`, which the
+  learner and the syncer call directly for now, and `RunRoot` passes them its run id and key.
+- Verification is the default: `key` is the run's signing key (`signing.for_run`), every payload read
+  through a root is checked against it and every payload written is signed with it; there is no per-call
+  way to skip that. `key=None` is an unsigned run (`RunRoot.open` warns once per role).
+- Post-training refuses a model or token payload that does not verify (unsigned, or signed with another
+  key) with a one-line `ConfigError` naming `DDILOCO_RUN_KEY`: the user gave the wrong key, or none, and
+  only they can fix that. Other payload problems stay `wire.PayloadError` (the syncer counts them by reason).
+- JSON documents are plain and unsigned (they say where to look or report numbers); reads are size-capped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from ddiloco import globalmodel, keys
+from ddiloco.config import RunConfig
+from ddiloco.errors import ConfigError
+from ddiloco.globalmodel import Layout, build_model
+from ddiloco.model import GPT
+from ddiloco.protocol import signing, wire
+from ddiloco.store.base import NotFound, Store
+from ddiloco.tokenizer import Tokenizer, tokenizer_from_json
+
+log = logging.getLogger(__name__)
+
+MAX_TOKENIZER_BYTES = 256 << 20
+"""A BPE vocabulary of a few 100k merges is tens of MB."""
+MAX_TOKENS = 2 << 30
+"""Default cap of a token payload read (int32 tokens)."""
+MAX_DOC_BYTES = 16 << 20
+MAX_PAYLOAD_MODEL_BYTES = globalmodel.MAX_FRAGMENT_BYTES * 4
+"""Cap of a model read from an arbitrary payload key (a learner checkpoint also holds optimizer state)."""
+SIGNATURE_REASONS = ("unsigned", "bad_signature")
+
+T = TypeVar("T")
+
+
+def signature_advice(where: str, error: wire.PayloadError) -> str:
+    """One line: which object failed its signature check and what to set."""
+    return (
+        f"{where} does not verify ({error}); set {signing.ENV_VAR} to the key this run was prepared with "
+        "(`ddiloco run` keeps it in WORKDIR/RUN_ID.key; unset it only for an unsigned run)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunRoot:
+    store: Store
+    run_id: str
+    key: bytes | None = None
+    """The run's signing key (`signing.for_run`); None: unsigned, nothing is signed or verified."""
+
+    # --- opening -----------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, store: Store, secret: bytes | None, *, role: str) -> RunRoot:
+        """The prepared run at `store`, with the run key derived from the master `secret` (None: unsigned,
+        logged once for `role`)."""
+        run_id = cls.read_config(store).run_id
+        key = signing.for_run(secret, run_id)
+        if key is None:
+            signing.warn_unsigned(role)
+        return cls(store, run_id, key)
+
+    @classmethod
+    def from_env(cls, store: Store, *, role: str) -> RunRoot:
+        """`open` with the master key from `DDILOCO_RUN_KEY` (what every CLI role does)."""
+        return cls.open(store, signing.key_from_env(), role=role)
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    # --- config and data ---------------------------------------------------------------------------------
+    @staticmethod
+    def read_config(store: Store) -> RunConfig:
+        """The run config at `store`; a ConfigError saying to run prepare when there is none."""
+        d = store.get_json_or_none(keys.CONFIG, max_bytes=MAX_DOC_BYTES)
+        if d is None:
+            raise ConfigError(
+                f"no run config at {store.url}/{keys.CONFIG}; run `ddiloco prepare --store {store.url}` first"
+            )
+        return RunConfig.from_dict(d)
+
+    def config(self) -> RunConfig:
+        return self.read_config(self.store)
+
+    def config_dict(self) -> dict[str, Any] | None:
+        """The stored config as written (None before prepare), for comparing with another config."""
+        return self.store.get_json_or_none(keys.CONFIG, max_bytes=MAX_DOC_BYTES)
+
+    def write_config(self, cfg: RunConfig) -> None:
+        self.store.put_json(keys.CONFIG, cfg.to_dict())
+
+    def data_meta(self) -> dict[str, Any] | None:
+        """data/meta.json: written last by prepare, so its presence means "prepared"."""
+        return self.store.get_json_or_none(keys.DATA_META, max_bytes=MAX_DOC_BYTES)
+
+    def write_data_meta(self, meta: Mapping[str, Any]) -> None:
+        self.store.put_json(keys.DATA_META, dict(meta))
+
+    def tokenizer(self) -> Tokenizer:
+        return tokenizer_from_json(self.store.get(keys.TOKENIZER, max_bytes=MAX_TOKENIZER_BYTES).decode())
+
+    def write_tokenizer(self, tok: Tokenizer) -> None:
+        self.store.put(keys.TOKENIZER, tok.to_json().encode())
+
+    def tokens(self, key: str, *, max_tokens: int = MAX_TOKENS) -> torch.Tensor:
+        """A token payload (shard or validation split) as int64, at most `max_tokens` int32 tokens' worth of
+        bytes read, its signature required with the run key."""
+        blob = self.store.get(key, max_bytes=4 * max_tokens + (1 << 20))
+        payload = self._unpack(key, blob, {})
+        tokens = payload.tensors.get("tokens")
+        if tokens is None or tokens.dim() != 1 or tokens.dtype != torch.int32:
+            raise wire.PayloadError("malformed", f"{key} holds no 1-D int32 'tokens' tensor")
+        return tokens.to(torch.int64)
+
+    def shard(self, i: int, *, max_tokens: int = MAX_TOKENS) -> torch.Tensor:
+        return self.tokens(keys.shard_key(i), max_tokens=max_tokens)
+
+    def val(self) -> torch.Tensor:
+        return self.tokens(keys.VAL)
+
+    def write_shard(self, i: int, tokens: torch.Tensor) -> None:
+        self._write_tokens(keys.shard_key(i), tokens, {"kind": "shard", "shard": i})
+
+    def write_val(self, tokens: torch.Tensor) -> None:
+        self._write_tokens(keys.VAL, tokens, {"kind": "val"})
+
+    def _write_tokens(self, key: str, tokens: torch.Tensor, meta: dict[str, Any]) -> None:
+        blob = wire.pack({"tokens": tokens.to(torch.int32)}, {"run_id": self.run_id, **meta}, key=self.key)
+        self.store.put(key, blob)
+
+    # --- the global model --------------------------------------------------------------------------------
+    def layout(self) -> Layout:
+        return globalmodel.read_layout(self.store)
+
+    def has_layout(self) -> bool:
+        return self.store.exists(keys.LAYOUT)
+
+    def latest_version(self, p: int) -> int | None:
+        return globalmodel.latest_version(self.store, p)
+
+    def read_global(self, layout: Layout, p: int, version: int) -> dict[str, torch.Tensor]:
+        """Global version `version` of fragment p, verified (`wire.PayloadError` for anything unacceptable)."""
+        return globalmodel.read_global(self.store, self.run_id, layout, p, version, key=self.key)
+
+    def publish_global(
+        self,
+        p: int,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        dtype: str,
+        extra: dict[str, Any] | None = None,
+    ) -> int:
+        return globalmodel.publish_global(
+            self.store, self.run_id, p, version, tensors, dtype, extra, key=self.key
+        )
+
+    def write_initial_globals(self, model: GPT, layout: Layout, dtype: str) -> None:
+        globalmodel.write_initial_globals(self.store, self.run_id, model, layout, dtype, key=self.key)
+
+    def model_at_versions(self, layout: Layout, versions: list[int]) -> GPT:
+        """The global model assembled from one version of every fragment."""
+        model = build_model(layout)
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for frag, v in zip(layout.fragments, versions, strict=True):
+                tensors = self._verified(
+                    keys.global_key(frag.fragment_id, v),
+                    lambda p=frag.fragment_id, v=v: self.read_global(layout, p, v),
+                )
+                for n, t in tensors.items():
+                    params[n].copy_(t)
+        return model
+
+    def latest_versions(self, layout: Layout) -> list[int]:
+        versions = []
+        for frag in layout.fragments:
+            v = self.latest_version(frag.fragment_id)
+            if v is None:
+                raise NotFound(
+                    f"fragment {frag.fragment_id} has no global version; run `ddiloco prepare` first"
+                )
+            versions.append(v)
+        return versions
+
+    # --- final and fine-tuned models, any full-model payload -----------------------------------------------
+    def final_model(self, layout: Layout) -> GPT:
+        """The syncer's final model; refused (ConfigError) when it does not verify under the run key."""
+        blob = globalmodel.get_capped(self.store, keys.FINAL_MODEL, layout.model_max_bytes())
+        payload = self._unpack(keys.FINAL_MODEL, blob, {"kind": "final"})
+        return load_parameters(build_model(layout), payload.tensors, "final model", prefixed=False)
+
+    def write_final_model(
+        self, tensors: dict[str, torch.Tensor], versions: list[int], meta: Mapping[str, Any]
+    ) -> None:
+        """final/model.safetensors (signed) and final/meta.json."""
+        header = {"run_id": self.run_id, "kind": "final", "versions": versions}
+        self.store.put(keys.FINAL_MODEL, wire.pack(tensors, header, key=self.key))
+        self.store.put_json(keys.FINAL_META, dict(meta))
+
+    def has_final_model(self) -> bool:
+        return self.store.exists(keys.FINAL_MODEL)
+
+    def payload_model(self, key: str, layout: Layout) -> tuple[GPT, dict[str, Any]]:
+        """(model, header) from any verified payload holding every parameter, named `name` or `param/name`
+        (the fine-tuned model, a learner checkpoint, ...)."""
+        blob = self.store.get(key, max_bytes=MAX_PAYLOAD_MODEL_BYTES)
+        payload = self._unpack(key, blob, {})
+        return load_parameters(build_model(layout), payload.tensors, key, prefixed=True), payload.meta
+
+    def write_sft_model(self, model: GPT, header: Mapping[str, Any]) -> None:
+        """sft/model.safetensors (kind "sft"), signed with the run key."""
+        state = {n: p.detach().float().cpu() for n, p in model.named_parameters()}
+        meta = {**header, "run_id": self.run_id, "kind": "sft"}
+        self.store.put(keys.SFT_MODEL, wire.pack(state, meta, key=self.key))
+
+    # --- JSON documents ----------------------------------------------------------------------------------
+    def document(self, key: str) -> dict[str, Any] | None:
+        """A small JSON document of the run root (None when absent)."""
+        return self.store.get_json_or_none(key, max_bytes=MAX_DOC_BYTES)
+
+    def write_document(self, key: str, doc: Mapping[str, Any]) -> None:
+        self.store.put_json(key, dict(doc))
+
+    def is_done(self) -> bool:
+        return self.store.exists(keys.DONE)
+
+    def done(self) -> dict[str, Any] | None:
+        return self.document(keys.DONE)
+
+    def status(self) -> dict[str, Any] | None:
+        return self.document(keys.STATUS)
+
+    def summary(self) -> dict[str, Any] | None:
+        return self.document(keys.SUMMARY)
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        self.store.put_json(keys.SUMMARY, dict(summary))
+
+    def write_launcher_events(self, events: Mapping[str, Any]) -> None:
+        self.store.put_json(keys.LAUNCHER_EVENTS, dict(events))
+
+    def eval_result(self, name: str) -> dict[str, Any] | None:
+        return self.document(keys.eval_key(name))
+
+    def write_eval_result(self, name: str, result: Mapping[str, Any]) -> None:
+        self.store.put_json(keys.eval_key(name), dict(result))
+
+    def sft_meta(self) -> dict[str, Any] | None:
+        return self.document(keys.SFT_META)
+
+    def write_sft_meta(self, meta: Mapping[str, Any]) -> None:
+        self.store.put_json(keys.SFT_META, dict(meta))
+
+    def learner_checkpoint_key(self, learner_id: int) -> str:
+        """The key of a learner's newest checkpoint (NotFound when it has none)."""
+        pointer = self.document(keys.ckpt_latest_key(learner_id))
+        if pointer is None:
+            raise NotFound(f"learner {learner_id} has no checkpoint in {self.url}")
+        return pointer["key"]
+
+    # --- verification ------------------------------------------------------------------------------------
+    def _unpack(self, key: str, blob: bytes, expect: Mapping[str, Any]) -> wire.Payload:
+        return self._verified(
+            key, lambda: wire.unpack(blob, expect={"run_id": self.run_id, **expect}, key=self.key)
+        )
+
+    def _verified(self, key: str, read: Callable[[], T]) -> T:
+        """`read()`, with a signature failure turned into a one-line ConfigError saying which key to set."""
+        try:
+            return read()
+        except wire.PayloadError as e:
+            if e.reason not in SIGNATURE_REASONS:
+                raise
+            raise ConfigError(signature_advice(f"{self.url}/{key}", e)) from None
+
+
+def load_parameters(model: GPT, tensors: Mapping[str, torch.Tensor], what: str, *, prefixed: bool) -> GPT:
+    """Copy every parameter of `model` from `tensors` (named `name`, or also `param/name` when `prefixed`)."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            t = tensors.get(n)
+            if t is None and prefixed:
+                t = tensors.get(f"param/{n}")
+            if t is None or t.shape != p.shape:
+                raise wire.PayloadError("wrong_shape", f"{what} is missing or mis-shapes parameter {n}")
+            p.copy_(t.float())
+    return model

@@ -1,0 +1,142 @@
+"""The syncer's view of the learners: their reports, who is live, their cadence and the run's goodput.
+
+Design choices:
+- Liveness is judged on this syncer's own clock only: when it *saw* a report change, never the report's
+  `time`, which the learner's host wrote with its own clock (a host whose clock runs 30 s behind would
+  never look live, and with every learner behind no round would ever open). Five missed heartbeats
+  (at least 3 s) mean dead; a final report is not live.
+- The newest report of each learner is re-read on every refresh; an incarnation that is no longer its
+  learner's newest is read once, and only the books goodput needs are kept.
+- Joins and losses of live learner incarnations are recorded as events (saved in the syncer state, read
+  by the summary).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from ddiloco import chiptime, keys
+from ddiloco.protocol import validation
+from ddiloco.protocol.messages import LearnerEvent
+from ddiloco.store.base import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+Report = dict[str, Any]
+PAST_FIELDS = ("learner_id", "incarnation", "time", "started_at", "joined_at", "final", "exit_reason")
+
+
+class Roster:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+        heartbeat_s: float,
+        events: list[LearnerEvent] | None = None,
+    ) -> None:
+        self.store, self.clock, self.wall = store, clock, wall
+        self.timeout_s = max(3.0, 5 * heartbeat_s)
+        self.reports: dict[int, Report] = {}
+        """learner id -> its newest incarnation's newest report."""
+        self.heard: dict[int, tuple[tuple[int, int], float]] = {}
+        """learner id -> ((incarnation, seq) of its newest report, this syncer's `clock()` when it changed)."""
+        self.past: dict[str, Report] = {}
+        """report key -> the last report of an incarnation no longer its learner's newest (for goodput)."""
+        self.events: list[LearnerEvent] = list(events or [])
+        self._live_prev: set[str] = set()
+
+    def refresh(self) -> None:
+        """Re-read the learners' reports and record who joined or was lost."""
+        newest: dict[int, str] = {}
+        found = [
+            k for k in self.store.list(keys.LEARNERS) if keys.is_report_key(k) and k.split("/")[1].isdigit()
+        ]
+        for key in found:
+            lid = int(key.split("/")[1])
+            newest[lid] = max(newest.get(lid, key), key)
+        for key in set(found) - set(newest.values()) - set(self.past):
+            self._read_past(key, int(key.split("/")[1]))
+        for lid, key in newest.items():
+            report = self._read(key, lid)
+            if report is not None:
+                self.reports[lid] = report
+                mark = (int(report["incarnation"]), int(report.get("seq") or 0))
+                if lid not in self.heard or self.heard[lid][0] != mark:
+                    self.heard[lid] = (mark, self.clock())
+        live = {keys.contributor(r["learner_id"], r["incarnation"]) for r in self.live()}
+        now = self.wall()
+        self.events += [LearnerEvent("joined", c, now) for c in sorted(live - self._live_prev)]
+        self.events += [LearnerEvent("lost", c, now) for c in sorted(self._live_prev - live)]
+        self._live_prev = live
+
+    def _read(self, key: str, lid: int) -> Report | None:
+        """A learner report that reads and validates, else None (logged)."""
+        try:
+            report = self.store.get_json(key)
+        except StoreError as e:
+            log.debug("report %s unreadable (%s)", key, e)
+            return None
+        if not validation.report_ok(report, lid):
+            log.warning("syncer: ignoring malformed learner report %s", key)
+            return None
+        return report
+
+    def _read_past(self, key: str, lid: int) -> None:
+        """Once, when an incarnation is superseded (or found so at start): its books for goodput."""
+        report = self._read(key, lid)
+        if report is not None:
+            self.past[key] = {k: report.get(k) for k in PAST_FIELDS} | {
+                "tokens_processed": report.get("tokens_processed") or 0,
+                "productive_seconds": chiptime.productive_seconds(report),
+            }
+
+    def live(self) -> list[Report]:
+        """Reports of the learners whose report changed recently and is not final (module docstring)."""
+        now = self.clock()
+        return [
+            r
+            for lid, r in self.reports.items()
+            if not r.get("final") and lid in self.heard and now - self.heard[lid][1] < self.timeout_s
+        ]
+
+    def live_names(self) -> set[str]:
+        """Contributor names of the live learner incarnations."""
+        return {keys.contributor(r["learner_id"], r["incarnation"]) for r in self.live()}
+
+    def measured_step(self) -> float | None:
+        """Median wall seconds per step of the live learners, loop overhead included (`chiptime.cadence`);
+        None until one reported its cadence."""
+        times = [t for r in self.live() if (t := chiptime.cadence(r))]
+        return statistics.median(times) if times else None
+
+    def mean_loss(self) -> float:
+        """Mean loss EMA of the live learners; NaN when none reported one."""
+        losses = [r["loss_ema"] for r in self.live() if r.get("loss_ema") is not None]
+        return statistics.mean(losses) if losses else math.nan
+
+    def tokens_processed(self) -> int:
+        """Tokens every incarnation of every learner processed, merged or not."""
+        return sum(r.get("tokens_processed") or 0 for r in [*self.reports.values(), *self.past.values()])
+
+    def tokens_discarded(self) -> float:
+        """Tokens the learners report discarded, summed over fragments (the caller averages)."""
+        return sum(f["discarded_tokens"] for r in self.reports.values() for f in r["fragments"].values())
+
+    def goodput(self) -> float:
+        """The paper's goodput up to now (`ddiloco.chiptime`). A live learner's books end at its newest
+        report; a dead one's are extended by the time since its report last changed, on this syncer's clock
+        (never by comparing this host's clock with the learner's)."""
+        reports, past, heard = dict(self.reports), list(self.past.values()), dict(self.heard)
+        live = {r["learner_id"] for r in self.live()}  # copies: a scrape runs on another thread
+        now, per_learner = self.clock(), []
+        for lid, newest in reports.items():
+            incs = [newest, *(r for r in past if r["learner_id"] == lid)]
+            down = 0.0 if lid in live or lid not in heard else now - heard[lid][1]
+            per_learner.append(chiptime.learner_chip_time(incs, newest["time"] + down))
+        return chiptime.goodput(per_learner) or 0.0

@@ -1,0 +1,239 @@
+"""The syncer's own objects in the run store, and its restart from them.
+
+Design choices:
+- `SyncerFiles` is the only code that reads or writes what the syncer owns: syncer/state.json, the status,
+  round records, outer momentum, global versions and the final model, each through its typed message
+  (`ddiloco.protocol.messages`) or the signed payload format (`ddiloco.protocol.wire`).
+- Persist order per merge: outer momentum → round record → global payload + latest pointer (`publish`),
+  then the caller writes the status and the state. A restarted syncer that finds a newer global than its
+  state adopts it and its round records (`resume`), so it never publishes a version twice and never loses
+  a merged one. The latest pointer is unsigned: a version is adopted only if it verifies.
+- Outer momentum that does not verify (or does not fit the layout) restarts from zero rather than
+  stopping the run: it only smooths the outer steps.
+- `Books` are the run-long counters of rounds; they are saved in the state with the fragments' versions
+  and ledgers, the intake's rejections and the roster's learner events.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from ddiloco import keys
+from ddiloco.globalmodel import Layout, latest_version, publish_global, read_global
+from ddiloco.merge import OuterNesterov
+from ddiloco.protocol import wire
+from ddiloco.protocol.messages import (
+    LearnerEvent,
+    Ledger,
+    Merged,
+    OpenRound,
+    RoundRecord,
+    Status,
+    SyncerState,
+)
+from ddiloco.store.base import NotFound, ObjectTooLarge, Store
+from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal, Tensors
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Books:
+    """The syncer's run-long counters of rounds (persisted in the state)."""
+
+    started_wall: float
+    incarnation: int = 0
+    next_round: int = 0
+    rounds_merged: int = 0
+    rounds_abandoned: int = 0
+    merged_recent: deque[Merged] = field(default_factory=deque)
+    """The newest merges, as the status lists them (bounded: `recent_len`)."""
+    clipped: Counter[str] = field(default_factory=Counter)
+    xi_quorum: float = 0.0
+    """EMA of the time from opening a round to its quorum."""
+    xi_sync: float = 0.0
+    """EMA of the time a merge takes (arithmetic and publishing)."""
+    bytes_published: int = 0
+
+    @staticmethod
+    def recent_len(num_fragments: int) -> int:
+        return 8 * num_fragments + 16
+
+    def account(self, record: RoundRecord) -> None:
+        self.rounds_merged += 1
+        self.merged_recent.append(Merged.of(record))
+
+
+@dataclass(slots=True)
+class Resumed:
+    """What a starting syncer continues from: the saved state (empty books on a first start) with any
+    version published after it adopted into `books`, `fragments` and `open_rounds`."""
+
+    books: Books
+    fragments: list[GlobalFragment]
+    open_rounds: list[OpenRound] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)
+    late_answers: int = 0
+    learner_events: list[LearnerEvent] = field(default_factory=list)
+
+
+class SyncerFiles:
+    """The syncer's reads and writes of the run store (see the module docstring)."""
+
+    def __init__(self, store: Store, run_id: str, layout: Layout, key: bytes | None) -> None:
+        self.store, self.run_id, self.layout, self.key = store, run_id, layout, key
+
+    # --- documents ----------------------------------------------------------------------------------------
+    def load_state(self) -> SyncerState | None:
+        obj = self.store.get_json_or_none(keys.SYNCER_STATE)
+        if obj is None:
+            return None
+        run_id = obj.get("run_id") if isinstance(obj, dict) else None
+        if run_id != self.run_id:
+            raise ValueError(f"{keys.SYNCER_STATE} belongs to run {run_id!r}, not {self.run_id!r}")
+        return SyncerState.from_json(obj)
+
+    def save_state(self, state: SyncerState) -> None:
+        self.store.put_json(keys.SYNCER_STATE, state.to_json())
+
+    def put_status(self, status: Status) -> None:
+        self.store.put_json(keys.STATUS, status.to_json())
+
+    def round_records(self) -> list[RoundRecord]:
+        return [RoundRecord.from_json(self.store.get_json(k), k) for k in self.store.list(keys.ROUNDS)]
+
+    # --- tensors ------------------------------------------------------------------------------------------
+    def read_global(self, p: int, version: int) -> Tensors:
+        return read_global(self.store, self.run_id, self.layout, p, version, key=self.key)
+
+    def read_momentum(self, p: int, version: int, rule: MergeRule) -> OuterNesterov:
+        """Outer momentum of fragment p at `version` (> 0); one that fails verification restarts from zero."""
+        outer = rule.optimizer()
+        try:
+            payload = wire.unpack(
+                self.store.get(keys.momentum_key(p, version), max_bytes=self.layout.fragment_max_bytes(p)),
+                expect={"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version},
+                key=self.key,
+            )
+            if any(list(t.shape) != self.layout.shapes.get(n) for n, t in payload.tensors.items()):
+                raise wire.PayloadError("wrong_shape", "momentum does not match the fragment layout")
+            outer.load_state_dict(payload.tensors)
+        except (wire.PayloadError, NotFound, ObjectTooLarge, ValueError) as e:
+            log.error(
+                "syncer: outer momentum of fragment %d v%d unusable (%s); restarting it from zero",
+                p,
+                version,
+                e,
+            )
+            return rule.optimizer()
+        return outer
+
+    def load_fragment(self, p: int, version: int, ledger: Ledger, rule: MergeRule) -> GlobalFragment:
+        outer = self.read_momentum(p, version, rule) if version > 0 else rule.optimizer()
+        return GlobalFragment(
+            p,
+            version,
+            self.read_global(p, version),
+            outer,
+            ledger,
+            read=lambda v: self.read_global(p, v),
+        )
+
+    def publish(self, proposal: Proposal, record: RoundRecord, dtype: str) -> int:
+        """Persist one merge of fragment `record.fragment_id` (momentum → record → global + pointer);
+        returns the bytes of the global payload."""
+        p, version = record.fragment_id, proposal.version
+        meta = {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version}
+        self.store.put(
+            keys.momentum_key(p, version), wire.pack(proposal.outer.state_dict(), meta, key=self.key)
+        )
+        self.store.put_json(keys.round_record_key(record.round), record.to_json())
+        return publish_global(
+            self.store, self.run_id, p, version, proposal.theta, dtype, {"round": record.round}, key=self.key
+        )
+
+    def write_final(self, fragments: list[GlobalFragment], tokens_merged: float) -> None:
+        versions = [f.version for f in fragments]
+        final = {n: t for f in fragments for n, t in f.theta.items()}
+        meta = {"run_id": self.run_id, "kind": "final", "versions": versions}
+        self.store.put(keys.FINAL_MODEL, wire.pack(final, meta, key=self.key))
+        self.store.put_json(
+            keys.FINAL_META,
+            {"versions": versions, "model": self.layout.model, "tokens_merged": tokens_merged},
+        )
+
+    # --- restart ------------------------------------------------------------------------------------------
+    def resume(self, rule: MergeRule, started_wall: float) -> Resumed:
+        """The saved state, if any, plus every version published after it (a merge whose state write did
+        not happen: the version, its round records and their ledger entries are adopted)."""
+        saved = self.load_state()
+        num = self.layout.num_fragments
+        books = Books(started_wall, merged_recent=deque(maxlen=Books.recent_len(num)))
+        versions, ledgers, open_rounds = [0] * num, [Ledger() for _ in range(num)], []
+        if saved is not None:
+            books = _books_of(saved, num)
+            versions, ledgers, open_rounds = list(saved.versions), saved.ledger, list(saved.open_rounds)
+        records: list[RoundRecord] | None = None
+        for p in range(num):
+            latest = latest_version(self.store, p)
+            if latest is None:
+                raise NotFound(f"fragment {p} has no global version 0; run `ddiloco prepare` first")
+            if latest <= versions[p] or not self._verifies(p, latest):
+                continue
+            records = self.round_records() if records is None else records
+            for rec in records:
+                if rec.fragment_id == p and versions[p] < rec.version <= latest:
+                    books.account(rec)
+                    credit(ledgers[p], rec)
+                    books.next_round = max(books.next_round, rec.round + 1)
+                    open_rounds = [r for r in open_rounds if r.round != rec.round]
+            log.warning(
+                "syncer: adopting fragment %d version %d published before the last state write", p, latest
+            )
+            versions[p] = latest
+        fragments = [self.load_fragment(p, v, ledgers[p], rule) for p, v in enumerate(versions)]
+        if saved is None:
+            return Resumed(books, fragments)
+        log.info(
+            "syncer incarnation %d resumed run %s at round %d, versions %s",
+            books.incarnation,
+            self.run_id,
+            books.next_round,
+            versions,
+        )
+        return Resumed(
+            books, fragments, open_rounds, saved.rejected, saved.late_answers, saved.learner_events
+        )
+
+    def _verifies(self, p: int, version: int) -> bool:
+        try:  # the pointer is unsigned: adopt only a version that verifies
+            self.read_global(p, version)
+        except (wire.PayloadError, NotFound) as e:
+            log.error("syncer: not adopting fragment %d version %d (%s)", p, version, e)
+            return False
+        return True
+
+
+def credit(ledger: Ledger, record: RoundRecord) -> None:
+    """Add a merged round's answers to its fragment's ledger."""
+    for c in record.contributors.values():
+        ledger.merged_tokens += c.c_tokens
+        ledger.merged_steps += c.c_steps
+        ledger.merged_answers += 1
+
+
+def _books_of(saved: SyncerState, num_fragments: int) -> Books:
+    return Books(
+        started_wall=saved.started_wall,
+        incarnation=saved.incarnation + 1,
+        next_round=saved.next_round,
+        rounds_merged=saved.rounds_merged,
+        rounds_abandoned=saved.rounds_abandoned,
+        merged_recent=deque(saved.merged_recent, maxlen=Books.recent_len(num_fragments)),
+        clipped=Counter(saved.clipped),
+        xi_quorum=saved.xi_quorum,
+        xi_sync=saved.xi_sync,
+        bytes_published=saved.bytes_published,
+    )

@@ -1,0 +1,129 @@
+"""The syncer's documents (`ddiloco.protocol.messages`): the JSON as written, read back, and bad fields named."""
+
+import json
+import math
+
+import pytest
+
+from ddiloco.protocol.messages import RoundRecord, Status, SyncerState
+
+RECORD = {
+    "round": 12,
+    "fragment_id": 0,
+    "version": 6,
+    "opened_at": 1700000000.5,
+    "time_to_quorum": 0.25,
+    "grace_s": 0.1,
+    "merged_at": 1700000001.0,
+    "quorum": 2,
+    "contributors": {
+        "0-0": {
+            "c_tokens": 512,
+            "c_steps": 4,
+            "c_seconds": 0.5,
+            "base_version": 5,
+            "staleness": 0,
+            "weight": 65536.0,
+        },
+        "1-2": {
+            "c_tokens": 384,
+            "c_steps": 3,
+            "c_seconds": 1,
+            "base_version": 4,
+            "staleness": 1,
+            "weight": 1.0,
+        },
+    },
+    "rejected": {"009-0000.safetensors": "bad_signature"},
+    "merged_norm": 1.5,
+    "mean_delta_norm": 1.25,
+    "ratio": 1.2,
+    "clipped": {"1-2": 0.5},
+}
+MERGED = {"round": 12, "fragment_id": 0, "version": 6, "contributors": {"0-0": 512, "1-2": 384}}
+STATUS = {
+    "run_id": "r",
+    "time": 1700000002.0,
+    "syncer_incarnation": 1,
+    "done": False,
+    "syncer_host": "h",
+    "syncer_pid": 42,
+    "next_round": 14,
+    "versions": {"0": 6, "1": 5},
+    "open_rounds": [{"round": 13, "fragment_id": 1, "opened_at": 1700000001.5}],
+    "merged": [MERGED],
+    "tokens_merged": 448.0,
+    "token_budget": 12000,
+    "rounds_merged": 11,
+    "live_learners": 2,
+    "loss": 3.25,
+    "rejected": {"bad_signature": 1},
+    "clipped": {"norm_outlier": 1},
+    "rejections": [
+        {"learner_id": 1, "incarnation": 2, "fragment_id": 0, "round": 12, "reason": "bad_codec", "time": 1.5}
+    ],
+}
+STATE = {
+    "run_id": "r",
+    "incarnation": 1,
+    "versions": [6, 5],
+    "ledger": [
+        {"merged_tokens": 896, "merged_answers": 2, "merged_steps": 7},
+        {"merged_tokens": 0, "merged_answers": 0, "merged_steps": 0},
+    ],
+    "rejected": {"bad_signature": 1},
+    "clipped": {},
+    "next_round": 14,
+    "rounds_merged": 11,
+    "rounds_abandoned": 0,
+    "merged_recent": [MERGED],
+    "xi_quorum": 0.2,
+    "xi_sync": 0.01,
+    "started_wall": 1699999999.0,
+    "open_rounds": [{"round": 13, "fragment_id": 1, "opened_wall": 1700000001.5}],
+    "bytes_published": 1024,
+    "late_answers": 3,
+    "learner_events": [{"event": "joined", "learner": "0-0", "time": 1.0}],
+}
+
+
+@pytest.mark.parametrize("cls, doc", [(RoundRecord, RECORD), (Status, STATUS), (SyncerState, STATE)])
+def test_documents_read_back_to_the_same_json(cls, doc):
+    """Same fields, same order, same number types (an int stays an int): byte-identical JSON."""
+    assert json.dumps(cls.from_json(doc).to_json()) == json.dumps(doc)
+
+
+def test_the_status_loss_may_be_nan():
+    status = Status.from_json(STATUS | {"loss": math.nan})
+    assert math.isnan(status.to_json()["loss"])
+
+
+def test_an_older_state_without_optional_fields_reads_them_empty():
+    old = {k: v for k, v in STATE.items() if k not in ("clipped", "open_rounds", "learner_events")}
+    state = SyncerState.from_json(old)
+    assert state.clipped == {} and state.open_rounds == [] and state.learner_events == []
+
+
+@pytest.mark.parametrize(
+    "cls, doc, field",
+    [
+        (RoundRecord, RECORD | {"quorum": "2"}, "'quorum'"),
+        (RoundRecord, RECORD | {"rejected": {"x": 1}}, "'rejected'"),
+        (RoundRecord, {**RECORD, "contributors": {"0-0": {"c_tokens": 1}}}, "'c_steps'"),
+        (Status, {k: v for k, v in STATUS.items() if k != "syncer_pid"}, "'syncer_pid'"),
+        (Status, STATUS | {"done": 0}, "'done'"),
+        (Status, STATUS | {"versions": {"0": 6, "2": 5}}, "'versions'"),
+        (Status, STATUS | {"time": True}, "'time'"),
+        (SyncerState, STATE | {"versions": [6, "5"]}, "'versions'"),
+        (SyncerState, STATE | {"ledger": [{"merged_tokens": 1.5}]}, "'merged_tokens'"),
+        (
+            SyncerState,
+            STATE | {"open_rounds": [{"round": 13, "fragment_id": 1, "opened_at": 1.0}]},
+            "'opened_wall'",
+        ),
+        (SyncerState, [], "expected a JSON object"),
+    ],
+)
+def test_a_bad_field_is_named(cls, doc, field):
+    with pytest.raises(ValueError, match=field):
+        cls.from_json(doc)
