@@ -12,7 +12,10 @@ from tests._harness import tiny_config
 pytestmark = pytest.mark.slow
 
 BASE = ("diloco.learners=4", "diloco.fragments=2", "diloco.token_budget=400000", "train.checkpoint_every_s=2")
-LONG = "diloco.token_budget=800000"  # the loss comparison needs a run long enough for noise to settle
+# Timed events (at_s) need a run that outlasts them on a fast, quiet machine: 800k tokens took under 25 s
+# there, and a kill at 25 s or a stall ending at 26 s found the run over (chaos_events [] / "SIGCONT (run
+# ended)"). 2M tokens: ~2x the latest event on a quiet machine; a loaded one only takes longer.
+OUTLASTS_TIMED_EVENTS = "diloco.token_budget=2000000"
 # The loss comparison also needs a corpus the run does not cycle through (the harness's 600 documents are
 # seen many times over in 800k tokens, and the loss then depends on timing), more than 2 validation
 # batches, and more than one point: this tiny model plateaus near 0.8 after ~500k tokens, and there the
@@ -97,7 +100,9 @@ def test_killing_one_learner_twice(tmp_path, reference):
 
 def test_killing_the_syncer(tmp_path):
     # Late enough that the syncer has started (and checkpointed) even on a slow, loaded machine.
-    run, s = run_with(tmp_path, "ksync", LONG, "chaos.events=[{kind: kill_syncer, at_s: 25}]")
+    run, s = run_with(
+        tmp_path, "ksync", OUTLASTS_TIMED_EVENTS, "chaos.events=[{kind: kill_syncer, at_s: 25}]"
+    )
     store = open_store(run.url)
     assert s["status"] == "done"
     assert [e["action"] for e in s["chaos_events"]] == ["SIGKILL"]
@@ -108,7 +113,10 @@ def test_killing_the_syncer(tmp_path):
 
 def test_a_stalled_learner_does_not_hold_back_the_others(tmp_path):
     run, s = run_with(
-        tmp_path, "stall", LONG, "chaos.events=[{kind: stall_learner, learner: 2, at_s: 6, duration_s: 20}]"
+        tmp_path,
+        "stall",
+        OUTLASTS_TIMED_EVENTS,
+        "chaos.events=[{kind: stall_learner, learner: 2, at_s: 6, duration_s: 20}]",
     )
     store = open_store(run.url)
     assert [e["action"] for e in s["chaos_events"]] == ["SIGSTOP", "SIGCONT"]
@@ -121,7 +129,10 @@ def test_a_stalled_learner_does_not_hold_back_the_others(tmp_path):
 
 def test_a_store_outage_is_ridden_out(tmp_path):
     run, s = run_with(
-        tmp_path, "outage", LONG, "chaos.events=[{kind: store_outage, at_s: 20, duration_s: 10}]"
+        tmp_path,
+        "outage",
+        OUTLASTS_TIMED_EVENTS,
+        "chaos.events=[{kind: store_outage, at_s: 20, duration_s: 10}]",
     )
     store = open_store(run.url)
     assert s["status"] == "done" and s["ledger_balanced"]
