@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,6 +208,11 @@ class DilocoConfig:
     """A round with fewer than K answers after this long is abandoned (no learner alive); it reopens later."""
     robust_clip: float | None = None
     """Robust mode: clip each outer gradient to this multiple of the round's median norm (null: off, ≥ 1)."""
+    staleness_exponent: float = 0.5
+    """a: an answer s versions behind is weighted (1 + s)^-a, and a round of stale answers steps by the freshest
+    one's discount (`ddiloco.syncer.fragment`); 0 weighs every answer by tokens alone."""
+    max_staleness: int | None = 8
+    """Reject (`too_stale`) answers whose base is more than this many versions behind; null accepts any."""
 
     def validate(self) -> None:
         _check(self.learners >= 1, "diloco.learners must be ≥ 1")
@@ -232,6 +238,14 @@ class DilocoConfig:
         _check(
             self.outer_lr > 0 and 0 <= self.outer_momentum < 1,
             "diloco.outer_lr must be > 0 and diloco.outer_momentum in [0, 1)",
+        )
+        _check(
+            math.isfinite(self.staleness_exponent) and self.staleness_exponent >= 0,
+            f"diloco.staleness_exponent={self.staleness_exponent} must be ≥ 0 (0.5: half weight at staleness 3)",
+        )
+        _check(
+            self.max_staleness is None or self.max_staleness >= 0,
+            f"diloco.max_staleness={self.max_staleness} must be null (accept any) or ≥ 0",
         )
         _check(self.token_budget > 0, "diloco.token_budget must be > 0")
         _check(self.round_timeout_s > 0, "diloco.round_timeout_s must be > 0")

@@ -7,6 +7,8 @@ Design choices:
   once by `prepare` next to global version 0, so learners and the syncer agree on it without talking.
 - A global version is a write-once payload `global/{p}/v{n}`; the small `latest.json` pointer is written
   after it. Readers verify run id, kind, fragment, version, names and shapes before using a payload.
+- A version is published as fp32 or bf16 (`diloco.global_dtype`); `published_values` gives back exactly what
+  a reader of a bf16 version sees, so the syncer can keep its own fp32 master apart from it.
 - With the run key (`ddiloco.protocol.signing.for_run`) every global version is signed by its writer (prepare for
   v0, the syncer after) and every reader given the key requires a valid signature. Reads are capped at the
   size the layout allows (fp32 fragment + header slack), so a hostile object costs one refused request.
@@ -135,6 +137,14 @@ def publish_global(
     store.put(keys.global_key(p, version), blob)
     store.put_json(keys.global_latest_key(p), {"version": version, "key": keys.global_key(p, version)})
     return len(blob)
+
+
+def published_values(tensors: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """What a reader of `tensors` published as `dtype` gets back (fp32 copies, rounded once for bf16)."""
+    tdtype = _DTYPES[dtype]
+    return {
+        n: t.detach().to(tdtype).float() if tdtype != torch.float32 else t.clone() for n, t in tensors.items()
+    }
 
 
 def latest_version(store: Store, p: int) -> int | None:

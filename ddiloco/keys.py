@@ -74,6 +74,11 @@ def momentum_key(p: int, version: int) -> str:
     return f"syncer/momentum/{p:03d}/v{version:08d}.safetensors"
 
 
+def master_key(p: int, version: int) -> str:
+    """The syncer's fp32 master of fragment p at `version` (written only with bf16 globals)."""
+    return f"syncer/master/{p:03d}/v{version:08d}.safetensors"
+
+
 def round_record_key(round_: int) -> str:
     return f"{ROUNDS}{round_:08d}.json"
 

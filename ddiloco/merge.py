@@ -1,7 +1,8 @@
 """The syncer's merge of learner outer gradients and its outer optimizer (pure tensor code, no I/O).
 
-A round of fragment p collects outer gradients ``Δ_m = Θ_p - θ_{m,p}`` from the learners that answered,
-merges them into one outer gradient and applies one outer Nesterov step to the global ``Θ_p``.
+A round of fragment p collects outer gradients ``Δ_m = Θ_base - θ_{m,p}`` from the learners that answered
+(each against the version it trained from: ``ddiloco.syncer.fragment``), merges them into one outer gradient
+and applies one outer Nesterov step to the global ``Θ_p``.
 Design choices:
 
 - Weights ``w_m = c_tokens² / c_steps`` ("quantity × quality", DESIGN.md §2): a learner that processed more
@@ -12,6 +13,10 @@ Design choices:
   direction degenerates (opposite deltas cancel: ‖Σ w φ(Δ_m)‖ < eps) it falls back to the weighted mean,
   which is then tiny or zero, as it should be. Embedding-like tensors (sparse, per-token rows) always use
   the weighted mean: rows touched by one learner only must not be rescaled by the others' norms.
+- Staleness discount ``(1 + s)^-a`` (`staleness_discount`): the polynomial staleness function of FedAsync
+  (Xie, Koyejo, Gupta 2019, "Asynchronous Federated Optimization", a = 0.5 there and here by default);
+  how the syncer applies it is `ddiloco.syncer.fragment`'s to say. Exactly 1.0 for a fresh answer, so
+  rounds without stale answers are bit-for-bit what they were without it.
 - Exactness where it is cheap: one learner with positive weight gives back exactly its delta (RDA and mean),
   and ``OuterNesterov`` reproduces ``torch.optim.SGD(nesterov=True)`` operation by operation.
 - Speed (the syncer merges every fragment every round on a CPU): each learner's norm is one streaming
@@ -33,6 +38,7 @@ __all__ = [
     "merge",
     "merge_with_stats",
     "rda",
+    "staleness_discount",
     "token_weight",
     "weighted_mean",
 ]
@@ -48,6 +54,15 @@ def token_weight(c_tokens: int, c_steps: int) -> float:
     if c_steps == 0:
         return 0.0
     return float(c_tokens) ** 2 / float(c_steps)
+
+
+def staleness_discount(staleness: int, exponent: float) -> float:
+    """How much an answer ``staleness`` versions behind counts: ``(1 + s)^-a`` (1.0 exactly when fresh)."""
+    if staleness < 0 or not (math.isfinite(exponent) and exponent >= 0):
+        raise ValueError(f"staleness must be >= 0 and exponent finite and >= 0, got {staleness}, {exponent}")
+    if staleness == 0 or exponent == 0:
+        return 1.0
+    return float(1 + staleness) ** -exponent
 
 
 def _normalized(weights: Sequence[float], n: int) -> list[float]:

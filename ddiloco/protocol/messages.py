@@ -104,12 +104,21 @@ class Contribution:
     base_version: int
     staleness: int
     weight: float
+    """The token weight c_tokens²/c_steps (1.0 without token weighting)."""
+    discount: float = 1.0
+    """The staleness discount (1 + staleness)^-a its weight was multiplied by (records before it: 1.0)."""
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "contribution") -> Contribution:
         f = _Fields(obj, doc)
         counts = (f.integer("c_tokens"), f.integer("c_steps"), f.number("c_seconds"))
-        return cls(*counts, f.integer("base_version"), f.integer("staleness"), f.number("weight"))
+        return cls(
+            *counts,
+            f.integer("base_version"),
+            f.integer("staleness"),
+            f.number("weight"),
+            f.get("discount", (int, float), 1.0),
+        )
 
 
 @dataclass(slots=True)

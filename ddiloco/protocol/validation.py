@@ -17,6 +17,8 @@ Rejection reasons (counted by the syncer, in metrics, the status object and the 
   bad_codec                                       codec differs from the run's `diloco.codec`
   bad_counters                                    c_steps < 1, c_tokens ≤ 0 or above c_steps × batch tokens
   bad_base                                        base version not published (or unreadable)
+  too_stale                                       base more than `diloco.max_staleness` versions behind
+                                                  (the honest answer of a learner that fell far behind)
   future_steps                                    more steps than the learner could have made (below)
   wrong_shape                                     tensor names or sizes do not match the fragment layout
   non_finite                                      NaN/Inf in the delta
@@ -101,6 +103,16 @@ def counters(meta: Mapping[str, Any], *, codec: str, tokens_per_step: int, lates
     if meta["base_version"] > latest_version:
         raise PayloadError(
             "bad_base", f"base_version {meta['base_version']} is newer than the latest ({latest_version})"
+        )
+
+
+def staleness(meta: Mapping[str, Any], *, latest_version: int, max_staleness: int | None) -> None:
+    """An answer built on a base more than `max_staleness` versions behind is `too_stale` (None: any)."""
+    behind = latest_version - meta["base_version"]
+    if max_staleness is not None and behind > max_staleness:
+        raise PayloadError(
+            "too_stale",
+            f"base_version {meta['base_version']} is {behind} versions behind (diloco.max_staleness={max_staleness})",
         )
 
 

@@ -1,26 +1,44 @@
 """One fragment of the global model as the syncer holds it: Θ_p, its version, its outer momentum, its ledger.
 
 Design choices:
-- A merge is two steps. `propose` does the arithmetic on copies (outer gradients Δ_m = Θ_p − θ_m against
-  each answer's base version, robust clipping, the merge of `ddiloco.merge`, one outer Nesterov step) and
-  returns a `Proposal`; `commit` adopts it once it is persisted. If persisting fails (store outage) the
-  round stays open and is merged again later, and the fragment has not moved.
-- The fragment keeps the last few versions it published (`KEEP_VERSIONS`) as bases for answers; an older
-  base is read through the `read` callable it was given (it verifies signatures), so no store here.
-- With bf16 globals the fragment keeps the rounded values learners see, so the next Δ_m is exact.
+- A merge is two steps. `propose` does the arithmetic on copies (outer gradients, robust clipping, the merge
+  of `ddiloco.merge`, one outer Nesterov step) and returns a `Proposal`; `commit` adopts it once it is
+  persisted. If persisting fails (store outage) the round stays open and is merged again later, and the
+  fragment has not moved.
+- Outer gradients are taken against each answer's own base: Δ_m = Θ_base − θ_m = −δ_m, where δ_m is the
+  learner's upload (its parameters minus the values of version `base_version` it received). The merged Δ is
+  applied to the *current* Θ_p. The former Δ_m = Θ_current − θ_m charged a stale learner with undoing every
+  outer step published since its base (a zero-progress answer 3 versions old moved Θ back by 2.1× the last
+  step); against its own base it contributes exactly the progress it made. As RDA and the mean are odd
+  functions, the deltas are merged as they are and the result negated once (a sign flip is exact).
+- Staleness rule (s = versions published since the answer's base; `cfg.diloco.staleness_exponent` a,
+  default 0.5, and `max_staleness`): an answer's merge weight is its token weight × (1 + s)^-a (FedAsync's
+  polynomial staleness function, `ddiloco.merge.staleness_discount`), so older information has less say in
+  the direction and length of the step; and the merged outer gradient is scaled by the discount of the
+  round's *freshest* answer, so a round with one fresh answer takes a full step while a round of stale
+  answers only takes a damped one (a delayed gradient under momentum overshoots: asynchronous SGD scales its
+  step down with the delay). A round of fresh answers is bit-for-bit unaffected. Answers more than
+  `max_staleness` versions behind never get here: the intake rejects them as `too_stale`. The round record
+  keeps each answer's staleness, token weight and discount.
+- fp32 master: `theta` is the syncer's own fp32 Θ_p and is never rounded. With bf16 globals only what is
+  published is rounded (`globalmodel.published_values`); updates below half a bf16 ulp accumulate in the
+  master until they show. The published values of the last few versions (`KEEP_VERSIONS`) are kept as the
+  bases answers name (the intake checks that a base exists); an older base is read through the `read`
+  callable it was given (it verifies signatures), so no store here. The master of each version is
+  persisted by `ddiloco.syncer.state` so a restart does not fall back to the rounded values.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 
 from ddiloco.config import DilocoConfig
-from ddiloco.globalmodel import Layout
-from ddiloco.merge import OuterNesterov, merge_with_stats, token_weight
+from ddiloco.globalmodel import Layout, published_values
+from ddiloco.merge import OuterNesterov, merge_with_stats, staleness_discount, token_weight
 from ddiloco.protocol import validation
 from ddiloco.protocol.messages import Contribution, Ledger, RoundRecord
 from ddiloco.syncer.rounds import Answer, Round
@@ -42,6 +60,8 @@ class MergeRule:
     token_weighting: bool
     robust_clip: float | None
     embedding_names: frozenset[str]
+    staleness_exponent: float = 0.5
+    """a of the staleness discount (1 + s)^-a (module docstring); 0 turns it off."""
 
     @classmethod
     def of(cls, d: DilocoConfig, layout: Layout, robust_clip: float | None) -> MergeRule:
@@ -53,6 +73,7 @@ class MergeRule:
             token_weighting=d.token_weighting,
             robust_clip=robust_clip if robust_clip is not None else d.robust_clip,
             embedding_names=frozenset(layout.embedding_names),
+            staleness_exponent=d.staleness_exponent,
         )
 
     def optimizer(self) -> OuterNesterov:
@@ -97,47 +118,59 @@ class GlobalFragment:
     fragment_id: int
     version: int
     theta: Tensors
+    """The fp32 master Θ_p (what the outer optimizer steps), never rounded."""
     outer: OuterNesterov
     ledger: Ledger
     read: Callable[[int], Tensors]
     """Reads version v of this fragment from the store (a base older than the ones kept)."""
+    published: InitVar[Tensors | None] = None
+    """The values `version` was published with, when they differ from `theta` (bf16 globals)."""
     recent: dict[int, Tensors] = field(default_factory=dict)
+    """version -> the values learners received for it (fp32 tensors of the published payload)."""
     published_at: dict[int, float] = field(default_factory=dict)
     """version -> wall time just before it was written (no learner can hold it earlier)."""
     merged_clock: float = -math.inf
     """The syncer's clock when this syncer published the current version (round pacing)."""
 
-    def __post_init__(self) -> None:
-        self.recent[self.version] = _clone(self.theta)
+    def __post_init__(self, published: Tensors | None) -> None:
+        self.recent[self.version] = _clone(published if published is not None else self.theta)
 
     def base(self, version: int) -> Tensors:
-        """Θ_p at `version`, the base an answer's delta is relative to (PayloadError/NotFound from `read`)."""
+        """Θ_p as published at `version`, the base an answer's delta is relative to (PayloadError/NotFound
+        from `read`)."""
         if version not in self.recent:
             self.recent[version] = self.read(version)
         return self.recent[version]
 
     def propose(self, answers: Mapping[str, Answer], rule: MergeRule) -> Proposal:
-        """Merge the answers (by contributor) into the next version, on copies."""
-        outer_grads, weights, contributors = [], [], {}
+        """Merge the answers (by contributor) into the next version, on copies (module docstring)."""
+        deltas, weights, discounts, contributors = [], [], [], {}
         for c, ans in sorted(answers.items()):
             h = ans.header
-            base = self.base(h["base_version"])
-            # Δ_m = Θ_p − θ_m with the learner's θ_m = its base + its delta
-            outer_grads.append({n: self.theta[n] - base[n] - ans.delta[n] for n in self.theta})
+            deltas.append({n: ans.delta[n] for n in self.theta})  # δ_m = θ_m − Θ_base, so Δ_m = −δ_m
             w = token_weight(h["c_tokens"], h["c_steps"]) if rule.token_weighting else 1.0
-            weights.append(w)
             staleness = self.version - h["base_version"]
+            discount = staleness_discount(staleness, rule.staleness_exponent)
+            weights.append(w * discount)
+            discounts.append(discount)
             contributors[c] = Contribution(
-                h["c_tokens"], h["c_steps"], h["c_seconds"], h["base_version"], staleness, w
+                h["c_tokens"], h["c_steps"], h["c_seconds"], h["base_version"], staleness, w, discount
             )
         clipped: dict[str, float] = {}
         if rule.robust_clip is not None:
-            outer_grads, scales = validation.clip_outliers(outer_grads, rule.robust_clip)
+            deltas, scales = validation.clip_outliers(deltas, rule.robust_clip)
             names = sorted(answers)
             clipped = {names[i]: f for i, f in scales.items()}
         merged, stats = merge_with_stats(
-            outer_grads, weights, embedding_names=rule.embedding_names, method=rule.method
+            deltas, weights, embedding_names=rule.embedding_names, method=rule.method
         )
+        scale = max(discounts)  # the freshest answer's discount: 1.0 when any answer is fresh
+        for t in merged.values():  # Δ = −merge(δ)
+            t.neg_()
+            if scale != 1.0:
+                t.mul_(scale)
+        stats["merged_norm"] *= scale
+        stats["ratio"] *= scale
         outer = rule.optimizer()
         outer.load_state_dict({n: t.clone() for n, t in self.outer.state_dict().items()})
         theta = _clone(self.theta)
@@ -145,16 +178,13 @@ class GlobalFragment:
         return Proposal(self.version + 1, theta, outer, contributors, clipped, stats)
 
     def commit(self, proposal: Proposal, *, published_at: float, clock: float, dtype: str) -> None:
-        """Adopt a persisted proposal. `published_at`: wall time before it was written; `clock`: now."""
-        theta = proposal.theta
-        if dtype == "bf16":  # learners see the rounded values; keep the syncer's copy identical
-            for t in theta.values():
-                t.copy_(t.to(torch.bfloat16).float())
-        self.theta, self.outer, self.version = theta, proposal.outer, proposal.version
+        """Adopt a persisted proposal, published as `dtype`. `published_at`: wall time before it was
+        written; `clock`: now. `theta` stays the fp32 master; the published values become the version's base."""
+        self.theta, self.outer, self.version = proposal.theta, proposal.outer, proposal.version
         self.published_at[self.version] = published_at
         self.published_at.pop(self.version - KEEP_PUBLISHED, None)
         self.merged_clock = clock
-        self.recent[self.version] = _clone(theta)
+        self.recent[self.version] = published_values(proposal.theta, dtype)
         for v in sorted(self.recent)[:-KEEP_VERSIONS]:
             del self.recent[v]
 

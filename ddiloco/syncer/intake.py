@@ -4,7 +4,8 @@ Design choices:
 - `Intake.collect` reads each new object of an open round once; what `UpdateValidator` accepts is decoded
   to an fp32 delta, so a merge only does arithmetic. The rules and reasons live in
   `ddiloco.protocol.validation`; the validator adds the checks that need the syncer's fragments (the
-  newest version, when a base was published, whether a base can be read).
+  newest version, how far behind it a base is, when a base was published, whether a base can be read). A
+  too-stale answer is rejected before its base is read from the store.
 - A name whose object was rejected is re-read at most once a second, and only counted again if its bytes
   changed, so junk written first under a learner's key cannot block that learner's real answer.
 - A rejection whose header authentically names a learner incarnation and this round is told to that
@@ -51,6 +52,7 @@ class UpdateValidator:
         wall: Callable[[], float],
     ) -> None:
         self.run_id, self.codec, self.layout, self.fragments = cfg.run_id, cfg.diloco.codec, layout, fragments
+        self.max_staleness = cfg.diloco.max_staleness
         self.tokens_per_step = cfg.train.max_batch() * cfg.model.seq_len
         self.key, self.wall = key, wall
         self.step_clock = validation.StepClock()
@@ -79,6 +81,7 @@ class UpdateValidator:
             validation.counters(
                 meta, codec=self.codec, tokens_per_step=self.tokens_per_step, latest_version=frag.version
             )
+            validation.staleness(meta, latest_version=frag.version, max_staleness=self.max_staleness)
             published = frag.published_at.get(meta["base_version"])
             self.step_clock.check(contributor, meta, published, self.wall())
             try:

@@ -4,12 +4,20 @@ Design choices:
 - `SyncerFiles` is the only code that reads or writes what the syncer owns: syncer/state.json, the status,
   round records, outer momentum, global versions and the final model, each through its typed message
   (`ddiloco.protocol.messages`) or the signed payload format (`ddiloco.protocol.wire`).
-- Persist order per merge: outer momentum → round record → global payload + latest pointer (`publish`),
-  then the caller writes the status and the state. A restarted syncer that finds a newer global than its
-  state adopts it and its round records (`resume`), so it never publishes a version twice and never loses
-  a merged one. The latest pointer is unsigned: a version is adopted only if it verifies.
+- Persist order per merge: outer momentum → fp32 master (bf16 globals only) → round record → global
+  payload + latest pointer (`publish`), then the caller writes the status and the state. A restarted syncer
+  that finds a newer global than its state adopts it and its round records (`resume`), so it never
+  publishes a version twice and never loses a merged one. The latest pointer is unsigned: a version is
+  adopted only if it verifies.
+- With bf16 globals the published version is the master rounded, so a restart takes Θ_p from the signed
+  fp32 master of that version (`syncer/master/`, kind "master"), written before the version itself. A
+  master that does not verify (or does not fit the layout) falls back to the published values, logged:
+  the run goes on, having lost only the sub-ulp part of Θ_p. Version 0 has no master: `prepare` published
+  the init, and learners start from exactly those values. With fp32 globals the published version is the
+  master.
 - Outer momentum that does not verify (or does not fit the layout) restarts from zero rather than
   stopping the run: it only smooths the outer steps.
+- The final model is the fp32 master of every fragment.
 - `Books` are the run-long counters of rounds; they are saved in the state with the fragments' versions
   and ledgers, the intake's rejections and the roster's learner events.
 """
@@ -19,6 +27,8 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from dataclasses import dataclass, field
+
+import torch
 
 from ddiloco import keys
 from ddiloco.globalmodel import Layout, latest_version, publish_global, read_global
@@ -82,8 +92,11 @@ class Resumed:
 class SyncerFiles:
     """The syncer's reads and writes of the run store (see the module docstring)."""
 
-    def __init__(self, store: Store, run_id: str, layout: Layout, key: bytes | None) -> None:
-        self.store, self.run_id, self.layout, self.key = store, run_id, layout, key
+    def __init__(
+        self, store: Store, run_id: str, layout: Layout, key: bytes | None, dtype: str = "fp32"
+    ) -> None:
+        """`dtype`: the run's `diloco.global_dtype`, what global versions are published as."""
+        self.store, self.run_id, self.layout, self.key, self.dtype = store, run_id, layout, key, dtype
 
     # --- documents ----------------------------------------------------------------------------------------
     def load_state(self) -> SyncerState | None:
@@ -130,28 +143,69 @@ class SyncerFiles:
             return rule.optimizer()
         return outer
 
+    def read_master(self, p: int, version: int) -> Tensors | None:
+        """The fp32 master of fragment p at `version`; None (logged) when it is missing or fails verification."""
+        try:
+            payload = wire.unpack(
+                self.store.get(keys.master_key(p, version), max_bytes=self.layout.fragment_max_bytes(p)),
+                expect={"run_id": self.run_id, "kind": "master", "fragment_id": p, "version": version},
+                key=self.key,
+            )
+            names = set(self.layout.fragments[p].names)
+            if set(payload.tensors) != names or any(
+                list(t.shape) != self.layout.shapes[n] for n, t in payload.tensors.items()
+            ):
+                raise wire.PayloadError("wrong_shape", "master does not match the fragment layout")
+            if any(t.dtype != torch.float32 for t in payload.tensors.values()):
+                raise wire.PayloadError("wrong_dtype", "master is not fp32")
+            if not all(bool(torch.isfinite(t).all()) for t in payload.tensors.values()):
+                raise wire.PayloadError("non_finite", "master holds NaN/Inf values")
+        except (wire.PayloadError, NotFound, ObjectTooLarge) as e:
+            log.error(
+                "syncer: fp32 master of fragment %d v%d unusable (%s); continuing from the published "
+                "(rounded) values",
+                p,
+                version,
+                e,
+            )
+            return None
+        return {n: t.contiguous() for n, t in payload.tensors.items()}
+
     def load_fragment(self, p: int, version: int, ledger: Ledger, rule: MergeRule) -> GlobalFragment:
         outer = self.read_momentum(p, version, rule) if version > 0 else rule.optimizer()
+        published = self.read_global(p, version)
+        master = self.read_master(p, version) if self.dtype != "fp32" and version > 0 else None
         return GlobalFragment(
             p,
             version,
-            self.read_global(p, version),
+            master if master is not None else published,
             outer,
             ledger,
             read=lambda v: self.read_global(p, v),
+            published=published,
         )
 
-    def publish(self, proposal: Proposal, record: RoundRecord, dtype: str) -> int:
-        """Persist one merge of fragment `record.fragment_id` (momentum → record → global + pointer);
-        returns the bytes of the global payload."""
+    def publish(self, proposal: Proposal, record: RoundRecord) -> int:
+        """Persist one merge of fragment `record.fragment_id` (momentum → master → record → global +
+        pointer); returns the bytes of the global payload."""
         p, version = record.fragment_id, proposal.version
         meta = {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version}
         self.store.put(
             keys.momentum_key(p, version), wire.pack(proposal.outer.state_dict(), meta, key=self.key)
         )
+        if self.dtype != "fp32":  # the published version is rounded: keep the master itself
+            meta = {**meta, "kind": "master"}
+            self.store.put(keys.master_key(p, version), wire.pack(proposal.theta, meta, key=self.key))
         self.store.put_json(keys.round_record_key(record.round), record.to_json())
         return publish_global(
-            self.store, self.run_id, p, version, proposal.theta, dtype, {"round": record.round}, key=self.key
+            self.store,
+            self.run_id,
+            p,
+            version,
+            proposal.theta,
+            self.dtype,
+            {"round": record.round},
+            key=self.key,
         )
 
     def write_final(self, fragments: list[GlobalFragment], tokens_merged: float) -> None:

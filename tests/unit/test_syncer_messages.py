@@ -24,6 +24,7 @@ RECORD = {
             "base_version": 5,
             "staleness": 0,
             "weight": 65536.0,
+            "discount": 1.0,
         },
         "1-2": {
             "c_tokens": 384,
@@ -32,6 +33,7 @@ RECORD = {
             "base_version": 4,
             "staleness": 1,
             "weight": 1.0,
+            "discount": 0.7071067811865476,
         },
     },
     "rejected": {"009-0000.safetensors": "bad_signature"},
@@ -91,6 +93,17 @@ STATE = {
 def test_documents_read_back_to_the_same_json(cls, doc):
     """Same fields, same order, same number types (an int stays an int): byte-identical JSON."""
     assert json.dumps(cls.from_json(doc).to_json()) == json.dumps(doc)
+
+
+def test_a_round_record_written_before_staleness_discounts_reads_with_discount_one():
+    contributors = {c: dict(x) for c, x in RECORD["contributors"].items()}
+    for x in contributors.values():
+        del x["discount"]
+    old = {**RECORD, "contributors": contributors}
+    assert {c: x.discount for c, x in RoundRecord.from_json(old).contributors.items()} == {
+        "0-0": 1.0,
+        "1-2": 1.0,
+    }
 
 
 def test_the_status_loss_may_be_nan():

@@ -1,0 +1,162 @@
+"""`GlobalFragment.propose`/`commit` driven directly: the fp32 master under bf16 publication (issue 16 item 4)
+and answers built on an older version (issue 17 item 5).
+
+The learners here are simulated the way `ddiloco.learner` behaves: a learner trains from the values it
+*received* (the published version of its base, bf16-rounded when `global_dtype` is bf16) and uploads its
+fp32 parameters minus those values as its delta.
+"""
+
+import pytest
+import torch
+
+from ddiloco.protocol.messages import Ledger
+from ddiloco.syncer.fragment import GlobalFragment, MergeRule
+from ddiloco.syncer.rounds import Answer
+
+GAIN = "h.0.ln_1.weight"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def rule(**kw) -> MergeRule:
+    settings = dict(
+        method="rda",
+        outer_lr=0.7,
+        outer_momentum=0.9,
+        token_weighting=True,
+        robust_clip=None,
+        embedding_names=frozenset(),
+    )
+    return MergeRule(**{**settings, **kw})
+
+
+class Run:
+    """One fragment plus the store's copy of every version it published (what `read` would verify)."""
+
+    def __init__(self, theta: dict[str, torch.Tensor], dtype: str, r: MergeRule) -> None:
+        self.dtype, self.rule = dtype, r
+        if dtype == "bf16":  # `prepare` publishes version 0 rounded, and the syncer starts from it
+            theta = {n: t.to(torch.bfloat16).float() for n, t in theta.items()}
+        self.store = {0: {n: t.clone() for n, t in theta.items()}}
+        self.frag = GlobalFragment(0, 0, theta, r.optimizer(), Ledger(), read=lambda v: self.store[v])
+
+    def received(self, version: int) -> dict[str, torch.Tensor]:
+        """What a learner holds after downloading `version` (fp32 tensors of the published payload)."""
+        return {n: t.clone() for n, t in self.store[version].items()}
+
+    def answer(self, name: str, base: int, step: dict[str, torch.Tensor] | float) -> Answer:
+        """Learner `name` trained from version `base` and moved its parameters by `step`; its delta is
+        taken against the values it received, in fp32, as `LearnerExchange._delta` does."""
+        got = self.received(base)
+        moved = {
+            n: t + (step if isinstance(step, float) else step[n]) for n, t in got.items()
+        }  # the learner's θ_m
+        delta = {n: moved[n] - got[n] for n in got}
+        header = {"base_version": base, "c_tokens": 640, "c_steps": 10, "c_seconds": 1.0}
+        return Answer(name, header, delta)
+
+    def merge(self, answers: list[Answer]) -> None:
+        proposal = self.frag.propose({a.contributor: a for a in answers}, self.rule)
+        v = proposal.version
+        cast = torch.bfloat16 if self.dtype == "bf16" else torch.float32
+        # what `publish_global` writes and `read_global` gives back
+        self.store[v] = {n: t.to(cast).float() for n, t in proposal.theta.items()}
+        self.frag.commit(proposal, published_at=float(v), clock=float(v), dtype=self.dtype)
+
+    @property
+    def published(self) -> dict[str, torch.Tensor]:
+        return self.store[self.frag.version]
+
+
+def raise_gain(dtype: str, rounds: int = 40) -> Run:
+    """Four learners each raise a LayerNorm gain (1.0 at init) by 3e-4 per round."""
+    run = Run({GAIN: torch.ones(16)}, dtype, rule())
+    for _ in range(rounds):
+        v = run.frag.version
+        run.merge([run.answer(f"{m}-0", v, 3e-4) for m in range(4)])
+    return run
+
+
+def test_bf16_publication_keeps_an_fp32_master_so_small_updates_accumulate():
+    """Issue 16 item 4. Measured (outer lr 0.7, momentum 0.9, RDA, 40 rounds of +3e-4 from four learners):
+    fp32 globals reach 1.0672; with bf16 globals the old `commit` rounded the syncer's own Θ to bf16 after
+    every step, and each step (≤ 2.1e-3) is below half a bf16 ulp at 1.0 (3.9e-3), so the gain stayed at
+    exactly 1.0 for all 40 rounds (master and published). Now the master follows the fp32 run and the
+    published value is the master rounded once: 1.0703125."""
+    ref = raise_gain("fp32")
+    run = raise_gain("bf16")
+    gain_fp32 = float(ref.frag.theta[GAIN][0])
+    assert 1.06 < gain_fp32 < 1.075
+    master = run.frag.theta[GAIN]
+    assert master.dtype == torch.float32
+    # Same trajectory as with fp32 globals, up to the fp32 rounding of the learners' deltas
+    torch.testing.assert_close(master, ref.frag.theta[GAIN], rtol=0, atol=1e-5)
+    published = run.published[GAIN]
+    assert torch.equal(published, master.to(torch.bfloat16).float())
+    assert float(published[0]) > 1.06  # it moved: 1.0703125
+    # What the fragment offers as the base of version v is what learners received, not the master
+    assert torch.equal(run.frag.base(run.frag.version)[GAIN], published)
+
+
+def test_fp32_globals_are_unchanged_by_the_master():
+    """With fp32 globals the master is what is published, bit for bit."""
+    run = raise_gain("fp32", rounds=5)
+    assert torch.equal(run.frag.theta[GAIN], run.published[GAIN])
+
+
+def climbed(r: MergeRule, rounds: int = 5) -> Run:
+    """Five rounds in which four learners each raise every value by 1e-3 (fp32 globals)."""
+    run = Run({GAIN: torch.ones(16)}, "fp32", r)
+    for _ in range(rounds):
+        v = run.frag.version
+        run.merge([run.answer(f"{m}-0", v, 1e-3) for m in range(4)])
+    return run
+
+
+def moved(run: Run, answers) -> float:
+    before = float(run.frag.theta[GAIN][0])
+    run.merge(answers(run, run.frag.version))
+    return float(run.frag.theta[GAIN][0]) - before
+
+
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_a_stale_learner_without_progress_does_not_pull_the_model_back(momentum: float):
+    """Issue 17 item 5. After five rounds of progress, the only answer of a round comes from a learner that
+    made no progress (δ = 0) on a base 3 versions old. Its outer gradient is its own progress, 0, so Θ moves
+    exactly as it does when a zero-progress learner answers on the current version: by momentum alone.
+    Measured with the old Δ_m = Θ_current − (Θ_base + δ_m), which charges the learner with undoing every
+    outer step since its base: Θ moved by −9.06e-3 with momentum 0.9 (+2.32e-3 for a fresh zero answer),
+    and by −1.47e-3 without momentum (0 for a fresh zero answer), i.e. back by 2.1× the last outer step
+    (7.0e-4)."""
+    r = rule(outer_momentum=momentum)
+    fresh = moved(climbed(r), lambda run, v: [run.answer("9-0", v, 0.0)])
+    stale = moved(climbed(r), lambda run, v: [run.answer("9-0", v - 3, 0.0)])
+    assert fresh >= 0.0
+    assert stale >= 0.0
+    # the staleness rule may damp the step (a lone stale answer's step shrinks), never reverse it
+    assert stale <= fresh + 1e-9
+
+
+def test_a_stale_zero_progress_learner_among_fresh_ones_only_dilutes_the_step():
+    """Issue 17 item 5, with the plain mean and no momentum so the arithmetic is readable: three learners
+    raise every value by 1e-3 from the current version, a fourth made no progress on a base 3 versions
+    old. Measured with the old outer gradient: Θ moved by 1.57e-4 instead of 7.0e-4 (the three alone),
+    i.e. the stale answer undid 78% of the round; under RDA its opposite-pointing Δ even lengthened the
+    step (8.9e-4). Now the stale answer's Δ is 0: it dilutes the mean at most as much as a fresh
+    zero-progress answer (5.25e-4), and less when its staleness lowers its weight."""
+    r = rule(method="mean", outer_momentum=0.0)
+    three = moved(climbed(r), lambda run, v: [run.answer(f"{m}-0", v, 1e-3) for m in range(3)])
+    with_fresh_zero = moved(
+        climbed(r),
+        lambda run, v: [run.answer(f"{m}-0", v, 1e-3) for m in range(3)] + [run.answer("9-0", v, 0.0)],
+    )
+    with_stale_zero = moved(
+        climbed(r),
+        lambda run, v: [run.answer(f"{m}-0", v, 1e-3) for m in range(3)] + [run.answer("9-0", v - 3, 0.0)],
+    )
+    assert three == pytest.approx(7e-4, rel=1e-3)
+    assert with_fresh_zero == pytest.approx(0.75 * three, rel=1e-3)
+    assert with_fresh_zero - 1e-9 <= with_stale_zero <= three + 1e-9
