@@ -33,13 +33,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass, field
+from typing import Any
 
 import torch
 
+from ddiloco.accumulate import Reread, RoundSums
 from ddiloco.config import DilocoConfig
 from ddiloco.globalmodel import Layout, published_values
-from ddiloco.merge import OuterNesterov, merge_with_stats, staleness_discount, token_weight
-from ddiloco.protocol import validation
+from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
 from ddiloco.protocol.messages import Contribution, Ledger, RoundRecord
 from ddiloco.syncer.rounds import Answer, Round
 
@@ -142,28 +143,65 @@ class GlobalFragment:
             self.recent[version] = self.read(version)
         return self.recent[version]
 
-    def propose(self, answers: Mapping[str, Answer], rule: MergeRule) -> Proposal:
-        """Merge the answers (by contributor) into the next version, on copies (module docstring)."""
-        deltas, weights, discounts, contributors = [], [], [], {}
+    def weigh(self, header: Mapping[str, Any], rule: MergeRule) -> tuple[float, float]:
+        """(token weight, staleness discount) of an answer merged into the current version."""
+        w = token_weight(header["c_tokens"], header["c_steps"]) if rule.token_weighting else 1.0
+        return w, staleness_discount(self.version - header["base_version"], rule.staleness_exponent)
+
+    def new_sums(self, rule: MergeRule) -> RoundSums:
+        """Empty running sums for a round of this fragment (`ddiloco.accumulate`)."""
+        shapes = {n: t.shape for n, t in self.theta.items()}
+        return RoundSums(shapes, method=rule.method, embedding_names=rule.embedding_names)
+
+    def add_answer(self, sums: RoundSums, ans: Answer, rule: MergeRule) -> None:
+        """Add an answer's δ to a round's sums with its merge weight (token weight × discount). A round is
+        open on one version of its fragment, so the weight is the one the merge would give it."""
+        if ans.delta is None:
+            raise ValueError(f"answer of {ans.contributor} has no decoded delta to add")
+        w, discount = self.weigh(ans.header, rule)
+        sums.add(ans.contributor, w * discount, {n: ans.delta[n] for n in self.theta})
+
+    def propose(
+        self,
+        answers: Mapping[str, Answer],
+        rule: MergeRule,
+        sums: RoundSums | None = None,
+        reread: Reread | None = None,
+    ) -> Proposal:
+        """Merge the answers (by contributor) into the next version, on copies (module docstring).
+
+        `sums`: the round's running sums, every answer already added (`add_answer`), with `reread` to read
+        an answer's δ again by contributor (clipped and single answers). Without them the answers carry
+        their deltas and are added here."""
+        if sums is None:
+            sums = self.new_sums(rule)
+            for ans in answers.values():
+                self.add_answer(sums, ans, rule)
+
+            def reread(c: str) -> Tensors:
+                return answers[c].delta  # type: ignore[return-value]
+
+        if reread is None:
+            raise ValueError("propose: running sums need a way to reread an answer")
+        if set(sums.answers) != set(answers):
+            raise ValueError("propose: the round's sums and its answers name different contributors")
+        discounts, contributors = [], {}
         for c, ans in sorted(answers.items()):
             h = ans.header
-            deltas.append({n: ans.delta[n] for n in self.theta})  # δ_m = θ_m − Θ_base, so Δ_m = −δ_m
-            w = token_weight(h["c_tokens"], h["c_steps"]) if rule.token_weighting else 1.0
-            staleness = self.version - h["base_version"]
-            discount = staleness_discount(staleness, rule.staleness_exponent)
-            weights.append(w * discount)
+            w, discount = self.weigh(h, rule)
             discounts.append(discount)
             contributors[c] = Contribution(
-                h["c_tokens"], h["c_steps"], h["c_seconds"], h["base_version"], staleness, w, discount
+                h["c_tokens"],
+                h["c_steps"],
+                h["c_seconds"],
+                h["base_version"],
+                self.version - h["base_version"],
+                w,
+                discount,
             )
-        clipped: dict[str, float] = {}
-        if rule.robust_clip is not None:
-            deltas, scales = validation.clip_outliers(deltas, rule.robust_clip)
-            names = sorted(answers)
-            clipped = {names[i]: f for i, f in scales.items()}
-        merged, stats = merge_with_stats(
-            deltas, weights, embedding_names=rule.embedding_names, method=rule.method
-        )
+        # δ_m = θ_m − Θ_base, so Δ_m = −δ_m; RDA, the mean and clipping commute with the sign flip
+        done = sums.finalize(reread, rule.robust_clip)
+        merged, stats = done.merged, dict(done.stats)
         scale = max(discounts)  # the freshest answer's discount: 1.0 when any answer is fresh
         for t in merged.values():  # Δ = −merge(δ)
             t.neg_()
@@ -175,7 +213,7 @@ class GlobalFragment:
         outer.load_state_dict({n: t.clone() for n, t in self.outer.state_dict().items()})
         theta = _clone(self.theta)
         outer.step(theta, merged)
-        return Proposal(self.version + 1, theta, outer, contributors, clipped, stats)
+        return Proposal(self.version + 1, theta, outer, contributors, dict(done.clipped), stats)
 
     def commit(self, proposal: Proposal, *, published_at: float, clock: float, dtype: str) -> None:
         """Adopt a persisted proposal, published as `dtype`. `published_at`: wall time before it was

@@ -23,6 +23,8 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence, Set
 
+import torch
+
 from ddiloco import keys
 from ddiloco.config import RunConfig
 from ddiloco.globalmodel import Layout
@@ -98,6 +100,16 @@ class UpdateValidator:
         self.step_clock.record(contributor, meta)
         return Answer(contributor, meta, delta)
 
+    def decode(self, rnd: Round, blob: bytes) -> dict[str, torch.Tensor]:
+        """The fp32 δ of an update `answer` accepted before (verified again, counters not re-checked)."""
+        h = wire.unpack(
+            blob,
+            expect={"run_id": self.run_id, "kind": "update", "fragment_id": rnd.fragment_id},
+            key=self.key,
+        )
+        names = self.layout.fragments[rnd.fragment_id].names
+        return validation.decode_delta(h.tensors, h.meta["codec"], names, self.layout.shapes)
+
 
 class Intake:
     """Reads, validates and files the updates of open rounds; counts and reports what it rejects."""
@@ -111,10 +123,14 @@ class Intake:
         clock: Callable[[], float],
         wall: Callable[[], float],
         on_notice: Callable[[], None],
+        accept: Callable[[Round, Answer], None] | None = None,
         rejected: Mapping[str, int] | None = None,
         late_answers: int = 0,
     ) -> None:
+        """`accept(rnd, answer)`: called for each valid answer before it is filed (the syncer adds it to the
+        round's running sums and drops its delta); a ValueError from it rejects the answer."""
         self.store, self.validator, self.metrics = store, validator, metrics
+        self.accept = accept
         self.clock, self.wall, self.on_notice = clock, wall, on_notice
         self.rejected: Counter[str] = Counter(rejected or {})
         self.notices: deque[Rejection] = deque(maxlen=MAX_NOTICES)
@@ -143,6 +159,9 @@ class Intake:
                 if blob is None:
                     raise too_large
                 ans = self.validator.answer(rnd, name, blob)
+                ans.key, ans.digest = key, digest
+                if self.accept is not None:
+                    self._accept(rnd, ans)
             except wire.PayloadError as e:
                 self._reject(rnd, key, name, e)
                 rnd.retry[name] = (now + REREAD_REJECTED_S, digest)
@@ -150,6 +169,23 @@ class Intake:
             rnd.retry.pop(name, None)
             rnd.seen.add(name)
             rnd.answers[ans.contributor] = ans
+
+    def _accept(self, rnd: Round, ans: Answer) -> None:
+        assert self.accept is not None
+        try:
+            self.accept(rnd, ans)
+        except ValueError as e:  # the merge's own checks (names, shapes, finite values)
+            err = wire.PayloadError("malformed", str(e))
+            err.sender = keys.parse_update_name(ans.key.rsplit("/", 1)[-1])  # type: ignore[attr-defined]
+            raise err from None
+
+    def reread(self, rnd: Round, contributor: str) -> dict[str, torch.Tensor]:
+        """An accepted answer's δ read and decoded again (its bytes must be the ones accepted)."""
+        ans = rnd.answers[contributor]
+        blob = self._fetch(rnd, ans.key)
+        if hashlib.sha256(blob).hexdigest() != ans.digest:
+            raise wire.PayloadError("changed", f"{ans.key} changed after it was accepted")
+        return self.validator.decode(rnd, blob)
 
     def _fetch(self, rnd: Round, key: str) -> bytes:
         try:

@@ -45,6 +45,7 @@ from ddiloco.syncer.roster import Roster
 from ddiloco.syncer.rounds import (
     DEFAULT_EMA,
     DEFAULT_STEP_S,
+    Answer,
     GraceRule,
     OpenRule,
     QuorumRule,
@@ -110,6 +111,7 @@ class Syncer:
             clock=clock,
             wall=wall,
             on_notice=self.publish_status,
+            accept=self._accept,
             rejected=resumed.rejected,
             late_answers=resumed.late_answers,
         )
@@ -237,10 +239,18 @@ class Syncer:
         self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
         self.publish_status()
 
+    def _accept(self, rnd: Round, ans: Answer) -> None:
+        """Add a valid answer to its round's running sums and drop its decoded δ (`ddiloco.accumulate`)."""
+        frag = self.fragments[rnd.fragment_id]
+        if rnd.sums is None:
+            rnd.sums = frag.new_sums(self.rule)
+        frag.add_answer(rnd.sums, ans, self.rule)
+        ans.delta = None
+
     def merge(self, rnd: Round, now: float) -> None:
         """Merge a round's answers into its fragment, persist (module docstring's order) and close it."""
         frag, dtype = self.fragments[rnd.fragment_id], self.cfg.diloco.global_dtype
-        proposal = frag.propose(rnd.answers, self.rule)
+        proposal = frag.propose(rnd.answers, self.rule, rnd.sums, lambda c: self.intake.reread(rnd, c))
         record = proposal.record(rnd, now=now, merged_at=self.wall())
         published_at = self.wall()  # before the write: no learner can hold this version any earlier
         published = self.files.publish(proposal, record)

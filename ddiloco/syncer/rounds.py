@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # annotations only: this module runs without torch
     import torch
 
+    from ddiloco.accumulate import RoundSums
     from ddiloco.config import DilocoConfig
 
 DEFAULT_EMA = 0.2
@@ -36,7 +37,12 @@ DEFAULT_STEP_S = 0.05
 class Answer:
     contributor: str
     header: dict[str, Any]
-    delta: dict[str, torch.Tensor]  # fp32, relative to the learner's base version
+    delta: dict[str, torch.Tensor] | None
+    """fp32, relative to the learner's base version; None once added to its round's sums."""
+    key: str = ""
+    """The store key it was read from (to read it again)."""
+    digest: str = ""
+    """SHA-256 of the bytes that were accepted (a second read must find the same)."""
 
 
 @dataclass(slots=True)
@@ -52,6 +58,8 @@ class Round:
     grace_s: float = 0.0
     seen: set[str] = field(default_factory=set)
     answers: dict[str, Answer] = field(default_factory=dict)
+    sums: RoundSums | None = None
+    """The running sums of the answers accepted so far (`ddiloco.accumulate`); None before the first."""
     rejected: dict[str, str] = field(default_factory=dict)
     retry: dict[str, tuple[float, str]] = field(default_factory=dict)
     """Rejected names: (when to look again, digest of the rejected bytes)."""
