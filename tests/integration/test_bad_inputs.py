@@ -381,6 +381,33 @@ def test_a_learner_is_told_when_its_answer_is_rejected_and_its_tokens_stay_outst
     }
 
 
+def test_an_answer_too_far_behind_is_rejected_as_too_stale_and_one_within_reach_is_discounted():
+    """Issue 17 item 5: with diloco.max_staleness=1, an (authentic, fake-learner) answer 2 versions behind is
+    rejected as too_stale before its base is read, and its learner is told; one 1 version behind is merged
+    with its staleness and discount (1 + 1)^-0.5 in the round record."""
+    seen: dict[str, int] = {}
+
+    def before(r: Run, s: int) -> None:
+        v = r.syncer.versions[s % r.syncer.P]
+        if s >= 6 and v >= 2 and not seen:
+            seen.update(round=s, version=v)
+            put(r, s, "103-0000.safetensors", fake_update(r, s, 103, base_version=v - 2))
+            put(r, s, "104-0000.safetensors", fake_update(r, s, 104, base_version=v - 1))
+
+    r = run("bad-stale", "diloco.max_staleness=1", before=before)
+    assert seen, "the run never reached a fragment version 2"
+    assert r.syncer.intake.rejected == Counter(too_stale=1)
+    record = r.store.get_json(keys.round_record_key(seen["round"]))
+    assert record["rejected"] == {"103-0000.safetensors": "too_stale"}
+    stale = record["contributors"]["104-0"]
+    assert (stale["staleness"], stale["base_version"]) == (1, seen["version"] - 1)
+    assert stale["discount"] == pytest.approx(2**-0.5)
+    assert all(c["discount"] == 1.0 for n, c in record["contributors"].items() if n != "104-0")
+    told = {(n["learner_id"], n["reason"]) for n in r.store.get_json(keys.STATUS)["rejections"]}
+    assert told == {(103, "too_stale")}
+    assert build_summary(r.store)["rejected_updates"] == {"too_stale": 1}
+
+
 def _forge_global(r: Run, p: int, version: int, key=None) -> None:
     """An unsigned (or wrongly signed) global version with the right shapes, named by latest and status."""
     layout = r.syncer.layout

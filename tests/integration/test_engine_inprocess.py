@@ -68,6 +68,29 @@ def test_merge_moves_globals_towards_learners_and_publishes_each_version_once():
         assert any(not torch.equal(latest[n], v0[p][n]) for n in latest)
 
 
+def test_bf16_globals_publish_the_rounded_fp32_master_and_a_restart_keeps_the_master():
+    """Issue 16 item 4 through the real loop: learners train from bf16-published versions, the syncer keeps
+    and persists its fp32 master, and a restarted syncer continues from it bit for bit."""
+    store, cfg = _prepared("eng-bf16", "diloco.global_dtype=bf16", "diloco.token_budget=4000")
+    layout = read_layout(store)
+    syncer = Syncer(store, poll_s=0)
+    learners = [Learner.open(store, i) for i in range(2)]
+    for learner in learners:
+        learner.start()
+    drive(syncer, learners)
+    restarted = Syncer(store, poll_s=0)
+    ahead = 0
+    for p, frag in enumerate(syncer.fragments):
+        assert frag.version >= 1 and store.exists(keys.master_key(p, frag.version))
+        published = read_global(store, cfg.run_id, layout, p, frag.version)
+        for n, master in frag.theta.items():
+            assert master.dtype == torch.float32
+            assert torch.equal(published[n], master.to(torch.bfloat16).float())
+            assert torch.equal(restarted.fragments[p].theta[n], master)
+            ahead += int((published[n] != master).sum())
+    assert ahead > 0  # the master holds what bf16 cannot show
+
+
 def test_new_learner_starts_from_the_current_globals_not_its_init():
     store, cfg = _prepared("eng-join", "diloco.token_budget=1000000")
     syncer = Syncer(store, poll_s=0)

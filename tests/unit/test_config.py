@@ -59,6 +59,8 @@ def test_wrong_type_is_rejected():
         ("diloco.merge=median", "choose one of rda, mean"),
         ("data.vocab_size=512", "only applies to data.tokenizer=bpe"),
         ("diloco.mixing=1.0", "diloco.mixing"),
+        ("diloco.staleness_exponent=-1", "diloco.staleness_exponent=-1.0 must be ≥ 0"),
+        ("diloco.max_staleness=-1", "diloco.max_staleness=-1 must be null"),
         ("model=3", "is a section"),
     ],
 )
@@ -103,3 +105,10 @@ def test_robust_clip_must_be_at_least_one():
     assert load_config(None, None, ["diloco.robust_clip=3"]).diloco.robust_clip == 3
     with pytest.raises(ConfigError, match="robust_clip"):
         load_config(None, None, ["diloco.robust_clip=0.5"])
+
+
+def test_staleness_rule_defaults_and_overrides():
+    d = load_config(None, None, []).diloco
+    assert (d.staleness_exponent, d.max_staleness) == (0.5, 8)
+    d = load_config(None, None, ["diloco.staleness_exponent=0", "diloco.max_staleness=null"]).diloco
+    assert (d.staleness_exponent, d.max_staleness) == (0, None)

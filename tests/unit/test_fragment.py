@@ -160,3 +160,69 @@ def test_a_stale_zero_progress_learner_among_fresh_ones_only_dilutes_the_step():
     assert three == pytest.approx(7e-4, rel=1e-3)
     assert with_fresh_zero == pytest.approx(0.75 * three, rel=1e-3)
     assert with_fresh_zero - 1e-9 <= with_stale_zero <= three + 1e-9
+
+
+def rda64(deltas: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """The paper's RDA formula, literally, in float64."""
+    w = torch.tensor(weights, dtype=torch.float64)
+    radius = sum(wi * d.norm() for wi, d in zip(w, deltas, strict=True)) / w.sum()
+    direction = sum(wi * d / d.norm() for wi, d in zip(w, deltas, strict=True)) / w.sum()
+    return radius * direction / direction.norm()
+
+
+@pytest.mark.parametrize("bases", [(5, 4, 2), (4, 4, 1)])
+def test_propose_matches_a_float64_reference_of_the_staleness_rule(bases):
+    """One merge at version 5 against an independent float64 reference: Δ_m = −δ_m; weights
+    c_tokens²/c_steps × (1 + s_m)^-1/2; RDA for the block, the weighted mean for the embedding; the merged
+    gradient scaled by the freshest answer's discount (1 with a fresh answer, 1/√2 when the freshest is one
+    version behind); then the first Nesterov step θ − lr·(1 + m)·g."""
+    gen = torch.Generator().manual_seed(3)
+    shapes = {"wte.weight": (6, 4), GAIN: (16,)}
+    theta = {n: torch.randn(*s, generator=gen) for n, s in shapes.items()}
+    r = rule(embedding_names=frozenset({"wte.weight"}))
+    frag = GlobalFragment(0, 5, theta, r.optimizer(), Ledger(), read=lambda v: theta)
+    counters = [(640, 10), (300, 3), (1000, 40)]
+    answers = {}
+    for m, (base, (tokens, steps)) in enumerate(zip(bases, counters, strict=True)):
+        delta = {n: 1e-3 * torch.randn(*s, generator=gen) for n, s in shapes.items()}
+        header = {"base_version": base, "c_tokens": tokens, "c_steps": steps, "c_seconds": 1.0}
+        answers[f"{m}-0"] = Answer(f"{m}-0", header, delta)
+    proposal = frag.propose(answers, r)
+
+    ans = [answers[c] for c in sorted(answers)]
+    discounts = [(1 + 5 - a.header["base_version"]) ** -0.5 for a in ans]
+    weights = [
+        a.header["c_tokens"] ** 2 / a.header["c_steps"] * f for a, f in zip(ans, discounts, strict=True)
+    ]
+    for n in shapes:
+        grads = [-a.delta[n].double() for a in ans]
+        if n == "wte.weight":
+            merged = sum(w * g for w, g in zip(weights, grads, strict=True)) / sum(weights)
+        else:
+            merged = rda64(grads, weights)
+        g = max(discounts) * merged
+        expected = theta[n].double() - 0.7 * (1 + 0.9) * g
+        torch.testing.assert_close(proposal.theta[n].double(), expected, rtol=0, atol=1e-6)
+    for c, a, f in zip(sorted(answers), ans, discounts, strict=True):
+        rec = proposal.contributors[c]
+        assert rec.staleness == 5 - a.header["base_version"]
+        assert rec.weight == a.header["c_tokens"] ** 2 / a.header["c_steps"]
+        assert rec.discount == pytest.approx(f)
+
+
+def test_a_zero_staleness_exponent_weighs_answers_by_tokens_alone():
+    gen = torch.Generator().manual_seed(4)
+    theta = {GAIN: torch.randn(16, generator=gen)}
+    deltas = [{GAIN: 1e-3 * torch.randn(16, generator=gen)} for _ in range(2)]
+
+    def step(r: MergeRule, bases: tuple[int, int]) -> torch.Tensor:
+        frag = GlobalFragment(0, 3, {GAIN: theta[GAIN].clone()}, r.optimizer(), Ledger(), read=None)
+        answers = {
+            f"{m}-0": Answer(f"{m}-0", {"base_version": b, "c_tokens": 64, "c_steps": 1, "c_seconds": 1.0}, d)
+            for m, (b, d) in enumerate(zip(bases, deltas, strict=True))
+        }
+        return frag.propose(answers, r).theta[GAIN]
+
+    off = rule(staleness_exponent=0.0)
+    assert torch.equal(step(off, (0, 2)), step(off, (3, 3)))
+    assert not torch.equal(step(rule(), (0, 2)), step(rule(), (3, 3)))

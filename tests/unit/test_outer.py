@@ -6,7 +6,15 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from ddiloco.merge import OuterNesterov, merge, merge_with_stats, rda, token_weight, weighted_mean
+from ddiloco.merge import (
+    OuterNesterov,
+    merge,
+    merge_with_stats,
+    rda,
+    staleness_discount,
+    token_weight,
+    weighted_mean,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +40,15 @@ def test_token_weight() -> None:
     assert token_weight(1000, 0) == 0.0 and token_weight(0, 3) == 0.0
     with pytest.raises(ValueError, match=">= 0"):
         token_weight(-1, 2)
+
+
+def test_staleness_discount() -> None:
+    assert staleness_discount(0, 0.5) == 1.0 and staleness_discount(7, 0.0) == 1.0
+    assert staleness_discount(3, 0.5) == 0.5
+    assert staleness_discount(1, 1.0) == 0.5
+    for bad in ((-1, 0.5), (1, -0.5), (1, math.inf)):
+        with pytest.raises(ValueError):
+            staleness_discount(*bad)
 
 
 def test_weighted_mean_matches_manual() -> None:

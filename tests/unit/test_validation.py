@@ -56,6 +56,11 @@ def test_counters(over, why):
     )
 
 
+@pytest.mark.parametrize("base, cap, why", [(2, 0, None), (1, 1, None), (0, 1, "too_stale"), (0, None, None)])
+def test_staleness_cap(base, cap, why):
+    assert reason(validation.staleness, meta(base_version=base), latest_version=2, max_staleness=cap) == why
+
+
 def test_steps_not_in_the_future_without_history():
     clock = validation.StepClock()
     ok = meta()
