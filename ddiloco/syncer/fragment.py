@@ -1,8 +1,9 @@
 """One fragment of the global model as the syncer holds it: Θ_p, its version, its outer momentum, its ledger.
 
 Design choices:
-- A merge is two steps. `propose` does the arithmetic on copies (outer gradients, robust clipping, the merge
-  of `ddiloco.merge`, one outer Nesterov step) and returns a `Proposal`; `commit` adopts it once it is
+- A merge is two steps. `propose` does the arithmetic on copies (it finalises the round's running sums of
+  `ddiloco.accumulate`, to which the syncer added each answer as it arrived, with robust clipping, then one
+  outer Nesterov step; called without sums it adds the answers itself, one merge path for both) and returns a `Proposal`; `commit` adopts it once it is
   persisted. If persisting fails (store outage) the round stays open and is merged again later, and the
   fragment has not moved.
 - Outer gradients are taken against each answer's own base: Δ_m = Θ_base − θ_m = −δ_m, where δ_m is the

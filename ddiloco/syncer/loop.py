@@ -10,8 +10,11 @@ Design choices:
 - When a round has its quorum, waits out its grace window, merges or is abandoned is decided by
   `ddiloco.syncer.rounds` (pure); this loop applies the verdicts.
 - Answers are parsed and validated as they arrive (`ddiloco.syncer.intake`; every rule and reason is listed in
-  `ddiloco.protocol.validation`), so a merge only does arithmetic (`GlobalFragment.propose`, the outer
-  optimizer of `ddiloco.merge`). A rejected object never touches the global model; it is counted by reason
+  `ddiloco.protocol.validation`) and added to their round's running sums at once (`ddiloco.accumulate`), so
+  an open round holds two fragment-sized buffers whatever the number of answers, and a merge finalises the
+  sums and takes the outer step (`GlobalFragment.propose`, the outer optimizer of `ddiloco.merge`). A merge
+  that must read an answer again (robust clipping, a single answer) and finds other bytes or none abandons
+  the round. A rejected object never touches the global model; it is counted by reason
   (state, metrics, summary), and the learner it authentically came from is told through a bounded
   `rejections` list in the status object.
 - With the run key every update must carry a valid signature, and everything the syncer publishes (global
@@ -36,9 +39,9 @@ from ddiloco.globalmodel import read_layout
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.prepare import load_run_config
-from ddiloco.protocol import signing
+from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerState
-from ddiloco.store.base import Store, StoreError
+from ddiloco.store.base import NotFound, Store, StoreError
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator
 from ddiloco.syncer.roster import Roster
@@ -250,7 +253,12 @@ class Syncer:
     def merge(self, rnd: Round, now: float) -> None:
         """Merge a round's answers into its fragment, persist (module docstring's order) and close it."""
         frag, dtype = self.fragments[rnd.fragment_id], self.cfg.diloco.global_dtype
-        proposal = frag.propose(rnd.answers, self.rule, rnd.sums, lambda c: self.intake.reread(rnd, c))
+        try:
+            proposal = frag.propose(rnd.answers, self.rule, rnd.sums, lambda c: self.intake.reread(rnd, c))
+        except (wire.PayloadError, NotFound) as e:  # a second read found other bytes, or none
+            log.error("syncer: round %d (fragment %d) cannot be merged: %s", rnd.round, rnd.fragment_id, e)
+            self._abandon(rnd)
+            return
         record = proposal.record(rnd, now=now, merged_at=self.wall())
         published_at = self.wall()  # before the write: no learner can hold this version any earlier
         published = self.files.publish(proposal, record)

@@ -1,0 +1,79 @@
+"""The syncer merges from running sums (issue 16 item 1): a round keeps no decoded answer, and the merge equals
+the batch merge of the same answers read back from the store."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ddiloco.learner.loop import Learner
+from ddiloco.posttrain.summary import build_summary
+from ddiloco.prepare import prepare
+from ddiloco.protocol.wire import PayloadError
+from ddiloco.store.url import open_store
+from ddiloco.syncer.loop import Syncer
+from ddiloco.syncer.rounds import Answer
+from tests._harness import drive, tiny_config
+
+
+@pytest.mark.parametrize("robust_clip", [None, 1.05])
+def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip):
+    """With robust_clip 1.05 most rounds of two or more answers clip one (the largest norm is above 1.05 ×
+    the median), so the clipped answers' second read is exercised."""
+    store = open_store(f"memory://stream-{robust_clip}")
+    cfg = tiny_config("stream", "diloco.learners=3", "diloco.quorum=2", "diloco.token_budget=60000")
+    prepare(store, cfg)
+    syncer = Syncer(store, poll_s=0, robust_clip=robust_clip)
+    learners = [Learner.open(store, i) for i in range(3)]
+    for learner in learners:
+        learner.start()
+    merge, checked, clipped = syncer.merge, [], []
+
+    def checked_merge(rnd, now):
+        assert rnd.sums is not None and set(rnd.sums.answers) == set(rnd.answers)
+        assert all(a.delta is None for a in rnd.answers.values()), "a round keeps no decoded answer"
+        frag = syncer.fragments[rnd.fragment_id]
+        batch_answers = {
+            c: dataclasses.replace(a, delta=syncer.intake.reread(rnd, c)) for c, a in rnd.answers.items()
+        }
+        batch = frag.propose(batch_answers, syncer.rule)  # no sums: the answers carry their deltas
+        merge(rnd, now)
+        assert frag.version == batch.version
+        for n, t in batch.theta.items():
+            torch.testing.assert_close(frag.theta[n], t, rtol=1e-6, atol=1e-6)
+        checked.append(len(rnd.answers))
+        clipped.extend(batch.clipped)
+
+    syncer.merge = checked_merge
+    drive(syncer, learners)
+    assert len(checked) >= 10 and max(checked) >= 2
+    if robust_clip is not None:
+        assert clipped, "no round clipped an answer: the reread path was not exercised"
+    assert build_summary(store)["ledger_balanced"]
+
+
+def test_an_answer_changed_after_it_was_accepted_is_not_merged_from_other_bytes():
+    """The sums hold what was accepted; a second read (clipping, single answers) must find the same bytes."""
+    store = open_store("memory://stream-changed")
+    prepare(store, tiny_config("changed", "diloco.learners=1", "diloco.token_budget=100000"))
+    syncer = Syncer(store, poll_s=0)
+    learner = Learner.open(store, 0)
+    learner.start()
+    for _ in range(2000):
+        syncer.step()
+        learner.poller.poll_once()
+        learner.tick()
+        filed = [(r, a) for r in syncer.open.values() for a in r.answers.values()]
+        if filed:
+            break
+    rnd, ans = filed[0]
+    assert isinstance(ans, Answer) and ans.delta is None
+    store.put(ans.key, store.get(ans.key) + b" ")
+    with pytest.raises(PayloadError, match="changed after it was accepted"):
+        syncer.intake.reread(rnd, ans.contributor)
+    version = syncer.fragments[rnd.fragment_id].version
+    syncer.merge(rnd, syncer.clock())  # a merge that needs the second read abandons the round instead
+    assert rnd.round not in syncer.open and syncer.fragments[rnd.fragment_id].version == version
+    assert syncer.books.rounds_abandoned == 1
