@@ -3,9 +3,9 @@
 Design choices:
 - A merge is two steps. `propose` does the arithmetic on copies (it finalises the round's running sums of
   `ddiloco.accumulate`, to which the syncer added each answer as it arrived, with robust clipping, then one
-  outer Nesterov step; called without sums it adds the answers itself, one merge path for both) and returns a `Proposal`; `commit` adopts it once it is
-  persisted. If persisting fails (store outage) the round stays open and is merged again later, and the
-  fragment has not moved.
+  outer Nesterov step; called without sums it adds the answers itself, one merge path for both) and
+  returns a `Proposal`; `commit` adopts it once it is persisted. If persisting fails (store outage) the
+  round stays open and is merged again later, and the fragment has not moved.
 - Outer gradients are taken against each answer's own base: Δ_m = Θ_base − θ_m = −δ_m, where δ_m is the
   learner's upload (its parameters minus the values of version `base_version` it received). The merged Δ is
   applied to the *current* Θ_p. The former Δ_m = Θ_current − θ_m charged a stale learner with undoing every
