@@ -113,11 +113,12 @@ def run_learner(args: argparse.Namespace, group: Any) -> int:
 
 
 def cmd_syncer(args: argparse.Namespace) -> int:
-    from ddiloco.syncer.loop import Syncer
+    from ddiloco.syncer.loop import Syncer, syncer_threads
 
     secret = signing.key_from_env()
     store = role_store(args.store, "syncer")
-    syncer = until_store_answers(lambda: Syncer(store, secret=secret), "syncer")
+    threads = args.threads or syncer_threads()
+    syncer = until_store_answers(lambda: Syncer(store, secret=secret, threads=threads), "syncer")
     logship.bind(args.store, incarnation=syncer.books.incarnation)
     serve(syncer.registry, args.metrics_port, args.metrics_host)
     syncer.run(max_seconds=args.max_seconds)
@@ -160,6 +161,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser("syncer", help="run the syncer until the token budget is merged")
     p.add_argument("--store", required=True)
     p.add_argument("--max-seconds", type=float, default=None)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads that read and decode answers and run the merge (default: OMP_NUM_THREADS if set, "
+        "else the CPUs this process may use, at most 8)",
+    )
     add_metrics_args(p)
     p.set_defaults(func=cmd_syncer)
 

@@ -22,6 +22,8 @@ import hashlib
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence, Set
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 
@@ -111,6 +113,16 @@ class UpdateValidator:
         return validation.decode_delta(h.tensors, h.meta["codec"], names, self.layout.shapes)
 
 
+@dataclass(slots=True)
+class _Read:
+    """What a worker made of one update object: an answer, a rejection, or the same rejected bytes."""
+
+    digest: str
+    answer: Answer | None = None
+    error: wire.PayloadError | None = None
+    unchanged: bool = False
+
+
 class Intake:
     """Reads, validates and files the updates of open rounds; counts and reports what it rejects."""
 
@@ -124,51 +136,82 @@ class Intake:
         wall: Callable[[], float],
         on_notice: Callable[[], None],
         accept: Callable[[Round, Answer], None] | None = None,
+        threads: int = 1,
         rejected: Mapping[str, int] | None = None,
         late_answers: int = 0,
     ) -> None:
         """`accept(rnd, answer)`: called for each valid answer before it is filed (the syncer adds it to the
-        round's running sums and drops its delta); a ValueError from it rejects the answer."""
+        round's running sums and drops its delta); a ValueError from it rejects the answer. `threads`: how
+        many updates are read and decoded in parallel (`collect`); 1 reads them one by one."""
         self.store, self.validator, self.metrics = store, validator, metrics
-        self.accept = accept
+        self.accept, self.workers = accept, max(1, threads)
+        self.pool = ThreadPoolExecutor(self.workers, "intake") if self.workers > 1 else None
         self.clock, self.wall, self.on_notice = clock, wall, on_notice
         self.rejected: Counter[str] = Counter(rejected or {})
         self.notices: deque[Rejection] = deque(maxlen=MAX_NOTICES)
         self.late_answers = late_answers
 
     def collect(self, rnd: Round) -> None:
-        """File every new valid update of `rnd` in `rnd.answers`; count and note the rest."""
+        """File every new valid update of `rnd` in `rnd.answers`; count and note the rest.
+
+        With a pool, up to `pool` updates are fetched, verified and decoded at once (I/O, hashing and
+        decoding release the GIL); they are then accepted and filed one by one in listing order, so the
+        running sums add the same answers in the same order whatever the threads did."""
         prefix = keys.update_prefix(rnd.fragment_id, rnd.round)
         now = self.clock()
+        todo = []
         for key in self.store.list(prefix):
             name = key[len(prefix) :]
             retry = rnd.retry.get(name)
-            if name in rnd.seen or (retry is not None and now < retry[0]):
-                continue
-            try:
-                blob: bytes | None = self._fetch(rnd, key)
-                digest = hashlib.sha256(blob).hexdigest()
-            except wire.PayloadError as e:  # too large to read: the size stands in for its content
-                blob, digest, too_large = None, "too_large", e
-            except NotFound:
-                continue
-            if retry is not None and retry[1] == digest:  # the same rejected bytes: nothing new
-                rnd.retry[name] = (now + REREAD_REJECTED_S, digest)
-                continue
-            try:
-                if blob is None:
-                    raise too_large
-                ans = self.validator.answer(rnd, name, blob)
-                ans.key, ans.digest = key, digest
-                if self.accept is not None:
-                    self._accept(rnd, ans)
-            except wire.PayloadError as e:
-                self._reject(rnd, key, name, e)
-                rnd.retry[name] = (now + REREAD_REJECTED_S, digest)
-                continue
-            rnd.retry.pop(name, None)
-            rnd.seen.add(name)
-            rnd.answers[ans.contributor] = ans
+            if name not in rnd.seen and (retry is None or now >= retry[0]):
+                todo.append((key, name))
+        width = self.workers if self.pool is not None else 1
+        for i in range(0, len(todo), width):  # bounded: at most `width` decoded answers exist at once
+            chunk = todo[i : i + width]
+            if self.pool is not None and len(chunk) > 1:
+                reads = list(self.pool.map(lambda kn: self._read(rnd, *kn), chunk))
+            else:
+                reads = [self._read(rnd, key, name) for key, name in chunk]
+            for (key, name), read in zip(chunk, reads, strict=True):
+                if read is not None:
+                    self._file(rnd, key, name, read, now)
+
+    def _read(self, rnd: Round, key: str, name: str) -> _Read | None:
+        """Fetch, verify and decode one update (a worker's share); None when it is gone or unchanged."""
+        try:
+            blob = self._fetch(rnd, key)
+        except wire.PayloadError as e:  # too large to read: the size stands in for its content
+            return _Read("too_large", error=e)
+        except NotFound:
+            return None
+        digest = hashlib.sha256(blob).hexdigest()
+        retry = rnd.retry.get(name)
+        if retry is not None and retry[1] == digest:  # the same rejected bytes: nothing new
+            return _Read(digest, unchanged=True)
+        try:
+            return _Read(digest, answer=self.validator.answer(rnd, name, blob))
+        except wire.PayloadError as e:
+            return _Read(digest, error=e)
+
+    def _file(self, rnd: Round, key: str, name: str, read: _Read, now: float) -> None:
+        if read.unchanged:
+            rnd.retry[name] = (now + REREAD_REJECTED_S, read.digest)
+            return
+        try:
+            if read.error is not None:
+                raise read.error
+            assert read.answer is not None
+            ans = read.answer
+            ans.key, ans.digest = key, read.digest
+            if self.accept is not None:
+                self._accept(rnd, ans)
+        except wire.PayloadError as e:
+            self._reject(rnd, key, name, e)
+            rnd.retry[name] = (now + REREAD_REJECTED_S, read.digest)
+            return
+        rnd.retry.pop(name, None)
+        rnd.seen.add(name)
+        rnd.answers[ans.contributor] = ans
 
     def _accept(self, rnd: Round, ans: Answer) -> None:
         assert self.accept is not None

@@ -32,6 +32,7 @@ import math
 import os
 import time
 
+import torch
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
@@ -63,6 +64,19 @@ from ddiloco.syncer.state import SyncerFiles, credit
 log = logging.getLogger(__name__)
 
 
+def syncer_threads() -> int:
+    """OMP_NUM_THREADS when set (the local launcher sets it for every process), else the CPUs this process
+    may use (its affinity: a container's CPU set), at most 8."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
 class Syncer:
     def __init__(
         self,
@@ -74,6 +88,7 @@ class Syncer:
         registry: CollectorRegistry | None = None,
         secret: bytes | None = None,
         robust_clip: float | None = None,
+        threads: int | None = None,
     ) -> None:
         """`secret`: the master key from DDILOCO_RUN_KEY (None: unsigned). `robust_clip`: robust mode
         factor; default `cfg.diloco.robust_clip` when the config has it."""
@@ -85,6 +100,9 @@ class Syncer:
             signing.warn_unsigned("syncer")
         self.layout = read_layout(store)
         self.P = self.layout.num_fragments
+        self.threads = threads or 1
+        if threads is not None:  # the merge's element-wise passes use them too (None: as the process has it)
+            torch.set_num_threads(threads)
         self.rule = MergeRule.of(d, self.layout, robust_clip)
         self.quorum_rule = QuorumRule.of(d)
         self.grace_rule = GraceRule.of(d, self.P)
@@ -115,6 +133,7 @@ class Syncer:
             wall=wall,
             on_notice=self.publish_status,
             accept=self._accept,
+            threads=self.threads,
             rejected=resumed.rejected,
             late_answers=resumed.late_answers,
         )

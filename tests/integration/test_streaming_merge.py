@@ -18,14 +18,17 @@ from ddiloco.syncer.rounds import Answer
 from tests._harness import drive, tiny_config
 
 
-@pytest.mark.parametrize("robust_clip", [None, 1.05])
-def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip):
+@pytest.mark.parametrize(("robust_clip", "threads"), [(None, None), (1.05, None), (1.05, 3)])
+def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip, threads):
     """With robust_clip 1.05 most rounds of two or more answers clip one (the largest norm is above 1.05 ×
-    the median), so the clipped answers' second read is exercised."""
-    store = open_store(f"memory://stream-{robust_clip}")
+    the median), so the clipped answers' second read is exercised. With 3 threads the intake reads and
+    decodes answers in parallel (each pass adds what it read in listing order)."""
+    store = open_store(f"memory://stream-{robust_clip}-{threads}")
     cfg = tiny_config("stream", "diloco.learners=3", "diloco.quorum=2", "diloco.token_budget=60000")
     prepare(store, cfg)
-    syncer = Syncer(store, poll_s=0, robust_clip=robust_clip)
+    torch_threads = torch.get_num_threads()
+    syncer = Syncer(store, poll_s=0, robust_clip=robust_clip, threads=threads)
+    assert (syncer.intake.pool is not None) == (threads is not None)
     learners = [Learner.open(store, i) for i in range(3)]
     for learner in learners:
         learner.start()
@@ -52,6 +55,7 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
     if robust_clip is not None:
         assert clipped, "no round clipped an answer: the reread path was not exercised"
     assert build_summary(store)["ledger_balanced"]
+    torch.set_num_threads(torch_threads)
 
 
 def test_an_answer_changed_after_it_was_accepted_is_not_merged_from_other_bytes():
