@@ -162,6 +162,13 @@ class GlobalFragment:
         w, discount = self.weigh(ans.header, rule)
         sums.add(ans.contributor, w * discount, {n: ans.delta[n] for n in self.theta})
 
+    def accept(self, rnd: Round, ans: Answer, rule: MergeRule) -> None:
+        """Add a valid answer of `rnd` to the round's running sums and drop its decoded δ."""
+        if rnd.sums is None:
+            rnd.sums = self.new_sums(rule)
+        self.add_answer(rnd.sums, ans, rule)
+        ans.delta = None
+
     def propose(
         self,
         answers: Mapping[str, Answer],

@@ -178,14 +178,14 @@ class Intake:
 
     def _read(self, rnd: Round, key: str, name: str) -> _Read | None:
         """Fetch, verify and decode one update (a worker's share); None when it is gone or unchanged."""
+        retry = rnd.retry.get(name)
         try:
             blob = self._fetch(rnd, key)
         except wire.PayloadError as e:  # too large to read: the size stands in for its content
-            return _Read("too_large", error=e)
+            return _Read("too_large", unchanged=retry is not None and retry[1] == "too_large", error=e)
         except NotFound:
             return None
         digest = hashlib.sha256(blob).hexdigest()
-        retry = rnd.retry.get(name)
         if retry is not None and retry[1] == digest:  # the same rejected bytes: nothing new
             return _Read(digest, unchanged=True)
         try:

@@ -49,7 +49,6 @@ from ddiloco.syncer.roster import Roster
 from ddiloco.syncer.rounds import (
     DEFAULT_EMA,
     DEFAULT_STEP_S,
-    Answer,
     GraceRule,
     OpenRule,
     QuorumRule,
@@ -132,7 +131,7 @@ class Syncer:
             clock=clock,
             wall=wall,
             on_notice=self.publish_status,
-            accept=self._accept,
+            accept=lambda rnd, ans: self.fragments[rnd.fragment_id].accept(rnd, ans, self.rule),
             threads=self.threads,
             rejected=resumed.rejected,
             late_answers=resumed.late_answers,
@@ -260,14 +259,6 @@ class Syncer:
         del self.open[rnd.round]
         self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
         self.publish_status()
-
-    def _accept(self, rnd: Round, ans: Answer) -> None:
-        """Add a valid answer to its round's running sums and drop its decoded δ (`ddiloco.accumulate`)."""
-        frag = self.fragments[rnd.fragment_id]
-        if rnd.sums is None:
-            rnd.sums = frag.new_sums(self.rule)
-        frag.add_answer(rnd.sums, ans, self.rule)
-        ans.delta = None
 
     def merge(self, rnd: Round, now: float) -> None:
         """Merge a round's answers into its fragment, persist (module docstring's order) and close it."""
