@@ -112,7 +112,7 @@ def params_sha256(model: torch.nn.Module) -> str:
 def load_initial_model(store: Store, cfg: RunConfig, layout: Layout) -> GPT:
     """The model learners start from: global version 0 of every fragment, as published by `prepare`."""
     model = build_model(layout, cfg.seed)
-    params = dict(model.named_parameters())
+    params = layout.members(dict(model.named_parameters()))
     with torch.no_grad():
         for frag in layout.fragments:
             for name, t in read_global(store, cfg.run_id, layout, frag.fragment_id, 0).items():

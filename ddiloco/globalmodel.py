@@ -5,6 +5,12 @@ Design choices:
   syncer still call them directly).
 - The layout (which tensor is in which fragment, shapes, embedding-like names, model config) is written
   once by `prepare` next to global version 0, so learners and the syncer agree on it without talking.
+- A tensor larger than the ideal fragment travels as row pieces (`ddiloco.fragments.balanced`). The layout
+  speaks of *members*: `shapes` and `embedding_names` are by member name (a piece of an embedding is
+  embedding-like), `pieces` says which rows of which tensor a piece is. `members` gives a model's tensors
+  as members (pieces are views, so writing into them writes the model) and `assemble` puts members back
+  into whole tensors; everything past those two (wire, merge, momentum, learner anchors) is per member.
+  A layout without pieces is written exactly as before (no `pieces` key).
 - A global version is a write-once payload `global/{p}/v{n}`; the small `latest.json` pointer is written
   after it. Readers verify run id, kind, fragment, version, names and shapes before using a payload.
 - A version is published as fp32 or bf16 (`diloco.global_dtype`); `published_values` gives back exactly what
@@ -18,13 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ddiloco import keys
-from ddiloco.fragments import Fragment, partition
+from ddiloco.fragments import Fragment, Piece, balanced
 from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
 from ddiloco.protocol import wire
 from ddiloco.store.base import ObjectTooLarge, Store
@@ -41,8 +48,12 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 class Layout:
     fragments: list[Fragment]
     shapes: dict[str, list[int]]
+    """Shape of every member (whole tensor or piece), by member name."""
     embedding_names: frozenset[str]
+    """Members merged by the plain mean (token/position embeddings, LM head, and their pieces)."""
     model: dict[str, Any]
+    pieces: dict[str, Piece] = field(default_factory=dict)
+    """Piece member name -> the rows of the tensor it holds; empty when every member is a whole tensor."""
 
     @property
     def num_fragments(self) -> int:
@@ -62,8 +73,34 @@ class Layout:
     def gpt_config(self) -> GPTConfig:
         return GPTConfig(**self.model)
 
+    def members(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Member name -> tensor, from whole tensors by parameter name: a whole tensor as given, a piece as
+        a view of its rows (contiguous when the tensor is), so `copy_` into it writes the tensor."""
+        out: dict[str, torch.Tensor] = {}
+        for frag in self.fragments:
+            for name in frag.names:
+                pc = self.pieces.get(name)
+                if pc is None:
+                    out[name] = tensors[name]
+                else:
+                    out[name] = tensors[pc.tensor].detach().narrow(0, pc.start, pc.stop - pc.start)
+        return out
+
+    def assemble(self, members: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Parameter name -> whole tensor, from every member's tensor (pieces concatenated by rows)."""
+        out = {n: t for n, t in members.items() if n not in self.pieces}
+        rows: dict[str, list[Piece]] = {}
+        for pc in self.pieces.values():
+            rows.setdefault(pc.tensor, []).append(pc)
+        for tensor, pcs in sorted(rows.items()):
+            pcs.sort(key=lambda pc: pc.start)
+            if [pc.start for pc in pcs] != [0] + [pc.stop for pc in pcs[:-1]]:
+                raise ValueError(f"the layout's pieces of {tensor!r} do not tile its rows")
+            out[tensor] = torch.cat([members[pc.name] for pc in pcs], dim=0)
+        return out
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "fragments": [
                 {"fragment_id": f.fragment_id, "names": list(f.names), "numel": f.numel}
                 for f in self.fragments
@@ -72,6 +109,9 @@ class Layout:
             "embedding_names": sorted(self.embedding_names),
             "model": self.model,
         }
+        if self.pieces:  # a whole-tensor layout reads exactly as before pieces existed
+            out["pieces"] = {n: [pc.tensor, pc.start, pc.stop] for n, pc in sorted(self.pieces.items())}
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Layout:
@@ -80,6 +120,7 @@ class Layout:
             shapes={k: list(v) for k, v in d["shapes"].items()},
             embedding_names=frozenset(d["embedding_names"]),
             model=d["model"],
+            pieces={n: Piece(str(t), int(a), int(b)) for n, (t, a, b) in d.get("pieces", {}).items()},
         )
 
 
@@ -96,14 +137,20 @@ def model_config_from_run(cfg: Any, vocab_size: int) -> GPTConfig:
 
 
 def make_layout(model: GPT, num_fragments: int) -> Layout:
-    numels = {n: p.numel() for n, p in model.named_parameters()}
+    """The model's layout at P = `num_fragments` (parameter shapes only: a meta-device model will do)."""
+    shapes = {n: list(p.shape) for n, p in model.named_parameters()}
+    fragments, pieces = balanced(shapes, num_fragments)
+    member_shapes = {n: s for n, s in shapes.items() if n not in {pc.tensor for pc in pieces.values()}}
+    member_shapes |= {n: [pc.stop - pc.start, *shapes[pc.tensor][1:]] for n, pc in pieces.items()}
+    embeddings = model.embedding_names()
     return Layout(
-        fragments=partition(numels, num_fragments),
-        shapes={n: list(p.shape) for n, p in model.named_parameters()},
-        embedding_names=frozenset(model.embedding_names()),
+        fragments=fragments,
+        shapes={n: member_shapes[n] for f in fragments for n in f.names} if pieces else shapes,
+        embedding_names=frozenset(embeddings | {n for n, pc in pieces.items() if pc.tensor in embeddings}),
         model=dataclasses.asdict(model.config)
         if dataclasses.is_dataclass(model.config)
         else dict(model.config),
+        pieces=pieces,
     )
 
 
@@ -199,7 +246,7 @@ def write_initial_globals(
 ) -> None:
     """Global version 0 of every fragment, from the seeded init. Written once, before any learner starts."""
     store.put_json(keys.LAYOUT, layout.to_json())
-    params = dict(model.named_parameters())
+    params = layout.members(dict(model.named_parameters()))
     for frag in layout.fragments:
         if latest_version(store, frag.fragment_id) is not None:
             continue

@@ -7,7 +7,8 @@ Design choices:
 
 - Weights ``w_m = c_tokens² / c_steps`` ("quantity × quality", DESIGN.md §2): a learner that processed more
   tokens in fewer (hence larger-batch) steps counts more; a learner without steps counts 0.
-- RDA, radial-directional averaging, per tensor: ``(Σ w‖Δ_m‖ / Σ w) · φ(Σ w φ(Δ_m) / Σ w)``, φ(x) = x/‖x‖.
+- RDA, radial-directional averaging, per tensor (per fragment member: a row piece of a split tensor counts
+  as a tensor, see `ddiloco.fragments`): ``(Σ w‖Δ_m‖ / Σ w) · φ(Σ w φ(Δ_m) / Σ w)``, φ(x) = x/‖x‖.
   The plain mean of M nearly orthogonal deltas shrinks by ~1/√M, silently lowering the outer learning rate
   as learners are added; RDA keeps the mean *length* and averages only *directions*. When the mean
   direction degenerates (opposite deltas cancel: ‖Σ w φ(Δ_m)‖ < eps) it falls back to the weighted mean,

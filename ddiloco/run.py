@@ -173,7 +173,7 @@ class RunRoot:
     def model_at_versions(self, layout: Layout, versions: list[int]) -> GPT:
         """The global model assembled from one version of every fragment."""
         model = build_model(layout)
-        params = dict(model.named_parameters())
+        params = layout.members(dict(model.named_parameters()))
         with torch.no_grad():
             for frag, v in zip(layout.fragments, versions, strict=True):
                 tensors = self._verified(

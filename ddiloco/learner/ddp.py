@@ -263,7 +263,7 @@ class Follower:
         )
         self.precision = resolve_precision(t.precision, dev)
         self.net = maybe_compile(group.wrap(self.model), t.compile)
-        self.params = dict(self.model.named_parameters())
+        self.params = self.layout.members(dict(self.model.named_parameters()))  # by fragment member
 
     def run(self) -> int:
         """Follow rank 0 until STOP; returns the exit code (0)."""

@@ -174,7 +174,7 @@ class Learner:
         self.model = init_model(self.layout.gpt_config(), cfg.seed, device=self.device)
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))  # fused on CUDA
         self.net = maybe_compile(self.model, t.compile) if group is None else self.model  # DDP: `_join_ranks`
-        self.params = dict(self.model.named_parameters())
+        self.params = self.layout.members(dict(self.model.named_parameters()))  # by fragment member
         self.copier = HostCopier(self.device)  # snapshots for answers and checkpoints
         self._defer_loss = self.device.type == "cuda"  # read each loss a step late: the host never waits
         self._loss_in_flight: torch.Tensor | None = None

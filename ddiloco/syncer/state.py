@@ -210,7 +210,7 @@ class SyncerFiles:
 
     def write_final(self, fragments: list[GlobalFragment], tokens_merged: float) -> None:
         versions = [f.version for f in fragments]
-        final = {n: t for f in fragments for n, t in f.theta.items()}
+        final = self.layout.assemble({n: t for f in fragments for n, t in f.theta.items()})
         meta = {"run_id": self.run_id, "kind": "final", "versions": versions}
         self.store.put(keys.FINAL_MODEL, wire.pack(final, meta, key=self.key))
         self.store.put_json(

@@ -1,0 +1,233 @@
+"""The syncer's round at scale: the real read → decode → merge → outer step → publish path, one fragment at a time.
+
+Each measured round drives the syncer's own parts on synthetic answers of the real layout
+(`ddiloco.globalmodel.make_layout` on a meta-device model, so no full model is ever allocated):
+
+1. untimed setup: fragment p's global version 0 is published (random fp32) and read back into a
+   `GlobalFragment` (`SyncerFiles.load_fragment`, outer momentum in steady state); M learners' answers are
+   generated one at a time, packed the learner's way (`ddiloco.learner.io.pack_update`: the upload codec of
+   `ddiloco.compression` + `ddiloco.protocol.wire`) and put in the store;
+2. timed: `Intake.collect` (list, get, unpack, validate, decode to fp32), `GlobalFragment.propose` (outer
+   gradients, merge, Nesterov step), `SyncerFiles.publish` (momentum, round record, global + pointer) and
+   `GlobalFragment.commit`; then a plain `copy_` of the M decoded answers into one fragment-sized buffer,
+   the memory-bandwidth yardstick;
+3. everything of fragment p is dropped before the next round: memory is one fragment's worth × M, not the
+   model's, so the 1b preset fits a small machine.
+
+Rounds visit fragments largest first (a round of the largest fragment is what paces the syncer).
+``merge_gbps`` = M × fragment fp32 bytes / round seconds (the whole timed round), ``memcpy_gbps`` the same
+bytes over the copy's seconds; both are medians over rounds. ``--whole-tensors`` uses the layout without
+row pieces (what every run used before tensors above the ideal fragment were split), for comparison.
+Vocabulary and context default per preset (tiny, small: byte tokenizer; larger: GPT-2's 50304 and 1024).
+
+    .venv/bin/python benchmarks/syncer_scale.py --preset 1b --fragments 24 --learners 16 --codec int4 \
+        --rounds 3 [--threads 1] [--store memory|file] [--whole-tensors] [--global-dtype fp32]
+
+Prints one line per round, then one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import resource
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from ddiloco import keys
+from ddiloco.compression import CODECS, encoded_nbytes
+from ddiloco.fragments import imbalance, partition
+from ddiloco.globalmodel import Layout, make_layout, publish_global
+from ddiloco.learner.accel import HostSnapshot
+from ddiloco.learner.io import pack_update
+from ddiloco.metrics import SyncerMetrics
+from ddiloco.model import GPT, gpt_config
+from ddiloco.protocol.messages import Ledger
+from ddiloco.recipes import load_config
+from ddiloco.store.url import open_store
+from ddiloco.syncer.fragment import MergeRule
+from ddiloco.syncer.intake import Intake, UpdateValidator
+from ddiloco.syncer.rounds import Round
+from ddiloco.syncer.state import SyncerFiles
+
+# preset: (vocab_size, context length)
+PRESET_DEFAULTS = {
+    "tiny": (258, 128),
+    "small": (258, 256),
+    "125m": (50304, 1024),
+    "350m": (50304, 1024),
+    "1b": (50304, 1024),
+}
+STEPS = 24  # c_steps of every answer (H = 24)
+
+
+def layout_of(preset: str, vocab: int, block: int, P: int, whole: bool) -> Layout:
+    with torch.device("meta"):
+        model = GPT(gpt_config(preset, vocab_size=vocab, block_size=block))
+    layout = make_layout(model, P)
+    if whole:
+        numels = {n: p.numel() for n, p in model.named_parameters()}
+        shapes = {n: list(p.shape) for n, p in model.named_parameters()}
+        layout = Layout(partition(numels, P), shapes, model.embedding_names(), layout.model)
+    return layout
+
+
+def one_round(
+    s: int, p: int, args: argparse.Namespace, cfg, layout: Layout, store, g: torch.Generator
+) -> dict[str, float]:
+    files = SyncerFiles(store, cfg.run_id, layout, key=None)
+    rule = MergeRule.of(cfg.diloco, layout, None)
+    names = layout.fragments[p].names
+    theta = {n: torch.randn(layout.shapes[n], generator=g).mul_(0.02) for n in names}
+    publish_global(store, cfg.run_id, p, 0, theta, args.global_dtype)
+    del theta
+    frag = files.load_fragment(p, 0, Ledger(), rule)
+    frag.outer.load_state_dict({n: torch.zeros(layout.shapes[n]) for n in names})  # steady state
+    tokens_per_step = cfg.train.max_batch() * cfg.model.seq_len
+    for m in range(args.learners):
+        delta = {n: torch.randn(layout.shapes[n], generator=g).mul_(1e-3) for n in names}
+        header = {
+            "run_id": cfg.run_id,
+            "kind": "update",
+            "learner_id": m,
+            "incarnation": 0,
+            "fragment_id": p,
+            "round": s,
+            "base_version": 0,
+            "c_steps": STEPS,
+            "c_tokens": STEPS * tokens_per_step - m,
+            "c_seconds": 10.0,
+            "inner_step": 1000,
+            "codec": args.codec,
+        }
+        store.put(
+            keys.update_key(p, s, m, 0), pack_update(HostSnapshot(delta, None), args.codec, header, None)
+        )
+        del delta
+    validator = UpdateValidator(cfg, layout, {p: frag}, key=None, wall=time.time)  # type: ignore[arg-type]
+    metrics = SyncerMetrics(CollectorRegistry(), dict)
+    intake = Intake(store, validator, metrics, clock=time.monotonic, wall=time.time, on_notice=lambda: None)
+    rnd = Round(round=s, fragment_id=p, opened_at=time.monotonic(), opened_wall=time.time())
+    gc.collect()
+
+    t0 = time.perf_counter()
+    intake.collect(rnd)
+    t1 = time.perf_counter()
+    proposal = frag.propose(rnd.answers, rule)
+    t2 = time.perf_counter()
+    record = proposal.record(rnd, now=time.monotonic(), merged_at=time.time())
+    files.publish(proposal, record, args.global_dtype)
+    t3 = time.perf_counter()
+    frag.commit(proposal, published_at=time.time(), clock=time.monotonic(), dtype=args.global_dtype)
+    t4 = time.perf_counter()
+    if len(rnd.answers) != args.learners or intake.rejected:
+        raise SystemExit(f"round {s}: {len(rnd.answers)} answers accepted, rejected {dict(intake.rejected)}")
+
+    dst = {n: torch.empty(layout.shapes[n]) for n in names}
+    for n in names:
+        dst[n].copy_(rnd.answers[next(iter(rnd.answers))].delta[n])  # fault the destination pages in
+    c0 = time.perf_counter()
+    for ans in rnd.answers.values():
+        for n in names:
+            dst[n].copy_(ans.delta[n])
+    copy_s = time.perf_counter() - c0
+    for prefix in (
+        keys.fragment_updates_prefix(p),
+        f"global/{p:03d}/",
+        f"syncer/momentum/{p:03d}/",
+        keys.ROUNDS,
+    ):
+        for key in store.list(prefix):
+            store.delete(key)
+    return {"intake": t1 - t0, "propose": t2 - t1, "publish": t3 - t2, "commit": t4 - t3, "copy": copy_s}
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny", choices=sorted(PRESET_DEFAULTS))
+    ap.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: per preset)")
+    ap.add_argument("--seq-len", type=int, default=None, help="context length (default: per preset)")
+    ap.add_argument("--fragments", type=int, default=24, help="P")
+    ap.add_argument("--learners", type=int, default=16, help="M, answers merged per round")
+    ap.add_argument("--codec", choices=CODECS, default="int4")
+    ap.add_argument("--global-dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--store", choices=("memory", "file"), default="memory")
+    ap.add_argument("--whole-tensors", action="store_true", help="the layout without row pieces")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    vocab, block = PRESET_DEFAULTS[args.preset]
+    vocab, block = args.vocab or vocab, args.seq_len or block
+    layout = layout_of(args.preset, vocab, block, args.fragments, args.whole_tensors)
+    cfg = load_config(None, None, [f"diloco.codec={args.codec}", f"diloco.fragments={args.fragments}"])
+    cfg.run_id = "syncer-scale"
+    tmp = tempfile.mkdtemp(prefix="syncer-scale-") if args.store == "file" else None
+    store = open_store(f"file://{tmp}" if tmp else f"memory://syncer-scale-{time.time_ns()}")
+    order = sorted(range(args.fragments), key=lambda p: (-layout.fragments[p].numel, p))
+    g = torch.Generator().manual_seed(0)
+    rounds = []
+    try:
+        for s in range(args.rounds):
+            p = order[s % len(order)]
+            t = one_round(s, p, args, cfg, layout, store, g)
+            numel = layout.fragments[p].numel
+            total = sum(v for k, v in t.items() if k != "copy")
+            rounds.append({"fragment": p, "numel": numel, "seconds": total, **t})
+            mb = args.learners * 4 * numel / 1e6
+            print(
+                f"round {s} fragment {p}: {numel / 1e6:.1f}M values, {total:.3f}s ({mb / 1e3 / total:.2f} GB/s)"
+            )
+            gc.collect()
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    total_numel = sum(f.numel for f in layout.fragments)
+    med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
+    gbps = lambda key: statistics.median(  # noqa: E731
+        args.learners * 4 * r["numel"] / r[key] / 1e9 for r in rounds
+    )
+    out = {
+        "preset": args.preset,
+        "vocab_size": vocab,
+        "fragments": args.fragments,
+        "learners": args.learners,
+        "codec": args.codec,
+        "global_dtype": args.global_dtype,
+        "threads": args.threads,
+        "store": args.store,
+        "layout": "whole_tensors" if args.whole_tensors else "row_pieces",
+        "pieces": len(layout.pieces),
+        "model_bytes": 4 * total_numel,
+        "ideal_fragment_bytes": 4 * total_numel / args.fragments,
+        "fragment_bytes_max": 4 * max(f.numel for f in layout.fragments),
+        "fragment_bytes_max_over_ideal": round(imbalance(layout.fragments), 4),
+        "encoded_bytes_per_answer_max": sum(
+            encoded_nbytes(math.prod(layout.shapes[n]), args.codec) for n in layout.fragments[order[0]].names
+        ),
+        "rounds": len(rounds),
+        "round_seconds": _sig(med("seconds")),
+        "round_seconds_max": _sig(max(r["seconds"] for r in rounds)),
+        "stage_seconds": {k: _sig(med(k)) for k in ("intake", "propose", "publish", "commit")},
+        "merge_gbps": _sig(gbps("seconds")),
+        "memcpy_gbps": _sig(gbps("copy")),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "per_round": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()} for r in rounds],
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
