@@ -7,12 +7,14 @@ Each measured round drives the syncer's own parts on synthetic answers of the re
    `GlobalFragment` (`SyncerFiles.load_fragment`, outer momentum in steady state); M learners' answers are
    generated one at a time, packed the learner's way (`ddiloco.learner.io.pack_update`: the upload codec of
    `ddiloco.compression` + `ddiloco.protocol.wire`) and put in the store;
-2. timed: `Intake.collect` (list, get, unpack, validate, decode to fp32), `GlobalFragment.propose` (outer
-   gradients, merge, Nesterov step), `SyncerFiles.publish` (momentum, round record, global + pointer) and
-   `GlobalFragment.commit`; then a plain `copy_` of the M decoded answers into one fragment-sized buffer,
+2. timed: `Intake.collect` (list, get, unpack, validate, decode to fp32 on `--threads` workers, and add each
+   answer to the round's running sums, `ddiloco.accumulate`), `GlobalFragment.propose` (finalise the sums,
+   Nesterov step), `SyncerFiles.publish` (momentum, round record, global + pointer) and
+   `GlobalFragment.commit`; then M plain `copy_`s of one answer's fp32 worth into one fragment-sized buffer,
    the memory-bandwidth yardstick;
-3. everything of fragment p is dropped before the next round: memory is one fragment's worth × M, not the
-   model's, so the 1b preset fits a small machine.
+3. everything of fragment p is dropped before the next round. Unless `--no-resident`, the other fragments'
+   fp32 Θ and momentum are held all along (pages touched), as a real syncer holds them, so
+   `peak_rss_bytes` is the syncer's and compares with `model_bytes`.
 
 Rounds visit fragments largest first (a round of the largest fragment is what paces the syncer).
 ``merge_gbps`` = M × fragment fp32 bytes / round seconds (the whole timed round), ``memcpy_gbps`` the same
@@ -82,7 +84,7 @@ def layout_of(preset: str, vocab: int, block: int, P: int, whole: bool) -> Layou
 def one_round(
     s: int, p: int, args: argparse.Namespace, cfg, layout: Layout, store, g: torch.Generator
 ) -> dict[str, float]:
-    files = SyncerFiles(store, cfg.run_id, layout, key=None)
+    files = SyncerFiles(store, cfg.run_id, layout, None, args.global_dtype)
     rule = MergeRule.of(cfg.diloco, layout, None)
     names = layout.fragments[p].names
     theta = {n: torch.randn(layout.shapes[n], generator=g).mul_(0.02) for n in names}
@@ -113,31 +115,43 @@ def one_round(
         del delta
     validator = UpdateValidator(cfg, layout, {p: frag}, key=None, wall=time.time)  # type: ignore[arg-type]
     metrics = SyncerMetrics(CollectorRegistry(), dict)
-    intake = Intake(store, validator, metrics, clock=time.monotonic, wall=time.time, on_notice=lambda: None)
+    intake = Intake(
+        store,
+        validator,
+        metrics,
+        clock=time.monotonic,
+        wall=time.time,
+        on_notice=lambda: None,
+        accept=lambda rnd, ans: frag.accept(rnd, ans, rule),
+        threads=args.threads,
+    )
     rnd = Round(round=s, fragment_id=p, opened_at=time.monotonic(), opened_wall=time.time())
     gc.collect()
 
     t0 = time.perf_counter()
     intake.collect(rnd)
     t1 = time.perf_counter()
-    proposal = frag.propose(rnd.answers, rule)
+    proposal = frag.propose(rnd.answers, rule, rnd.sums, lambda c: intake.reread(rnd, c))
     t2 = time.perf_counter()
     record = proposal.record(rnd, now=time.monotonic(), merged_at=time.time())
-    files.publish(proposal, record, args.global_dtype)
+    files.publish(proposal, record)
     t3 = time.perf_counter()
     frag.commit(proposal, published_at=time.time(), clock=time.monotonic(), dtype=args.global_dtype)
     t4 = time.perf_counter()
     if len(rnd.answers) != args.learners or intake.rejected:
         raise SystemExit(f"round {s}: {len(rnd.answers)} answers accepted, rejected {dict(intake.rejected)}")
 
+    # The yardstick: M plain copies of one decoded answer's worth of fp32 into one fragment-sized buffer.
+    src = {n: torch.full(layout.shapes[n], 1e-3) for n in names}
     dst = {n: torch.empty(layout.shapes[n]) for n in names}
     for n in names:
-        dst[n].copy_(rnd.answers[next(iter(rnd.answers))].delta[n])  # fault the destination pages in
+        dst[n].copy_(src[n])  # fault the destination pages in
     c0 = time.perf_counter()
-    for ans in rnd.answers.values():
+    for _ in range(args.learners):
         for n in names:
-            dst[n].copy_(ans.delta[n])
+            dst[n].copy_(src[n])
     copy_s = time.perf_counter() - c0
+    del src, dst
     for prefix in (
         keys.fragment_updates_prefix(p),
         f"global/{p:03d}/",
@@ -147,6 +161,17 @@ def one_round(
         for key in store.list(prefix):
             store.delete(key)
     return {"intake": t1 - t0, "propose": t2 - t1, "publish": t3 - t2, "commit": t4 - t3, "copy": copy_s}
+
+
+def resident_state(layout: Layout, measured: int) -> list[torch.Tensor]:
+    """What a real syncer holds between rounds for every other fragment: the fp32 master Θ and the outer
+    momentum, pages touched (an untouched allocation is not resident and would flatter peak RSS)."""
+    held = []
+    for f in layout.fragments:
+        if f.fragment_id != measured:
+            for _ in ("theta", "momentum"):
+                held.append(torch.empty(f.numel).fill_(1e-3))
+    return held
 
 
 def _sig(x: float) -> float:
@@ -166,6 +191,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--store", choices=("memory", "file"), default="memory")
     ap.add_argument("--whole-tensors", action="store_true", help="the layout without row pieces")
+    ap.add_argument(
+        "--no-resident",
+        dest="resident",
+        action="store_false",
+        help="do not hold the other fragments' Θ and momentum (peak RSS then counts one fragment's round)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     vocab, block = PRESET_DEFAULTS[args.preset]
@@ -176,6 +207,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="syncer-scale-") if args.store == "file" else None
     store = open_store(f"file://{tmp}" if tmp else f"memory://syncer-scale-{time.time_ns()}")
     order = sorted(range(args.fragments), key=lambda p: (-layout.fragments[p].numel, p))
+    resident = resident_state(layout, order[0]) if args.resident else []
     g = torch.Generator().manual_seed(0)
     rounds = []
     try:
@@ -211,6 +243,8 @@ def main() -> None:
         "layout": "whole_tensors" if args.whole_tensors else "row_pieces",
         "pieces": len(layout.pieces),
         "model_bytes": 4 * total_numel,
+        "resident_other_fragments": args.resident,
+        "resident_bytes": sum(t.numel() * 4 for t in resident),
         "ideal_fragment_bytes": 4 * total_numel / args.fragments,
         "fragment_bytes_max": 4 * max(f.numel for f in layout.fragments),
         "fragment_bytes_max_over_ideal": round(imbalance(layout.fragments), 4),

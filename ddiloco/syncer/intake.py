@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import struct
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
@@ -113,6 +114,14 @@ class UpdateValidator:
         return validation.decode_delta(h.tensors, h.meta["codec"], names, self.layout.shapes)
 
 
+def accepted_digest(blob: bytes) -> str:
+    """Identifies the bytes of a payload that `wire.unpack` accepted: the SHA-256 of its header, which holds
+    the SHA-256 of the data region that unpack checked, so hashing the (large) data again is not needed.
+    Rejected bytes are identified by the SHA-256 of all of them (their header may not vouch for the data)."""
+    (hlen,) = struct.unpack("<Q", blob[:8])
+    return "header:" + hashlib.sha256(memoryview(blob)[: 8 + hlen]).hexdigest()
+
+
 @dataclass(slots=True)
 class _Read:
     """What a worker made of one update object: an answer, a rejection, or the same rejected bytes."""
@@ -185,13 +194,14 @@ class Intake:
             return _Read("too_large", unchanged=retry is not None and retry[1] == "too_large", error=e)
         except NotFound:
             return None
-        digest = hashlib.sha256(blob).hexdigest()
+        digest = hashlib.sha256(blob).hexdigest() if retry is not None else None
         if retry is not None and retry[1] == digest:  # the same rejected bytes: nothing new
             return _Read(digest, unchanged=True)
         try:
-            return _Read(digest, answer=self.validator.answer(rnd, name, blob))
+            ans = self.validator.answer(rnd, name, blob)
         except wire.PayloadError as e:
-            return _Read(digest, error=e)
+            return _Read(digest or hashlib.sha256(blob).hexdigest(), error=e)
+        return _Read(accepted_digest(blob), answer=ans)
 
     def _file(self, rnd: Round, key: str, name: str, read: _Read, now: float) -> None:
         if read.unchanged:
@@ -226,7 +236,7 @@ class Intake:
         """An accepted answer's δ read and decoded again (its bytes must be the ones accepted)."""
         ans = rnd.answers[contributor]
         blob = self._fetch(rnd, ans.key)
-        if hashlib.sha256(blob).hexdigest() != ans.digest:
+        if accepted_digest(blob) != ans.digest:
             raise wire.PayloadError("changed", f"{ans.key} changed after it was accepted")
         return self.validator.decode(rnd, blob)
 

@@ -59,7 +59,8 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
 
 
 def test_an_answer_changed_after_it_was_accepted_is_not_merged_from_other_bytes():
-    """The sums hold what was accepted; a second read (clipping, single answers) must find the same bytes."""
+    """The sums hold what was accepted; a second read (clipping, single answers) must find the same bytes:
+    the same header (`accepted_digest`), whose data checksum `wire.unpack` verifies again."""
     store = open_store("memory://stream-changed")
     prepare(store, tiny_config("changed", "diloco.learners=1", "diloco.token_budget=100000"))
     syncer = Syncer(store, poll_s=0)
@@ -74,8 +75,10 @@ def test_an_answer_changed_after_it_was_accepted_is_not_merged_from_other_bytes(
             break
     rnd, ans = filed[0]
     assert isinstance(ans, Answer) and ans.delta is None
-    store.put(ans.key, store.get(ans.key) + b" ")
-    with pytest.raises(PayloadError, match="changed after it was accepted"):
+    blob = bytearray(store.get(ans.key))
+    blob[-1] ^= 0xFF  # other data under the same header: the header no longer vouches for it
+    store.put(ans.key, bytes(blob))
+    with pytest.raises(PayloadError, match="checksum"):
         syncer.intake.reread(rnd, ans.contributor)
     version = syncer.fragments[rnd.fragment_id].version
     syncer.merge(rnd, syncer.clock())  # a merge that needs the second read abandons the round instead
