@@ -28,7 +28,7 @@ from ddiloco.overrides import apply_dict
 from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
-DOWNLOAD_CODECS = ("off", "int8", "int4", "int2")
+DOWNLOAD_CODECS = ("none", "int8", "int4", "int2")
 MERGES = ("rda", "mean")
 PRECISIONS = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -204,7 +204,7 @@ class DilocoConfig:
     download_codec: str = "int8"
     """Each new global version is also published as a delta against the previous one in this codec (int8,
     int4, int2; error feedback keeps learners within one quantization step of the syncer's master), and a
-    learner one version behind downloads only that (`ddiloco.downlink`); off: full versions only."""
+    learner one version behind downloads only that (`ddiloco.downlink`); none: full versions only (`off` would read as false in YAML)."""
     mixing: float = 0.0
     """α: on a new global version, local ← α·local + (1−α)·global (0 = overwrite)."""
     token_budget: int = 10_000_000

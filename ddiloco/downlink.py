@@ -25,7 +25,7 @@ Design choices:
   of v−1 stores it (`wire.data_sha256`: the data region `wire.pack` checksums), and the SHA-256 of L_v. A
   learner applies a delta only to the version *and digest* it holds; anything else is refused and the full
   version fetched instead.
-- Codec `off` (`diloco.download_codec`) publishes full versions only: L_v = round_dtype(Θ_v), as before.
+- Codec `none` (`diloco.download_codec`) publishes full versions only: L_v = round_dtype(Θ_v), as before.
 - Pure tensor code: no store, no I/O (`ddiloco.globalmodel` reads and writes the payloads).
 """
 
@@ -73,7 +73,7 @@ def encode_step(
 
     `held`: L_{v−1}; `theta`: the fp32 master Θ_v (same names and shapes). `deq` is decoded from the
     parts themselves, so the syncer gets exactly what a learner decodes."""
-    if codec not in DOWNLOAD_CODECS or codec == "off":
+    if codec not in DOWNLOAD_CODECS or codec == "none":
         raise ValueError(f"download codec must be one of {', '.join(DOWNLOAD_CODECS[1:])}, got {codec!r}")
     parts: Tensors = {}
     values: Tensors = {}

@@ -269,7 +269,7 @@ def read_global_delta(
     )
     meta = payload.meta
     codec = meta.get("codec")
-    if codec not in DOWNLOAD_CODECS or codec == "off":
+    if codec not in DOWNLOAD_CODECS or codec == "none":
         raise wire.PayloadError(
             "malformed", f"delta of fragment {p} v{version} has codec {str(codec)[:20]!r}"
         )

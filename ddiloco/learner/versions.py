@@ -71,8 +71,8 @@ class VersionFeed:
         learner_id: int,
         key: bytes | None,
     ) -> None:
-        """`diloco`: the run's `download_codec` (not off: the syncer publishes download deltas, and a fragment
-        one version behind takes one); None: off."""
+        """`diloco`: the run's `download_codec` (not none: the syncer publishes download deltas, and a fragment
+        one version behind takes one); None: none."""
         self.store, self.layout, self.params, self.copier, self.metrics = (
             store,
             layout,
@@ -81,7 +81,7 @@ class VersionFeed:
             metrics,
         )
         self.run_id, self.learner_id, self.key = run_id, learner_id, key
-        self.deltas = diloco is not None and diloco.download_codec != "off"
+        self.deltas = diloco is not None and diloco.download_codec != "none"
         self.held: dict[int, tuple[int, str]] = {}
         """p -> (version, digest) of the values in `anchors` (what a download delta must be based on)."""
         self.fetched: Counter[str] = Counter()

@@ -17,7 +17,7 @@ Design choices:
   master.
 - Outer momentum that does not verify (or does not fit the layout) restarts from zero rather than
   stopping the run: it only smooths the outer steps.
-- Compressed downloads (`diloco.download_codec` other than off, `ddiloco.downlink`): `publish` writes the
+- Compressed downloads (`diloco.download_codec` other than none, `ddiloco.downlink`): `publish` writes the
   signed delta of version v against v − 1 before the full version, and the full version is L_v (what a
   learner applying the delta holds), not the master rounded; the master is then persisted as with bf16.
 - The final model is the fp32 master of every fragment.
@@ -110,7 +110,7 @@ class SyncerFiles:
         layout: Layout,
         key: bytes | None,
         dtype: str = "fp32",
-        download_codec: str = "off",
+        download_codec: str = "none",
     ) -> None:
         """`dtype`: the run's `diloco.global_dtype`, what global versions are published as;
         `download_codec`: `diloco.download_codec` (`ddiloco.downlink`)."""
@@ -121,7 +121,7 @@ class SyncerFiles:
     def keeps_master(self) -> bool:
         """Whether published versions differ from the fp32 master (bf16 globals or download deltas), so the
         master is persisted per version."""
-        return self.dtype != "fp32" or self.download_codec != "off"
+        return self.dtype != "fp32" or self.download_codec != "none"
 
     # --- documents ----------------------------------------------------------------------------------------
     def load_state(self) -> SyncerState | None:
@@ -223,7 +223,7 @@ class SyncerFiles:
             self.store.put(keys.master_key(p, version), wire.pack(proposal.theta, meta, key=self.key))
         self.store.put_json(keys.round_record_key(record.round), record.to_json())
         written = 0
-        if self.download_codec == "off":
+        if self.download_codec == "none":
             proposal.published = published_values(proposal.theta, self.dtype)
         else:  # the delta first: whoever sees version v named anywhere finds both objects
             step = encode_step(proposal.base, proposal.theta, self.download_codec, self.dtype)

@@ -237,12 +237,12 @@ def test_a_forged_delta_is_refused_and_the_full_version_fetched(forge, reason):
     assert got.digest == full.digest and all(torch.equal(got.tensors[n], full.tensors[n]) for n in SHAPES)
 
 
-def test_download_codec_off_publishes_no_delta_and_the_rounded_master():
-    store, frag = last(syncer_run("bf16", "off", 2))
+def test_download_codec_none_publishes_no_delta_and_the_rounded_master():
+    store, frag = last(syncer_run("bf16", "none", 2))
     assert not store.exists(keys.global_delta_key(0, 1))
     full = read_global_full(store, RUN, LAYOUT, 0, 2, key=KEY)
     assert all(torch.equal(full.tensors[n], frag.theta[n].to(torch.bfloat16).float()) for n in SHAPES)
-    f = feed(store, codec="off")
+    f = feed(store, codec="none")
     f.overwrite(0, f.first(0, 1), 0.0)
     [(_, got)] = fetch(f, 2)
     assert f.fetched == {"full": 1} and got.digest == full.digest
