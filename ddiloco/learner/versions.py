@@ -53,6 +53,8 @@ __all__ = ["VersionFeed"]
 log = logging.getLogger(__name__)
 
 Tensors = dict[str, torch.Tensor]
+Download = tuple[int, "Received | GlobalDelta | wire.PayloadError", "Exception | None"]
+"""What a download future returns: (version, what was read, why a delta tried first was not usable)."""
 
 
 class VersionFeed:
@@ -150,12 +152,16 @@ class VersionFeed:
                 continue
             del self.downloads[p]
             try:
-                version, got = fut.result()
+                version, got, unusable = fut.result()
             except StoreError as e:
                 log.warning(
                     "learner %d: download of fragment %d failed (%s); will retry", self.learner_id, p, e
                 )
                 continue
+            if unusable is not None:  # the delta was missing or refused; `got` is the full version
+                self._no_delta.add((p, version))
+                if isinstance(unusable, wire.PayloadError):
+                    self.rejected_globals[f"delta_{unusable.reason}"] += 1
             if isinstance(got, wire.PayloadError):  # never retried: the next version is taken instead
                 self._count_bad(p, version, got.reason, got)
             elif isinstance(got, GlobalDelta):
@@ -188,17 +194,19 @@ class VersionFeed:
             values = {n: apply_delta(self.anchors[n], d, delta.dtype) for n, d in delta.deq.items()}
         return Received(delta.version, values, delta.digest, delta.nbytes)
 
-    def _download(self, p: int, version: int) -> tuple[int, Received | wire.PayloadError]:
+    def _download(self, p: int, version: int, unusable: Exception | None = None) -> Download:
+        """(version, the full version or why it failed, `unusable`: why its delta was not taken, if tried)."""
         try:
             got = read_global_full(self.store, self.run_id, self.layout, p, version, key=self.key)
         except wire.PayloadError as e:  # returned, not raised: the caller needs the version it concerns
-            return version, e
+            return version, e, unusable
         got = dataclasses.replace(got, tensors=pin(got.tensors, self.device))
         self._count_bytes(got.nbytes, "full")
-        return version, got
+        return version, got, unusable
 
-    def _download_delta(self, p: int, version: int) -> tuple[int, Received | GlobalDelta | wire.PayloadError]:
-        """The delta of `version`, or the full version when the delta is missing or does not verify."""
+    def _download_delta(self, p: int, version: int) -> Download:
+        """The delta of `version`, or the full version when the delta is missing or does not verify (the
+        loop thread counts it: every book of the feed is kept there)."""
         try:
             delta = read_global_delta(self.store, self.run_id, self.layout, p, version, key=self.key)
         except (wire.PayloadError, NotFound) as e:
@@ -209,14 +217,10 @@ class VersionFeed:
                 version,
                 e,
             )
-            with self.lock:
-                self._no_delta.add((p, version))
-                if isinstance(e, wire.PayloadError):
-                    self.rejected_globals[f"delta_{e.reason}"] += 1
-            return self._download(p, version)
+            return self._download(p, version, e)
         delta = dataclasses.replace(delta, deq=pin(delta.deq, self.device))
         self._count_bytes(delta.nbytes, "delta")
-        return version, delta
+        return version, delta, None
 
     def _count_bytes(self, nbytes: int, kind: str | None = None) -> None:
         with self.lock:
