@@ -9,6 +9,10 @@ Design choices:
   after it. Readers verify run id, kind, fragment, version, names and shapes before using a payload.
 - A version is published as fp32 or bf16 (`diloco.global_dtype`); `published_values` gives back exactly what
   a reader of a bf16 version sees, so the syncer can keep its own fp32 master apart from it.
+- With `diloco.download_codec` a version v ≥ 1 also exists as a write-once delta `global/{p}/d{v}` against
+  v − 1 (`ddiloco.downlink`: the codes, the base version and the SHA-256 of the base and result values as
+  the full payloads store them, `Received.digest`), written before the full version. `read_global_full` and
+  `read_global_delta` give readers what they need to chain them.
 - With the run key (`ddiloco.protocol.signing.for_run`) every global version is signed by its writer (prepare for
   v0, the syncer after) and every reader given the key requires a valid signature. Reads are capped at the
   size the layout allows (fp32 fragment + header slack), so a hostile object costs one refused request.
