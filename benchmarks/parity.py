@@ -15,10 +15,12 @@ budget` gives it the merged budget instead. Every row reports tokens processed a
 Bytes. `bytes_per_learner` is what one learner *sends*: DiLoCo uploads (summary `bytes_uploaded` / M);
 data-parallel, the ring all-reduce's 2(M−1)/M × the fp32 gradient bytes of every step. `bytes_x_vs_dp`
 compares bytes per learner per token processed, so runs of slightly different length compare fairly.
+`bytes_downloaded_per_learner` is what a DiLoCo learner receives (global versions, full or as download
+deltas), and `total_bytes_x_vs_dp` compares up + down (data-parallel receives what it sends).
 
 Ablations (`--ablations`, on top of the decoupled configuration; the matching reference run is reused):
 `merge` (RDA vs token-weighted mean at M = 4 and 8, with ‖merged‖ / mean ‖Δ‖ over rounds with ≥ 2 answers),
-`codec` (fp32, int8, int4, int2), `weighting` (token weighting on/off with learner 0 at half batch; needs
+`codec` (fp32, int8, int4, int2), `download` (diloco.download_codec none, int8, int4), `weighting` (token weighting on/off with learner 0 at half batch; needs
 the `train.learner_batch_sizes` config option), `fragments` (P = 1, 2, 4, 8), `sync_every` (H = 16, 32, 64).
 
     .venv/bin/python benchmarks/parity.py [--methods dp,sync,decoupled] [--ablations merge,codec,...|all]
@@ -63,7 +65,7 @@ from ddiloco.store.url import open_store
 log = logging.getLogger("parity")
 
 METHODS = ("dp", "sync", "decoupled")
-ABLATIONS = ("merge", "codec", "weighting", "fragments", "sync_every")
+ABLATIONS = ("merge", "codec", "download", "weighting", "fragments", "sync_every")
 BATCH_OPTION = "learner_batch_sizes"  # train.<this>: per-learner batch sizes by learner id
 DECOUPLED = ("diloco.codec=int4",)
 QUICK = (
@@ -186,6 +188,7 @@ def run_diloco(spec: Spec, workdir: Path, timeout: float, tasks: int) -> dict[st
         "fragments": d.fragments,
         "sync_every": d.sync_every,
         "codec": d.codec,
+        "download_codec": getattr(d, "download_codec", "none"),
         "merge": d.merge,
         "token_weighting": d.token_weighting,
         "grace": d.grace is not None,
@@ -322,6 +325,8 @@ def ablation_specs(args: argparse.Namespace, name: str) -> list[Spec]:
         ]
     if name == "codec":
         return [d(f"codec={c}", f"diloco.codec={c}") for c in ("fp32", "int8", "int4", "int2")]
+    if name == "download":
+        return [d(f"download={c}", f"diloco.download_codec={c}") for c in ("none", "int8", "int4")]
     if name == "weighting":
         B = setting(Spec("", "diloco", "tiny-cpu", base), "train.batch_size")
         sizes = [max(1, B // 2)] + [B] * (args.learners - 1)
@@ -351,9 +356,21 @@ def vs_dp(row: dict[str, Any], dp: dict[str, Any] | None) -> None:
     per_tok = row["bytes_per_learner"] / row["tokens_processed"]
     dp_per_tok = dp["bytes_per_learner"] / dp["tokens_processed"]
     row["bytes_x_vs_dp"] = dp_per_tok / per_tok if per_tok else None
+    total_x_vs_dp(row, dp)
     row["wall_vs_dp"] = row["wall_seconds"] / dp["wall_seconds"]
     if row.get("task_accuracy") is not None and dp.get("task_accuracy") is not None:
         row["task_accuracy_vs_dp"] = row["task_accuracy"] - dp["task_accuracy"]
+
+
+def total_x_vs_dp(row: dict[str, Any], dp: dict[str, Any]) -> None:
+    """Up + down bytes per learner per token, data-parallel's over this row's. A ring all-reduce receives as
+    many bytes as it sends, so data-parallel's total is twice `bytes_per_learner`; DiLoCo's is its uploads
+    plus the global versions (full or download deltas) it downloaded."""
+    down = row.get("bytes_downloaded_per_learner")
+    if down is None:
+        return
+    total = (row["bytes_per_learner"] + down) / row["tokens_processed"]
+    row["total_bytes_x_vs_dp"] = (2 * dp["bytes_per_learner"] / dp["tokens_processed"]) / total
 
 
 def analytic_dp(spec: Spec, tokens: int, params: int) -> dict[str, Any]:
@@ -389,6 +406,8 @@ COLUMNS = [
     ("wall_vs_dp", "wall/DP", ".2f"),
     ("bytes_per_learner", "bytes/learner", ",.0f"),
     ("bytes_x_vs_dp", "DP/this bytes", ".1f"),
+    ("bytes_downloaded_per_learner", "down/learner", ",.0f"),
+    ("total_bytes_x_vs_dp", "DP/this up+down", ".1f"),
     ("mean_answers", "answers", ".2f"),
     ("steps_per_answer", "steps/answer", ".1f"),
     ("norm_ratio", "|merged|/|Δ|", ".3f"),
@@ -528,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             ref = analytic_dp(spec, row["tokens_processed"], row["model_params"])
             per_tok = row["bytes_per_learner"] / row["tokens_processed"]
             row["bytes_x_vs_dp"] = (ref["bytes_per_learner"] / ref["tokens_processed"]) / per_tok
+            total_x_vs_dp(row, ref)
             if dp_row is not None and row["learners"] == dp_row["learners"]:
                 row["loss_vs_dp_pct"] = 100 * (row["final_val_loss"] / dp_row["final_val_loss"] - 1)
             base = next(r for r in arows + [row] if r["learners"] == row["learners"])

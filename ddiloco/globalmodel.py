@@ -15,6 +15,10 @@ Design choices:
   after it. Readers verify run id, kind, fragment, version, names and shapes before using a payload.
 - A version is published as fp32 or bf16 (`diloco.global_dtype`); `published_values` gives back exactly what
   a reader of a bf16 version sees, so the syncer can keep its own fp32 master apart from it.
+- With `diloco.download_codec` a version v ≥ 1 also exists as a write-once delta `global/{p}/d{v}` against
+  v − 1 (`ddiloco.downlink`: the codes, the base version and the SHA-256 of the base and result values as
+  the full payloads store them, `Received.digest`), written before the full version. `read_global_full` and
+  `read_global_delta` give readers what they need to chain them.
 - With the run key (`ddiloco.protocol.signing.for_run`) every global version is signed by its writer (prepare for
   v0, the syncer after) and every reader given the key requires a valid signature. Reads are capped at the
   size the layout allows (fp32 fragment + header slack), so a hostile object costs one refused request.
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 
 from ddiloco import keys
+from ddiloco.downlink import DOWNLOAD_CODECS, DeltaStep, decode_delta
 from ddiloco.fragments import Fragment, Piece, balanced
 from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
 from ddiloco.protocol import wire
@@ -206,12 +211,45 @@ def latest_version(store: Store, p: int) -> int | None:
     return v
 
 
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A verified global version of one fragment as a reader got it: fp32 `tensors`, the SHA-256 of the
+    values as the full payload stores them (`digest`, what a delta's base names), and the object's size."""
+
+    version: int
+    tensors: dict[str, torch.Tensor]
+    digest: str
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalDelta:
+    """A verified download delta of version `version` (`ddiloco.downlink`): `deq` (fp32) applies to the values
+    of `base_version` whose digest is `base_digest`, and gives the values whose digest is `digest`."""
+
+    version: int
+    base_version: int
+    base_digest: str
+    digest: str
+    dtype: str
+    """The global dtype the sum is rounded to (`ddiloco.downlink.apply_delta`)."""
+    deq: dict[str, torch.Tensor]
+    nbytes: int
+
+
 def read_global(
     store: Store, run_id: str, layout: Layout, p: int, version: int, *, key: bytes | None = None
 ) -> dict[str, torch.Tensor]:
     """Read and verify global version `version` of fragment p; tensors come back as fp32.
 
     Raises `wire.PayloadError` for anything unacceptable (an oversized object is `too_large`)."""
+    return read_global_full(store, run_id, layout, p, version, key=key).tensors
+
+
+def read_global_full(
+    store: Store, run_id: str, layout: Layout, p: int, version: int, *, key: bytes | None = None
+) -> Received:
+    """`read_global`, with the payload's digest and size (what a learner needs to take deltas after it)."""
     blob = get_capped(store, keys.global_key(p, version), layout.fragment_max_bytes(p))
     payload = wire.unpack(
         blob, expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version}, key=key
@@ -230,7 +268,74 @@ def read_global(
         out[name] = t.float()
         if not bool(torch.isfinite(out[name]).all()):
             raise wire.PayloadError("non_finite", f"global tensor {name} has NaN/Inf")
-    return out
+    return Received(version, out, str(payload.meta["sha256"]), len(blob))
+
+
+def publish_global_delta(
+    store: Store,
+    run_id: str,
+    p: int,
+    version: int,
+    step: DeltaStep,
+    *,
+    codec: str,
+    dtype: str,
+    base_digest: str,
+    digest: str,
+    key: bytes | None = None,
+) -> int:
+    """Write the download delta of version `version` of fragment p (against version − 1, whose values have
+    `base_digest`; the result has `digest`), signed with the run `key`. Returns bytes written."""
+    meta = {
+        "run_id": run_id,
+        "kind": "global_delta",
+        "fragment_id": p,
+        "version": version,
+        "base_version": version - 1,
+        "codec": codec,
+        "dtype": dtype,
+        "base_sha256": base_digest,
+        "values_sha256": digest,
+    }
+    blob = wire.pack(step.parts, meta, key=key)
+    store.put(keys.global_delta_key(p, version), blob)
+    return len(blob)
+
+
+def read_global_delta(
+    store: Store, run_id: str, layout: Layout, p: int, version: int, *, key: bytes | None = None
+) -> GlobalDelta:
+    """Read and verify the download delta of version `version` of fragment p (`PayloadError` otherwise)."""
+    blob = get_capped(store, keys.global_delta_key(p, version), layout.fragment_max_bytes(p))
+    payload = wire.unpack(
+        blob,
+        expect={
+            "run_id": run_id,
+            "kind": "global_delta",
+            "fragment_id": p,
+            "version": version,
+            "base_version": version - 1,
+        },
+        key=key,
+    )
+    meta = payload.meta
+    codec = meta.get("codec")
+    if codec not in DOWNLOAD_CODECS or codec == "none":
+        raise wire.PayloadError(
+            "malformed", f"delta of fragment {p} v{version} has codec {str(codec)[:20]!r}"
+        )
+    if meta.get("dtype") not in _DTYPES:
+        raise wire.PayloadError("wrong_dtype", f"delta of fragment {p} v{version} names no global dtype")
+    if not all(isinstance(meta.get(f), str) for f in ("base_sha256", "values_sha256")):
+        raise wire.PayloadError("malformed", f"delta of fragment {p} v{version} names no base digest")
+    shapes = {n: layout.shapes[n] for n in layout.fragments[p].names}
+    try:
+        deq = decode_delta(payload.tensors, shapes, codec)
+    except ValueError as e:
+        raise wire.PayloadError("malformed", f"delta of fragment {p} v{version}: {e}") from None
+    return GlobalDelta(
+        version, version - 1, meta["base_sha256"], meta["values_sha256"], meta["dtype"], deq, len(blob)
+    )
 
 
 def get_capped(store: Store, key: str, max_bytes: int) -> bytes:

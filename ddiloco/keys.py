@@ -66,6 +66,11 @@ def global_key(p: int, version: int) -> str:
     return f"global/{p:03d}/v{version:08d}.safetensors"
 
 
+def global_delta_key(p: int, version: int) -> str:
+    """Global version `version` of fragment p as a compressed delta against version − 1 (`ddiloco.downlink`)."""
+    return f"global/{p:03d}/d{version:08d}.safetensors"
+
+
 def global_latest_key(p: int) -> str:
     return f"global/{p:03d}/latest.json"
 

@@ -27,10 +27,11 @@ import torch
 
 from ddiloco import keys
 from ddiloco.config import DilocoConfig
+from ddiloco.globalmodel import Received
 from ddiloco.learner.accel import HostSnapshot
 from ddiloco.learner.io import ReportWriter, RoundRecords, pack_update
 from ddiloco.learner.ledger import FragmentLedger, Settled
-from ddiloco.learner.versions import Tensors, VersionFeed
+from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol.messages import LearnerReport, credited
 from ddiloco.store.base import Store, StoreError
@@ -77,10 +78,10 @@ class Exchange:
         """Take the newest verifying version ≤ `latest[p]` of every fragment as it is; returns them."""
         versions = []
         for p, v in enumerate(latest):
-            version, tensors = self.feed.first(p, v)
-            self.feed.overwrite(p, tensors, mixing=0.0)
-            self._settle(self.ledger.applied(p, version, credited=False))
-            versions.append(version)
+            got = self.feed.first(p, v)
+            self.feed.overwrite(p, got, mixing=0.0)
+            self._settle(self.ledger.applied(p, got.version, credited=False))
+            versions.append(got.version)
         return versions
 
     def sync(self, pool: ThreadPoolExecutor, status: dict[str, Any]) -> None:
@@ -88,9 +89,9 @@ class Exchange:
         pending = self.ledger.pending_rounds()
         for s in self.rounds.follow(pool, status, pending):
             self.ledger.drop_pending(pending[s], s)  # closed without merging us: the tokens stay outstanding
-        for p, version, tensors in self.feed.collect(lambda p: self._fate_known(status, p)):
-            if version > self.ledger[p].anchor:
-                self._apply(p, version, tensors, status)
+        for p, got in self.feed.collect(lambda p: self._fate_known(status, p)):
+            if got.version > self.ledger[p].anchor:
+                self._apply(p, got, status)
         self._read_notices(status)
         versions = status.get("versions", {})
         for p, books in enumerate(self.ledger):
@@ -101,12 +102,12 @@ class Exchange:
             if v > books.anchor:
                 self.feed.request(pool, p, v)
 
-    def _apply(self, p: int, version: int, tensors: Tensors, status: dict[str, Any]) -> None:
-        self.feed.overwrite(p, tensors, self.diloco.mixing)
+    def _apply(self, p: int, got: Received, status: dict[str, Any]) -> None:
+        self.feed.overwrite(p, got, self.diloco.mixing)
         self.overwritten.append(p)
         pend = self.ledger[p].pending
-        merged = pend is not None and self._credited(status, p, pend.round, version)
-        self._settle(self.ledger.applied(p, version, merged))
+        merged = pend is not None and self._credited(status, p, pend.round, got.version)
+        self._settle(self.ledger.applied(p, got.version, merged))
 
     # --- the syncer's word ----------------------------------------------------------------------------------
     def _credited(self, status: dict[str, Any], p: int, round_: int, version: int) -> bool:

@@ -198,7 +198,9 @@ class Learner:
         self._report_future: Future | None = None
         self.ledger = FragmentLedger(self.layout.num_fragments)
         ident = {"run_id": self.run_id, "learner_id": learner_id, "key": self.key}
-        self.feed = VersionFeed(store, self.layout, self.params, self.copier, self.metrics, **ident)
+        self.feed = VersionFeed(
+            store, self.layout, self.params, self.copier, self.metrics, cfg.diloco, **ident
+        )
         self.exchange = Exchange(
             store, self.ledger, self.feed, self.reports, self.metrics, self.incarnation, cfg.diloco
         )
@@ -412,10 +414,11 @@ class Learner:
         self.cadence.finish()
         self._put_report(final=True, reason=reason)
         log.info(
-            "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens",
+            "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens; downloads %s",
             self.learner_id,
             self.incarnation,
             reason,
             self.inner_step,
             self.ledger.tokens_processed,
+            dict(self.feed.fetched),
         )

@@ -8,11 +8,22 @@ Design choices:
 - A version that fails verification is never retried: it is logged, counted by reason (`rejected_globals`)
   and skipped until a newer one appears. A store error is retried with the next request.
 - The anchor copies of the tensors (what an answer's delta is taken against) live here, next to the
-  parameters they overwrite.
+  parameters they overwrite, with the version and digest they hold (`held`).
+- Compressed downloads (`ddiloco.downlink`): a fragment that holds version v − 1 downloads only the signed
+  delta of v and applies it to its anchors at the step boundary (fp32 add, then rounding to the global
+  dtype: bit for bit what the full version holds). A (re)joining learner, or a fragment more than one
+  version behind, downloads the full version: a chain of deltas would be cheaper only while it is shorter
+  than full / delta (4 for int8 under fp32 globals, 2 under bf16), every link one more request and one more
+  object to retain, and in steady state a learner is one version behind (its status poll runs every step,
+  a fragment's rounds every H/P steps). A delta that is missing, fails verification, or whose base (version
+  and digest) is not what the learner holds is never applied: the full version is fetched instead.
+- `bytes_down` counts the objects' sizes as stored (full versions in the global dtype, deltas), start-up
+  downloads included.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -22,7 +33,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from ddiloco.globalmodel import Layout, latest_version, read_global
+from ddiloco.config import DilocoConfig
+from ddiloco.downlink import apply_delta
+from ddiloco.globalmodel import (
+    GlobalDelta,
+    Layout,
+    Received,
+    latest_version,
+    read_global_delta,
+    read_global_full,
+)
 from ddiloco.learner.accel import HostCopier, pin
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol import signing, wire
@@ -33,6 +53,8 @@ __all__ = ["VersionFeed"]
 log = logging.getLogger(__name__)
 
 Tensors = dict[str, torch.Tensor]
+Download = tuple[int, "Received | GlobalDelta | wire.PayloadError", "Exception | None"]
+"""What a download future returns: (version, what was read, why a delta tried first was not usable)."""
 
 
 class VersionFeed:
@@ -45,11 +67,14 @@ class VersionFeed:
         params: dict[str, torch.Tensor],
         copier: HostCopier,
         metrics: LearnerMetrics,
+        diloco: DilocoConfig | None = None,
         *,
         run_id: str,
         learner_id: int,
         key: bytes | None,
     ) -> None:
+        """`diloco`: the run's `download_codec` (not none: the syncer publishes download deltas, and a fragment
+        one version behind takes one); None: none."""
         self.store, self.layout, self.params, self.copier, self.metrics = (
             store,
             layout,
@@ -58,6 +83,12 @@ class VersionFeed:
             metrics,
         )
         self.run_id, self.learner_id, self.key = run_id, learner_id, key
+        self.deltas = diloco is not None and diloco.download_codec != "none"
+        self.held: dict[int, tuple[int, str]] = {}
+        """p -> (version, digest) of the values in `anchors` (what a download delta must be based on)."""
+        self.fetched: Counter[str] = Counter()
+        """Downloads by kind: `delta`, `full` (the I/O pool's, after start-up)."""
+        self._no_delta: set[tuple[int, int]] = set()
         self.device = copier.device
         self.anchors: Tensors = {}
         self.downloads: dict[int, Future] = {}
@@ -85,13 +116,16 @@ class VersionFeed:
                 )
             time.sleep(0.2)
 
-    def first(self, p: int, latest: int) -> tuple[int, Tensors]:
+    def first(self, p: int, latest: int) -> Received:
         """The newest version ≤ latest of fragment p that verifies (a learner must start from a real one)."""
         for v in range(latest, -1, -1):
             try:
-                return v, read_global(self.store, self.run_id, self.layout, p, v, key=self.key)
+                got = read_global_full(self.store, self.run_id, self.layout, p, v, key=self.key)
             except (wire.PayloadError, NotFound) as e:
                 self._count_bad(p, v, getattr(e, "reason", "missing"), e)
+                continue
+            self._count_bytes(got.nbytes)
+            return got
         raise wire.PayloadError("unusable", f"no version of fragment {p} verifies; check {signing.ENV_VAR}")
 
     # --- downloads ------------------------------------------------------------------------------------------
@@ -99,40 +133,101 @@ class VersionFeed:
         return p in self.downloads
 
     def request(self, pool: ThreadPoolExecutor, p: int, version: int) -> None:
-        """Start downloading `version` of p unless a download of p is under way or that version failed."""
-        if p not in self.downloads and (p, version) not in self._bad:
+        """Start downloading `version` of p unless a download of p is under way or that version failed: its
+        delta if p holds `version - 1` (and that delta was not refused), the full version otherwise."""
+        if p in self.downloads or (p, version) in self._bad:
+            return
+        held = self.held.get(p, (-1, ""))[0]
+        if self.deltas and held == version - 1 and (p, version) not in self._no_delta:
+            self.downloads[p] = pool.submit(self._download_delta, p, version)
+        else:
             self.downloads[p] = pool.submit(self._download, p, version)
 
-    def collect(self, may_overwrite: Callable[[int], bool]) -> Iterator[tuple[int, int, Tensors]]:
-        """(p, version, tensors) of finished downloads that verified, for fragments `may_overwrite` allows
-        now; the others stay until it does."""
+    def collect(self, may_overwrite: Callable[[int], bool]) -> Iterator[tuple[int, Received]]:
+        """(p, version received) of finished downloads that verified, for fragments `may_overwrite` allows
+        now; the others stay until it does. A delta is applied here, to the values p holds, if they are its
+        base (version and digest); otherwise it is refused (`base_mismatch`) and the full version is next."""
         for p, fut in list(self.downloads.items()):
             if not fut.done() or not may_overwrite(p):
                 continue
             del self.downloads[p]
             try:
-                version, tensors = fut.result()
+                version, got, unusable = fut.result()
             except StoreError as e:
                 log.warning(
                     "learner %d: download of fragment %d failed (%s); will retry", self.learner_id, p, e
                 )
                 continue
-            if isinstance(tensors, wire.PayloadError):  # never retried: the next version is taken instead
-                self._count_bad(p, version, tensors.reason, tensors)
+            if unusable is not None:  # the delta was missing or refused; `got` is the full version
+                self._no_delta.add((p, version))
+                if isinstance(unusable, wire.PayloadError):
+                    self.rejected_globals[f"delta_{unusable.reason}"] += 1
+            if isinstance(got, wire.PayloadError):  # never retried: the next version is taken instead
+                self._count_bad(p, version, got.reason, got)
+            elif isinstance(got, GlobalDelta):
+                applied = self._apply_delta(p, got)
+                if applied is not None:
+                    yield p, applied
             else:
-                yield p, version, tensors
+                yield p, got
 
-    def _download(self, p: int, version: int) -> tuple[int, Tensors | wire.PayloadError]:
+    def _apply_delta(self, p: int, delta: GlobalDelta) -> Received | None:
+        """L_v = round(L_{v−1} + deq) on the device (`ddiloco.downlink`), or None if p does not hold its base."""
+        if self.held.get(p) != (delta.base_version, delta.base_digest):
+            self._no_delta.add((p, delta.version))
+            self.rejected_globals["base_mismatch"] += 1
+            self.metrics.rejected.labels(
+                learner_id=str(self.learner_id), kind="global", reason="base_mismatch"
+            ).inc()
+            log.warning(
+                "learner %d: refusing the delta of fragment %d v%d: it is based on v%d %s, this learner holds "
+                "%s; fetching the full version",
+                self.learner_id,
+                p,
+                delta.version,
+                delta.base_version,
+                delta.base_digest[:12],
+                self.held.get(p),
+            )
+            return None
+        with torch.no_grad():
+            values = {n: apply_delta(self.anchors[n], d, delta.dtype) for n, d in delta.deq.items()}
+        return Received(delta.version, values, delta.digest, delta.nbytes)
+
+    def _download(self, p: int, version: int, unusable: Exception | None = None) -> Download:
+        """(version, the full version or why it failed, `unusable`: why its delta was not taken, if tried)."""
         try:
-            tensors = read_global(self.store, self.run_id, self.layout, p, version, key=self.key)
+            got = read_global_full(self.store, self.run_id, self.layout, p, version, key=self.key)
         except wire.PayloadError as e:  # returned, not raised: the caller needs the version it concerns
-            return version, e
-        tensors = pin(tensors, self.device)
-        size = sum(t.numel() * 4 for t in tensors.values())
+            return version, e, unusable
+        got = dataclasses.replace(got, tensors=pin(got.tensors, self.device))
+        self._count_bytes(got.nbytes, "full")
+        return version, got, unusable
+
+    def _download_delta(self, p: int, version: int) -> Download:
+        """The delta of `version`, or the full version when the delta is missing or does not verify (the
+        loop thread counts it: every book of the feed is kept there)."""
+        try:
+            delta = read_global_delta(self.store, self.run_id, self.layout, p, version, key=self.key)
+        except (wire.PayloadError, NotFound) as e:
+            log.warning(
+                "learner %d: delta of fragment %d v%d unusable (%s); fetching the full version",
+                self.learner_id,
+                p,
+                version,
+                e,
+            )
+            return self._download(p, version, e)
+        delta = dataclasses.replace(delta, deq=pin(delta.deq, self.device))
+        self._count_bytes(delta.nbytes, "delta")
+        return version, delta, None
+
+    def _count_bytes(self, nbytes: int, kind: str | None = None) -> None:
         with self.lock:
-            self.bytes_down += size
-        self.metrics.downloaded.inc(size)
-        return version, tensors
+            self.bytes_down += nbytes
+            if kind is not None:
+                self.fetched[kind] += 1
+        self.metrics.downloaded.inc(nbytes)
 
     def _count_bad(self, p: int, version: int, reason: str, e: Exception) -> None:
         self._bad.add((p, version))
@@ -147,15 +242,16 @@ class VersionFeed:
         )
 
     # --- into the model -------------------------------------------------------------------------------------
-    def overwrite(self, p: int, tensors: Tensors, mixing: float) -> None:
+    def overwrite(self, p: int, got: Received, mixing: float) -> None:
         """Mix a version of p into the parameters (α·local + (1-α)·global; α = 0 takes it as it is) and make
-        it p's anchor."""
+        it p's anchor (held: its version and digest)."""
         self.copier.fence()  # a checkpoint snapshot may still be reading the parameters
         with torch.no_grad():
-            for name, t in tensors.items():
+            for name, t in got.tensors.items():
                 g = t.to(self.device, non_blocking=True)  # pinned by `_download` on CUDA
                 if mixing > 0:
                     self.params[name].mul_(mixing).add_(g, alpha=1 - mixing)
                 else:
                     self.params[name].copy_(g)
                 self.anchors[name] = g.clone() if g is t else g
+        self.held[p] = (got.version, got.digest)

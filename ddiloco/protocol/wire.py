@@ -71,6 +71,18 @@ def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def _raw(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def data_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    """The SHA-256 `pack` puts in the header for these tensors: of their bytes, in sorted name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(_raw(tensors[name]))
+    return h.hexdigest()
+
+
 def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, key: bytes | None = None) -> bytes:
     """Serialise tensors + JSON header as a safetensors file. The header carries the SHA-256 of the data
     region and of the tensor table, and, with a run `key`, an HMAC over all of it (see `ddiloco.protocol.signing`)."""
@@ -81,7 +93,7 @@ def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, key: b
         t = tensors[name].detach()
         if t.dtype not in _DTYPES:
             raise TypeError(f"tensor {name!r} has unsupported dtype {t.dtype}")
-        raw = t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+        raw = _raw(t)
         entries[name] = {
             "dtype": _DTYPES[t.dtype],
             "shape": list(t.shape),

@@ -27,6 +27,9 @@ Design choices:
   bases answers name (the intake checks that a base exists); an older base is read through the `read`
   callable it was given (it verifies signatures), so no store here. The master of each version is
   persisted by `ddiloco.syncer.state` so a restart does not fall back to the rounded values.
+- Compressed downloads (`diloco.download_codec`, `ddiloco.downlink`): what is published for version v is
+  L_v = L_{v−1} + deq(Q(Θ_v − L_{v−1})), not Θ_v rounded; `propose` hands L_{v−1} (`recent[version]`) to
+  the publisher with the proposal, and `commit` keeps the L_v it published as the version's base.
 """
 
 from __future__ import annotations
@@ -92,6 +95,11 @@ class Proposal:
     contributors: dict[str, Contribution]
     clipped: dict[str, float]
     stats: dict[str, float]
+    base: Tensors = field(default_factory=dict)
+    """The values learners hold for `version - 1` (L_{v−1}), what a download delta is taken against."""
+    published: Tensors | None = None
+    """The values learners will hold for `version` (L_v), set by `SyncerFiles.publish`; None: Θ_p rounded
+    to the global dtype (`globalmodel.published_values`)."""
 
     def record(self, rnd: Round, *, now: float, merged_at: float) -> RoundRecord:
         """The round record of this merge of `rnd` (`now`: the syncer's clock when the merge began)."""
@@ -221,16 +229,28 @@ class GlobalFragment:
         outer.load_state_dict({n: t.clone() for n, t in self.outer.state_dict().items()})
         theta = _clone(self.theta)
         outer.step(theta, merged)
-        return Proposal(self.version + 1, theta, outer, contributors, dict(done.clipped), stats)
+        return Proposal(
+            self.version + 1,
+            theta,
+            outer,
+            contributors,
+            dict(done.clipped),
+            stats,
+            base=self.recent[self.version],
+        )
 
     def commit(self, proposal: Proposal, *, published_at: float, clock: float, dtype: str) -> None:
         """Adopt a persisted proposal, published as `dtype`. `published_at`: wall time before it was
-        written; `clock`: now. `theta` stays the fp32 master; the published values become the version's base."""
+        written; `clock`: now. `theta` stays the fp32 master; the published values (L_v) become the version's
+        base."""
         self.theta, self.outer, self.version = proposal.theta, proposal.outer, proposal.version
         self.published_at[self.version] = published_at
         self.published_at.pop(self.version - KEEP_PUBLISHED, None)
         self.merged_clock = clock
-        self.recent[self.version] = published_values(proposal.theta, dtype)
+        published = proposal.published
+        self.recent[self.version] = (
+            published if published is not None else published_values(proposal.theta, dtype)
+        )
         for v in sorted(self.recent)[:-KEEP_VERSIONS]:
             del self.recent[v]
 

@@ -21,8 +21,8 @@ Design choices:
   versions, outer momentum, the final model) is signed.
 - Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped
   answers are still merged and counted under `clipped` (state, status, metrics, round record).
-- Persist order per merge: outer momentum → fp32 master (bf16 globals) → round record → global payload +
-  latest pointer → status → state; a restart adopts what a crash left between them (`ddiloco.syncer.state`).
+- Persist order per merge: outer momentum → fp32 master (bf16 globals, download deltas) → round record →
+  download delta → global payload + latest pointer → status → state; a restart adopts what a crash left between them (`ddiloco.syncer.state`).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class Syncer:
         self.grace_rule = GraceRule.of(d, self.P)
         self.open_rule = OpenRule.of(d, self.P)
         self.ema_alpha = d.grace.ema if d.grace is not None else DEFAULT_EMA
-        self.files = SyncerFiles(store, self.run_id, self.layout, self.key, d.global_dtype)
+        self.files = SyncerFiles(store, self.run_id, self.layout, self.key, d.global_dtype, d.download_codec)
         resumed = self.files.resume(self.rule, wall())
         self.books, self.fragments = resumed.books, resumed.fragments
         self.open: dict[int, Round] = {  # resume collecting; answers are re-read from the store

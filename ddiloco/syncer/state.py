@@ -4,10 +4,10 @@ Design choices:
 - `SyncerFiles` is the only code that reads or writes what the syncer owns: syncer/state.json, the status,
   round records, outer momentum, global versions and the final model, each through its typed message
   (`ddiloco.protocol.messages`) or the signed payload format (`ddiloco.protocol.wire`).
-- Persist order per merge: outer momentum → fp32 master (bf16 globals only) → round record → global
-  payload + latest pointer (`publish`), then the caller writes the status and the state. A restarted syncer
-  that finds a newer global than its state adopts it and its round records (`resume`), so it never
-  publishes a version twice and never loses a merged one. The latest pointer is unsigned: a version is
+- Persist order per merge: outer momentum → fp32 master (bf16 globals or download deltas) → round record
+  → download delta → global payload + latest pointer (`publish`), then the caller writes the status and the
+  state. A restarted syncer that finds a newer global than its state adopts it and its round records
+  (`resume`), so it never publishes a version twice and never loses a merged one. The latest pointer is unsigned: a version is
   adopted only if it verifies.
 - With bf16 globals the published version is the master rounded, so a restart takes Θ_p from the signed
   fp32 master of that version (`syncer/master/`, kind "master"), written before the version itself. A
@@ -17,6 +17,9 @@ Design choices:
   master.
 - Outer momentum that does not verify (or does not fit the layout) restarts from zero rather than
   stopping the run: it only smooths the outer steps.
+- Compressed downloads (`diloco.download_codec` other than none, `ddiloco.downlink`): `publish` writes the
+  signed delta of version v against v − 1 before the full version, and the full version is L_v (what a
+  learner applying the delta holds), not the master rounded; the master is then persisted as with bf16.
 - The final model is the fp32 master of every fragment.
 - `Books` are the run-long counters of rounds; they are saved in the state with the fragments' versions
   and ledgers, the intake's rejections and the roster's learner events.
@@ -31,7 +34,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ddiloco import keys
-from ddiloco.globalmodel import Layout, latest_version, publish_global, read_global
+from ddiloco.downlink import digest, encode_step
+from ddiloco.globalmodel import (
+    Layout,
+    latest_version,
+    publish_global,
+    publish_global_delta,
+    published_values,
+    read_global,
+)
 from ddiloco.merge import OuterNesterov
 from ddiloco.protocol import wire
 from ddiloco.protocol.messages import (
@@ -93,10 +104,24 @@ class SyncerFiles:
     """The syncer's reads and writes of the run store (see the module docstring)."""
 
     def __init__(
-        self, store: Store, run_id: str, layout: Layout, key: bytes | None, dtype: str = "fp32"
+        self,
+        store: Store,
+        run_id: str,
+        layout: Layout,
+        key: bytes | None,
+        dtype: str = "fp32",
+        download_codec: str = "none",
     ) -> None:
-        """`dtype`: the run's `diloco.global_dtype`, what global versions are published as."""
+        """`dtype`: the run's `diloco.global_dtype`, what global versions are published as;
+        `download_codec`: `diloco.download_codec` (`ddiloco.downlink`)."""
         self.store, self.run_id, self.layout, self.key, self.dtype = store, run_id, layout, key, dtype
+        self.download_codec = download_codec
+
+    @property
+    def keeps_master(self) -> bool:
+        """Whether published versions differ from the fp32 master (bf16 globals or download deltas), so the
+        master is persisted per version."""
+        return self.dtype != "fp32" or self.download_codec != "none"
 
     # --- documents ----------------------------------------------------------------------------------------
     def load_state(self) -> SyncerState | None:
@@ -174,7 +199,7 @@ class SyncerFiles:
     def load_fragment(self, p: int, version: int, ledger: Ledger, rule: MergeRule) -> GlobalFragment:
         outer = self.read_momentum(p, version, rule) if version > 0 else rule.optimizer()
         published = self.read_global(p, version)
-        master = self.read_master(p, version) if self.dtype != "fp32" and version > 0 else None
+        master = self.read_master(p, version) if self.keeps_master and version > 0 else None
         return GlobalFragment(
             p,
             version,
@@ -186,23 +211,41 @@ class SyncerFiles:
         )
 
     def publish(self, proposal: Proposal, record: RoundRecord) -> int:
-        """Persist one merge of fragment `record.fragment_id` (momentum → master → record → global +
-        pointer); returns the bytes of the global payload."""
+        """Persist one merge of fragment `record.fragment_id` (momentum → master → record → download delta →
+        global + pointer) and set `proposal.published` (L_v); returns the bytes of the global payloads."""
         p, version = record.fragment_id, proposal.version
         meta = {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version}
         self.store.put(
             keys.momentum_key(p, version), wire.pack(proposal.outer.state_dict(), meta, key=self.key)
         )
-        if self.dtype != "fp32":  # the published version is rounded: keep the master itself
+        if self.keeps_master:  # the published version is not the master: keep the master itself
             meta = {**meta, "kind": "master"}
             self.store.put(keys.master_key(p, version), wire.pack(proposal.theta, meta, key=self.key))
         self.store.put_json(keys.round_record_key(record.round), record.to_json())
-        return publish_global(
+        written = 0
+        if self.download_codec == "none":
+            proposal.published = published_values(proposal.theta, self.dtype)
+        else:  # the delta first: whoever sees version v named anywhere finds both objects
+            step = encode_step(proposal.base, proposal.theta, self.download_codec, self.dtype)
+            proposal.published = step.values
+            written += publish_global_delta(
+                self.store,
+                self.run_id,
+                p,
+                version,
+                step,
+                codec=self.download_codec,
+                dtype=self.dtype,
+                base_digest=digest(proposal.base, self.dtype),
+                digest=digest(step.values, self.dtype),
+                key=self.key,
+            )
+        return written + publish_global(
             self.store,
             self.run_id,
             p,
             version,
-            proposal.theta,
+            proposal.published,
             self.dtype,
             {"round": record.round},
             key=self.key,
