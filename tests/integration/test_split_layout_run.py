@@ -15,7 +15,11 @@ from tests._harness import drive, tiny_config
 def test_run_with_row_pieces_finishes_and_reassembles() -> None:
     store = open_store("memory://split-layout")
     # P = 4 on the test model: its token embedding and LM head are each larger than total / P
-    cfg = tiny_config("split-layout", "diloco.fragments=4", "diloco.token_budget=6000")
+    # Full-fragment downloads: the final model (the syncer's master) then equals the latest published
+    # versions exactly; with download deltas they are what learners hold, within a quantisation step.
+    cfg = tiny_config(
+        "split-layout", "diloco.fragments=4", "diloco.token_budget=6000", "diloco.download_codec=none"
+    )
     prepare(store, cfg)
     root = RunRoot.open(store, None, role="test")
     layout = root.layout()
