@@ -14,6 +14,8 @@ VAL = "data/val.safetensors"
 LAYOUT = "global/layout.json"
 STATUS = "syncer/status.json"
 SYNCER_STATE = "syncer/state.json"
+RETENTION = "syncer/retention.json"
+"""The curve moments the syncer keeps (`ddiloco.syncer.retention`): merge count -> version of every fragment."""
 FINAL_MODEL = "final/model.safetensors"
 FINAL_META = "final/meta.json"
 DONE = "done.json"
@@ -62,16 +64,41 @@ def shard_key(i: int) -> str:
     return f"data/shard-{i:04d}.safetensors"
 
 
+def global_prefix(p: int) -> str:
+    """Every global version of fragment p, and its latest pointer."""
+    return f"global/{p:03d}/"
+
+
 def global_key(p: int, version: int) -> str:
-    return f"global/{p:03d}/v{version:08d}.safetensors"
+    return f"{global_prefix(p)}v{version:08d}.safetensors"
 
 
 def global_latest_key(p: int) -> str:
     return f"global/{p:03d}/latest.json"
 
 
+def momentum_prefix(p: int) -> str:
+    return f"syncer/momentum/{p:03d}/"
+
+
 def momentum_key(p: int, version: int) -> str:
-    return f"syncer/momentum/{p:03d}/v{version:08d}.safetensors"
+    return f"{momentum_prefix(p)}v{version:08d}.safetensors"
+
+
+def version_of(key: str, prefix: str) -> int | None:
+    """The version of a `global_key` or `momentum_key` listed under `prefix` (`global_prefix(p)`,
+    `momentum_prefix(p)`), or None for anything else there (the latest pointer, stray objects)."""
+    name = key[len(prefix) :] if key.startswith(prefix) else ""
+    digits = name[1 : -len(".safetensors")] if name.startswith("v") and name.endswith(".safetensors") else ""
+    return int(digits) if len(digits) == 8 and digits.isdigit() else None
+
+
+def global_versions_listed(listed: list[str], num_fragments: int) -> list[set[int]]:
+    """Per fragment, the global versions among the keys `listed` (e.g. `store.list("global/")`)."""
+    out: list[set[int]] = [set() for _ in range(num_fragments)]
+    for p, found in enumerate(out):
+        found.update(v for k in listed if (v := version_of(k, global_prefix(p))) is not None)
+    return out
 
 
 def round_record_key(round_: int) -> str:
@@ -127,12 +154,17 @@ def claim_key(learner_id: int, nonce: str) -> str:
     return f"{claim_prefix(learner_id)}{nonce}.json"
 
 
+def ckpt_prefix(learner_id: int) -> str:
+    """A learner's checkpoints and their latest pointer (`ddiloco.learner.checkpoint` keeps one)."""
+    return f"{learner_prefix(learner_id)}ckpt/"
+
+
 def ckpt_key(learner_id: int, step: int) -> str:
-    return f"{learner_prefix(learner_id)}ckpt/step-{step:08d}.safetensors"
+    return f"{ckpt_prefix(learner_id)}step-{step:08d}.safetensors"
 
 
 def ckpt_latest_key(learner_id: int) -> str:
-    return f"{learner_prefix(learner_id)}ckpt/latest.json"
+    return f"{ckpt_prefix(learner_id)}latest.json"
 
 
 def contributor(learner_id: int, incarnation: int) -> str:

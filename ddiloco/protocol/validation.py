@@ -17,6 +17,9 @@ Rejection reasons (counted by the syncer, in metrics, the status object and the 
   bad_codec                                       codec differs from the run's `diloco.codec`
   bad_counters                                    c_steps < 1, c_tokens ≤ 0 or above c_steps × batch tokens
   bad_base                                        base version not published (or unreadable)
+  pruned_base                                     base version older than the syncer keeps (`ddiloco.retention`:
+                                                  outside the newest `retention.keep_latest` and no curve
+                                                  moment): its staleness is past what the syncer accepts
   future_steps                                    more steps than the learner could have made (below)
   wrong_shape                                     tensor names or sizes do not match the fragment layout
   non_finite                                      NaN/Inf in the delta

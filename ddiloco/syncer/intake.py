@@ -5,6 +5,8 @@ Design choices:
   to an fp32 delta, so a merge only does arithmetic. The rules and reasons live in
   `ddiloco.protocol.validation`; the validator adds the checks that need the syncer's fragments (the
   newest version, when a base was published, whether a base can be read).
+- An answer whose base the retention rules no longer keep is `pruned_base` (`ddiloco.syncer.retention`), decided
+  from the rule, not from whether the object is still there, so the verdict never races the pruning.
 - A name whose object was rejected is re-read at most once a second, and only counted again if its bytes
   changed, so junk written first under a learner's key cannot block that learner's real answer.
 - A rejection whose header authentically names a learner incarnation and this round is told to that
@@ -49,7 +51,10 @@ class UpdateValidator:
         *,
         key: bytes | None,
         wall: Callable[[], float],
+        retained: Callable[[int, int, int], bool] | None = None,
     ) -> None:
+        """`retained(p, version, latest)`: whether the store keeps that base (`Retention.keeps`; None: all)."""
+        self.retained = retained
         self.run_id, self.codec, self.layout, self.fragments = cfg.run_id, cfg.diloco.codec, layout, fragments
         self.tokens_per_step = cfg.train.max_batch() * cfg.model.seq_len
         self.key, self.wall = key, wall
@@ -79,6 +84,12 @@ class UpdateValidator:
             validation.counters(
                 meta, codec=self.codec, tokens_per_step=self.tokens_per_step, latest_version=frag.version
             )
+            base = meta["base_version"]
+            if self.retained is not None and not self.retained(rnd.fragment_id, base, frag.version):
+                raise wire.PayloadError(
+                    "pruned_base",
+                    f"base version {base} is older than the versions kept (latest {frag.version})",
+                )
             published = frag.published_at.get(meta["base_version"])
             self.step_clock.check(contributor, meta, published, self.wall())
             try:
