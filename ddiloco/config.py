@@ -128,7 +128,7 @@ class TrainConfig:
     checkpoint_every_s: float | None = None
     """Seconds between learner checkpoints (AdamW state, data cursor: what a rejoin needs; the parameters
     come from the globals); null: by the model's size (`ddiloco.learner.checkpoint.checkpoint_every_s`: 20 s
-    for tiny..125m, ~75 s for 350m, ~4 min for 1b)."""
+    for tiny and small, ~40 s for 125m, ~100 s for 350m, ~4.5 min for 1b)."""
     heartbeat_every_s: float = 1.0
     """Seconds between learner heartbeats (liveness and token accounting)."""
     poll_every_s: float = 0.05

@@ -14,8 +14,8 @@ Design choices:
 - Cadence scales with the state (`checkpoint_every_s`): about CHECKPOINT_WRITE_BYTES_S of checkpoint writes
   per learner, never more often than every MIN_CHECKPOINT_S nor less than every MAX_CHECKPOINT_S. A late
   checkpoint costs little: the parameters come from the globals anyway, so a rejoin only loses some AdamW
-  history and re-reads some data. At a 50k vocabulary: tiny, small, 125m 20 s; 350m ~75 s; 1b ~4 min
-  (was 20 s for all, ~670 MB/s of writes per 1b learner with the parameters).
+  history and re-reads some data. At a 50k vocabulary: tiny, small 20 s; 125m ~40 s; 350m ~100 s; 1b
+  ~4.5 min, ~34 MB/s (was 20 s for all: ~670 MB/s of writes per 1b learner with the parameters).
 - Checkpoints are signed with the run key like every other payload. One that fails verification (or is
   larger than the model can explain) is not loaded: the learner logs it and starts from the current
   globals with fresh optimizer state, instead of crash-looping on a bad object.

@@ -191,10 +191,8 @@ class Learner:
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation))
         self.checkpoints = CheckpointWriter(store, learner_id, self.key)
-        num_params = sum(f.numel for f in self.layout.fragments)
-        self.io_schedule = IoSchedule(
-            t.heartbeat_every_s, checkpoint_every_s(t.checkpoint_every_s, num_params)
-        )
+        every = checkpoint_every_s(t.checkpoint_every_s, sum(f.numel for f in self.layout.fragments))
+        self.io_schedule = IoSchedule(t.heartbeat_every_s, every)  # checkpoint cadence by the state's size
         self._stop = threading.Event()
         self.poller = StatusPoller(store, t.poll_every_s, self._stop)
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"learner{learner_id}-io")
@@ -216,8 +214,7 @@ class Learner:
         self.net = maybe_compile(group.wrap(self.model), self.cfg.train.compile)
 
     def _restore(self) -> dict[str, Any] | None:
-        """This learner's own checkpoint, if any: AdamW state, inner step and data cursor (the parameters are
-        the globals', taken next by `start`)."""
+        """This learner's own checkpoint, if any: AdamW state, inner step, data cursor (params: the globals)."""
         ckpt = load_learner_checkpoint(
             self.store, self.learner_id, self.run_id, self.model, self.opt, key=self.key
         )
