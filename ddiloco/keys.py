@@ -1,6 +1,13 @@
 """Every object-store key and prefix of a run root, relative to the root: the only place that knows key names.
 
 No torch here: `ddiloco.components`, `ddiloco.pipelines`, chaos and the summary import it cheaply.
+
+What stays how long (issue 16: bounded storage): global versions `global/{p}/v{n}` and outer momentum
+`syncer/momentum/{p}/v{n}` are pruned by the syncer after each merge to the newest few plus the loss curve's
+moments (`ddiloco.retention`, remembered in `syncer/retention.json`); updates `updates/{p}/{round}/` are
+deleted when their round merges or is abandoned (late ones at the fragment's next merge, all at the end); a
+learner keeps one checkpoint `learners/{id}/ckpt/` (`ddiloco.learner.checkpoint`). Everything else (round
+records, reports, logs, evaluation) is small and kept for the summary and the report.
 """
 
 from __future__ import annotations
