@@ -235,6 +235,10 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
             "bytes up / down / published",
             " / ".join(_mb(s.get(k)) for k in ("bytes_uploaded", "bytes_downloaded", "bytes_published")),
         ),
+        (
+            "store size / global versions kept per fragment",
+            f"{_mb(s.get('store_bytes'))} / {fmt(s.get('global_versions_kept'))}",
+        ),
         ("rejected updates", fmt(s.get("rejected_updates") or None)),
         ("incarnations per learner", fmt(s.get("incarnations"))),
         ("chaos events", str(len(s.get("chaos_events") or []))),

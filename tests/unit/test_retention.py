@@ -200,3 +200,21 @@ def test_checkpoint_cadence_scales_with_the_state():
     assert checkpoint_every_s(0.0, sizes["1b"]) == 0.0 and checkpoint_every_s(5.0, 10) == 5.0
     # the default's write rate at 1b: AdamW moments only, a few tens of MB/s instead of ~670 MB/s
     assert 8 * sizes["1b"] / every["1b"] <= 40e6
+
+
+def test_evaluating_a_parameter_less_learner_checkpoint_says_what_to_do_instead():
+    from ddiloco.globalmodel import build_model, read_layout
+    from ddiloco.posttrain.evaluate import load_model
+    from ddiloco.prepare import prepare
+    from ddiloco.run import RunRoot
+    from tests._harness import tiny_config
+
+    store = open_store("memory://retention-eval-learner")
+    prepare(store, tiny_config("retention-eval-learner"))
+    layout = read_layout(store)
+    model = build_model(layout)
+    save_learner_checkpoint(
+        store, 0, 5, model, configure_optimizer(model, 1e-3, 0.0), {"run_id": "retention-eval-learner"}
+    )
+    with pytest.raises(ValueError, match="hold only AdamW state"):
+        load_model(RunRoot(store, "retention-eval-learner"), "learner:0", layout)
