@@ -7,7 +7,8 @@ Design choices:
 - torchtitan style: nested `@dataclass(kw_only=True, slots=True)`, a docstring under every field, each
   section checks itself in `validate()`, `RunConfig.validate()` checks them in order plus what spans them.
 - An optional feature is on when its sub-config is present (`diloco.grace: null` turns the grace window off).
-- A section that belongs to a feature module lives there (`link`: `ddiloco.store.shaped`) or is checked by it
+- A section that belongs to a feature module lives there (`link`: `ddiloco.store.shaped`, `retention`:
+  `ddiloco.retention`) or is checked by it
   (`chaos`: `ddiloco.chaos.events` parses the events); those modules raise `ddiloco.errors.ConfigError`
   and never import this one.
 - Every error names the key and says what to change.

@@ -1,14 +1,15 @@
-"""Update objects of closed rounds are deleted (issue 16 item 6, part 2): in-process, with the syncer's clock
-in the test's hands, a round that merges and a round that is abandoned for want of its quorum."""
+"""Bounded storage in live in-process runs (issue 16 item 6): update objects of merged and abandoned rounds are
+deleted, and an answer on a base that retention pruned is rejected cleanly (`pruned_base`)."""
 
 from __future__ import annotations
 
 from ddiloco import keys
 from ddiloco.learner.loop import Learner
+from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
-from tests._harness import tiny_config
+from tests._harness import drive, tiny_config
 
 
 def _tick(learner: Learner) -> None:
@@ -66,3 +67,55 @@ def test_updates_of_merged_and_abandoned_rounds_are_deleted():
     assert syncer.books.rounds_abandoned >= 1
     for learner in learners:
         learner._finish("max_steps")
+
+
+def test_an_answer_on_a_pruned_base_is_rejected_and_the_books_still_balance():
+    """A learner stopped long enough for its anchors to leave the kept window, and whose downloads of the newer
+    versions then lag (a slow link), answers on its old anchors: the syncer rejects those answers as
+    `pruned_base` (counted, the learner told), goes on, and the token books balance at the end (the rejected
+    tokens stay outstanding until the next version discards them)."""
+    name = "ret-pruned-base"
+    store = open_store(f"memory://{name}")
+    cfg = tiny_config(
+        name, "retention.keep_latest=2", "retention.curve_moments=2", "diloco.token_budget=60000"
+    )
+    prepare(store, cfg)
+    syncer = Syncer(store, poll_s=0)
+    learners = [Learner.open(store, i) for i in range(2)]
+    for learner in learners:
+        learner.start()
+    for _ in range(200):  # both train a little
+        assert not syncer.step()
+        for learner in learners:
+            _tick(learner)
+    stopped, other = learners[1], learners[0]
+    anchors = [books.anchor for books in stopped.ledger]
+
+    def pruned() -> bool:
+        return not any(
+            syncer.retention.keeps(p, a, v)
+            for p, (a, v) in enumerate(zip(anchors, syncer.versions, strict=True))
+        )
+
+    for _ in range(20000):  # learner 1 is stopped (SIGSTOP): learner 0 moves every fragment on
+        assert not syncer.step()
+        _tick(other)
+        if pruned() and min(v - a for a, v in zip(anchors, syncer.versions, strict=True)) >= 3:
+            break
+    assert pruned()
+    assert all(not store.exists(keys.global_key(p, a)) for p, a in enumerate(anchors) if a > 0)
+    stopped.feed.request = lambda pool, p, version: None  # back, but no newer version arrives for a while
+    for _ in range(2000):
+        assert not syncer.step()
+        for learner in learners:
+            _tick(learner)
+        if stopped.exchange.rejected_updates["pruned_base"]:
+            break
+    assert syncer.intake.rejected["pruned_base"] >= 1
+    assert stopped.exchange.rejected_updates["pruned_base"] >= 1, "the learner was told"
+    del stopped.feed.request  # the link recovers
+    drive(syncer, learners)
+    s = build_summary(store)
+    assert s["rejected_updates"]["pruned_base"] == syncer.intake.rejected["pruned_base"]
+    assert s["ledger_balanced"] and s["tokens_processed"] == s["tokens_merged"] + s["tokens_discarded"]
+    assert s["status"] == "done" and all(n <= 4 for n in s["global_versions_kept"])
