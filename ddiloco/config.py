@@ -8,9 +8,8 @@ Design choices:
   section checks itself in `validate()`, `RunConfig.validate()` checks them in order plus what spans them.
 - An optional feature is on when its sub-config is present (`diloco.grace: null` turns the grace window off).
 - A section that belongs to a feature module lives there (`link`: `ddiloco.store.shaped`, `retention`:
-  `ddiloco.retention`) or is checked by it
-  (`chaos`: `ddiloco.chaos.events` parses the events); those modules raise `ddiloco.errors.ConfigError`
-  and never import this one.
+  `ddiloco.retention`) or is checked by it (`chaos`: `ddiloco.chaos.events` parses the events); those
+  modules raise `ddiloco.errors.ConfigError` and never import this one.
 - Every error names the key and says what to change.
 - The config travels as JSON (`config.json` at the run root); YAML is only an input format.
 """

@@ -59,13 +59,15 @@ class Retention:
         if self.cfg is None:
             return
         try:
-            self._remember(list(versions), merges)
+            self._remember(self.cfg.curve_moments, list(versions), merges)
             self.prune(p, versions[p])
         except StoreError as e:
             log.warning("syncer: pruning fragment %d deferred to its next merge (%s)", p, e)
 
-    def _remember(self, versions: list[int], merges: int) -> None:
-        stride = curve_stride(merges, self.cfg.curve_moments)  # type: ignore[union-attr]
+    def _remember(self, limit: int, versions: list[int], merges: int) -> None:
+        """Add the moment after `merges` merges if the stride keeps it, drop those it no longer keeps; the
+        document is written before anything they stop pinning is deleted."""
+        stride = curve_stride(merges, limit)
         moments = {n: vs for n, vs in self.moments.items() if n % stride == 0}
         if merges % stride == 0:
             moments[merges] = versions
