@@ -119,3 +119,41 @@ def test_an_answer_on_a_pruned_base_is_rejected_and_the_books_still_balance():
     assert s["rejected_updates"]["pruned_base"] == syncer.intake.rejected["pruned_base"]
     assert s["ledger_balanced"] and s["tokens_processed"] == s["tokens_merged"] + s["tokens_discarded"]
     assert s["status"] == "done" and all(n <= 4 for n in s["global_versions_kept"])
+
+
+def test_a_joining_learner_falls_back_to_the_newest_kept_version_without_trying_pruned_ones():
+    """The newest versions of a fragment do not verify: a starting learner takes the newest older one the
+    store still has (a curve moment's), without trying, and counting as bad, every pruned one in between."""
+    import torch
+
+    from ddiloco.globalmodel import publish_global, read_layout
+
+    name = "ret-first"
+    store = open_store(f"memory://{name}")
+    prepare(store, tiny_config(name, "retention.keep_latest=2", "retention.curve_moments=2"))
+    syncer = Syncer(store, poll_s=0)
+    learner = Learner.open(store, 0)
+    learner.start()
+
+    def kept() -> set[int]:
+        return keys.global_versions_listed(store.list(keys.global_prefix(0)), syncer.P)[0]
+
+    def fallback() -> int:  # the newest kept below the window: pinned by a curve moment (or version 0)
+        return max(kept() - {syncer.versions[0] - 1, syncer.versions[0]}, default=syncer.versions[0])
+
+    for _ in range(20000):  # until versions were pruned between the window and the fallback
+        assert not syncer.step()
+        _tick(learner)
+        if fallback() < syncer.versions[0] - 3:
+            break
+    latest = syncer.versions[0]
+    assert fallback() < latest - 3 and len(kept()) <= 4
+    bad = {n: torch.zeros(1) for n in read_layout(store).fragments[0].names}  # wrong shapes
+    for v in (latest - 1, latest):  # the window is overwritten with junk, the pointer still names latest
+        publish_global(store, name, 0, v, bad, "fp32")
+    late = Learner.open(store, 1)
+    late.start()
+    assert late.ledger[0].anchor == fallback()
+    assert late.feed.rejected_globals == {"wrong_shape": 2}, "only the versions in the store were tried"
+    for each in (late, learner):
+        each._finish("max_steps")
