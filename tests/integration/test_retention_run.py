@@ -3,6 +3,8 @@ deleted, and an answer on a base that retention pruned is rejected cleanly (`pru
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, Future
+
 from ddiloco import keys
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
@@ -10,6 +12,18 @@ from ddiloco.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
+
+
+class _Inline(Executor):
+    """Runs each submitted call at once on the caller's thread: an upload has landed when `tick` returns."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as e:
+            fut.set_exception(e)
+        return fut
 
 
 def _tick(learner: Learner) -> None:
@@ -33,6 +47,8 @@ def test_updates_of_merged_and_abandoned_rounds_are_deleted():
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
+        learner.pool.shutdown()
+        learner.pool = _Inline()  # no upload lands while the syncer merges and the test looks
     closed: list[tuple[str, int, int, int]] = []  # (how, fragment, round, answers it had)
     merge, abandon = syncer.merge, syncer._abandon
 
