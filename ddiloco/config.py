@@ -7,9 +7,9 @@ Design choices:
 - torchtitan style: nested `@dataclass(kw_only=True, slots=True)`, a docstring under every field, each
   section checks itself in `validate()`, `RunConfig.validate()` checks them in order plus what spans them.
 - An optional feature is on when its sub-config is present (`diloco.grace: null` turns the grace window off).
-- A section that belongs to a feature module lives there (`link`: `ddiloco.store.shaped`) or is checked by it
-  (`chaos`: `ddiloco.chaos.events` parses the events); those modules raise `ddiloco.errors.ConfigError`
-  and never import this one.
+- A section that belongs to a feature module lives there (`link`: `ddiloco.store.shaped`, `retention`:
+  `ddiloco.retention`) or is checked by it (`chaos`: `ddiloco.chaos.events` parses the events); those
+  modules raise `ddiloco.errors.ConfigError` and never import this one.
 - Every error names the key and says what to change.
 - The config travels as JSON (`config.json` at the run root); YAML is only an input format.
 """
@@ -25,6 +25,7 @@ from typing import Any
 from ddiloco import errors
 from ddiloco.chaos.events import schedule_from_config
 from ddiloco.overrides import apply_dict
+from ddiloco.retention import RetentionConfig  # the `retention` section lives next to its rules
 from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
@@ -126,8 +127,10 @@ class TrainConfig:
     ranks: int = 1
     """Most data-parallel ranks (GPUs, started by torchrun) inside one learner; a learner step covers
     ranks × batch sequences, and the syncer bounds the tokens an answer may claim accordingly."""
-    checkpoint_every_s: float = 20.0
-    """Seconds between learner checkpoints (params, AdamW state, data cursor) in the store."""
+    checkpoint_every_s: float | None = None
+    """Seconds between learner checkpoints (AdamW state, data cursor: what a rejoin needs; the parameters
+    come from the globals); null: by the model's size (`ddiloco.learner.checkpoint.checkpoint_every_s`: 20 s
+    for tiny and small, ~40 s for 125m, ~100 s for 350m, ~4.5 min for 1b)."""
     heartbeat_every_s: float = 1.0
     """Seconds between learner heartbeats (liveness and token accounting)."""
     poll_every_s: float = 0.05
@@ -151,6 +154,10 @@ class TrainConfig:
         )
         _check(self.device in DEVICES, f"train.device={self.device!r}: choose auto, cpu or cuda")
         _check(self.threads >= 1, "train.threads must be ≥ 1")
+        _check(
+            self.checkpoint_every_s is None or self.checkpoint_every_s >= 0,
+            "train.checkpoint_every_s must be ≥ 0 seconds, or null for the model size's default",
+        )
         _check(self.ranks >= 1, "train.ranks must be ≥ 1 (data-parallel ranks per learner)")
         _choose("train.precision", self.precision, PRECISIONS)
         _choose("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
@@ -413,6 +420,8 @@ class RunConfig:
     """How the local orchestrator restarts processes that die (the cluster uses the pipeline's retries)."""
     link: LinkConfig | None = None
     """Learners' link to the store (also applied to the data-parallel baseline); null: no shaping."""
+    retention: RetentionConfig | None = field(default_factory=RetentionConfig)
+    """Which global and momentum versions the store keeps (`ddiloco.retention`); null keeps every one."""
 
     def validate(self) -> RunConfig:
         """Check every section, in order; raise `errors.ConfigError` saying what to change."""
@@ -425,6 +434,8 @@ class RunConfig:
             self.sft.validate()
         if self.link is not None:
             self.link.validate()
+        if self.retention is not None:
+            self.retention.validate()
         self.restart.validate()
         if self.chaos is not None:
             self.chaos.validate(self.diloco.learners)

@@ -1,6 +1,13 @@
 """Every object-store key and prefix of a run root, relative to the root: the only place that knows key names.
 
 No torch here: `ddiloco.components`, `ddiloco.pipelines`, chaos and the summary import it cheaply.
+
+What stays how long (issue 16: bounded storage): global versions `global/{p}/v{n}` and outer momentum
+`syncer/momentum/{p}/v{n}` are pruned by the syncer after each merge to the newest few plus the loss curve's
+moments (`ddiloco.retention`, remembered in `syncer/retention.json`); updates `updates/{p}/{round}/` are
+deleted when their round merges or is abandoned (late ones at the fragment's next merge, all at the end); a
+learner keeps one checkpoint `learners/{id}/ckpt/` (`ddiloco.learner.checkpoint`). Everything else (round
+records, reports, logs, evaluation) is small and kept for the summary and the report.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ VAL = "data/val.safetensors"
 LAYOUT = "global/layout.json"
 STATUS = "syncer/status.json"
 SYNCER_STATE = "syncer/state.json"
+RETENTION = "syncer/retention.json"
+"""The curve moments the syncer keeps (`ddiloco.syncer.retention`): merge count -> version of every fragment."""
 FINAL_MODEL = "final/model.safetensors"
 FINAL_META = "final/meta.json"
 DONE = "done.json"
@@ -62,8 +71,13 @@ def shard_key(i: int) -> str:
     return f"data/shard-{i:04d}.safetensors"
 
 
+def global_prefix(p: int) -> str:
+    """Every global version of fragment p, and its latest pointer."""
+    return f"global/{p:03d}/"
+
+
 def global_key(p: int, version: int) -> str:
-    return f"global/{p:03d}/v{version:08d}.safetensors"
+    return f"{global_prefix(p)}v{version:08d}.safetensors"
 
 
 def global_delta_key(p: int, version: int) -> str:
@@ -75,13 +89,40 @@ def global_latest_key(p: int) -> str:
     return f"global/{p:03d}/latest.json"
 
 
+def momentum_prefix(p: int) -> str:
+    return f"syncer/momentum/{p:03d}/"
+
+
 def momentum_key(p: int, version: int) -> str:
-    return f"syncer/momentum/{p:03d}/v{version:08d}.safetensors"
+    return f"{momentum_prefix(p)}v{version:08d}.safetensors"
+
+
+def version_of(key: str, prefix: str, letter: str = "v") -> int | None:
+    """The version of a `global_key`, `momentum_key` or `master_key` listed under `prefix` (`global_prefix(p)`,
+    `momentum_prefix(p)`, `master_prefix(p)`), or None for anything else there (the latest pointer, stray
+    objects). `letter="d"`: the version of a `global_delta_key` instead."""
+    name = key[len(prefix) :] if key.startswith(prefix) else ""
+    ok = name.startswith(letter) and name.endswith(".safetensors")
+    digits = name[1 : -len(".safetensors")] if ok else ""
+    return int(digits) if len(digits) == 8 and digits.isdigit() else None
+
+
+def global_versions_listed(listed: list[str], num_fragments: int) -> list[set[int]]:
+    """Per fragment, the global versions among the keys `listed` (e.g. `store.list("global/")`)."""
+    out: list[set[int]] = [set() for _ in range(num_fragments)]
+    for p, found in enumerate(out):
+        found.update(v for k in listed if (v := version_of(k, global_prefix(p))) is not None)
+    return out
+
+
+def master_prefix(p: int) -> str:
+    return f"syncer/master/{p:03d}/"
 
 
 def master_key(p: int, version: int) -> str:
-    """The syncer's fp32 master of fragment p at `version` (written only with bf16 globals)."""
-    return f"syncer/master/{p:03d}/v{version:08d}.safetensors"
+    """The syncer's fp32 master of fragment p at `version` (written when the published values differ from it:
+    bf16 globals or download deltas)."""
+    return f"{master_prefix(p)}v{version:08d}.safetensors"
 
 
 def round_record_key(round_: int) -> str:
@@ -137,12 +178,17 @@ def claim_key(learner_id: int, nonce: str) -> str:
     return f"{claim_prefix(learner_id)}{nonce}.json"
 
 
+def ckpt_prefix(learner_id: int) -> str:
+    """A learner's checkpoints and their latest pointer (`ddiloco.learner.checkpoint` keeps one)."""
+    return f"{learner_prefix(learner_id)}ckpt/"
+
+
 def ckpt_key(learner_id: int, step: int) -> str:
-    return f"{learner_prefix(learner_id)}ckpt/step-{step:08d}.safetensors"
+    return f"{ckpt_prefix(learner_id)}step-{step:08d}.safetensors"
 
 
 def ckpt_latest_key(learner_id: int) -> str:
-    return f"{learner_prefix(learner_id)}ckpt/latest.json"
+    return f"{ckpt_prefix(learner_id)}latest.json"
 
 
 def contributor(learner_id: int, incarnation: int) -> str:

@@ -96,6 +96,20 @@ def list_sorted_and_scoped(store: Store) -> None:
     assert store.list("done") == []  # an object is not a prefix of itself
 
 
+def sizes_match_the_objects(store: Store) -> None:
+    """`sizes` lists what `list` lists, with each object's length (the run summary's `store_bytes`)."""
+    objects = {"global/000/v00000001.safetensors": 1000, "global/000/latest.json": 17, "done": 0, "data/x": 3}
+    for key, n in objects.items():
+        store.put(key, os.urandom(n))
+    assert store.sizes() == objects and list(store.sizes()) == store.list()
+    assert store.sizes("global") == {k: n for k, n in objects.items() if k.startswith("global/")}
+    assert store.sizes("nothing/here") == {}
+    child = store.child("global")
+    assert child.sizes() == {k[len("global/") :]: n for k, n in objects.items() if k.startswith("global/")}
+    store.delete("data/x")
+    assert "data/x" not in store.sizes()
+
+
 def delete_is_idempotent(store: Store) -> None:
     store.delete("never/existed")
     store.put("a/b", b"1")
@@ -286,6 +300,7 @@ CONTRACT: list[ContractCheck] = [
     missing_keys,
     exists_tracks_put_and_delete,
     list_sorted_and_scoped,
+    sizes_match_the_objects,
     delete_is_idempotent,
     delete_prefix_counts,
     child_stores,

@@ -4,9 +4,9 @@ checkpoints off the loop.
 Design choices:
 - The poller thread keeps the newest syncer status in memory and survives an unavailable store with
   backoff; the training loop only ever reads `latest`.
-- A checkpoint is snapshotted at a step boundary into host buffers (`ddiloco.learner.accel.HostCopier`: pinned and
-  asynchronous on CUDA) and written by an I/O thread, which rebuilds a parameter-less model on the meta
-  device around the host tensors: no random init, no second copy of the model, nothing on the loop.
+- A checkpoint (AdamW state; `ddiloco.learner.checkpoint`) is snapshotted at a step boundary into host buffers
+  (`ddiloco.learner.accel.HostCopier`: pinned and asynchronous on CUDA) and written by an I/O thread: no
+  second copy of the model, nothing on the loop.
 - Reports are built on the loop (numbered by `seq`) and written by I/O threads through one `ReportWriter`:
   one write at a time, never an older report over a newer one. An answer's report is written before its
   update, so the store's report always names every answer the syncer may merge.
@@ -30,11 +30,9 @@ import torch
 
 from ddiloco import keys
 from ddiloco.compression import encode
-from ddiloco.globalmodel import Layout
 from ddiloco.hostname import host_name
 from ddiloco.learner.accel import HostCopier, HostSnapshot
-from ddiloco.learner.checkpoint import load_optimizer_tensors, optimizer_tensors, save_learner_checkpoint
-from ddiloco.model import GPT, configure_optimizer
+from ddiloco.learner.checkpoint import optimizer_tensors, write_checkpoint
 from ddiloco.protocol import wire
 from ddiloco.store.base import Store, StoreError
 
@@ -233,10 +231,8 @@ def pack_update(snap: HostSnapshot, codec: str, header: dict, key: bytes | None)
 def snapshot_checkpoint(
     copier: HostCopier, model: torch.nn.Module, opt: torch.optim.Optimizer
 ) -> HostSnapshot:
-    """Parameters (`param/{name}`) and AdamW state (`opt/{name}/{field}`) copied to the host."""
-    tensors = {f"param/{n}": p.detach() for n, p in model.named_parameters()}
-    tensors.update(optimizer_tensors(model, opt))
-    return copier.snapshot(tensors)
+    """AdamW state (`opt/{name}/{field}`) copied to the host: what a rejoin needs besides the globals."""
+    return copier.snapshot(optimizer_tensors(model, opt))
 
 
 class CheckpointWriter:
@@ -244,8 +240,8 @@ class CheckpointWriter:
     a newer one arrives is dropped for it: at most two exist (one being written, the newest waiting), so a
     slow store never piles them up, and the newest state is always the next written."""
 
-    def __init__(self, store: Store, learner_id: int, layout: Layout, key: bytes | None) -> None:
-        self.store, self.learner_id, self.layout, self.key = store, learner_id, layout, key
+    def __init__(self, store: Store, learner_id: int, key: bytes | None) -> None:
+        self.store, self.learner_id, self.key = store, learner_id, key
         self._write_lock, self._slot_lock = threading.Lock(), threading.Lock()
         self._waiting: tuple[int, HostSnapshot, dict[str, Any]] | None = None
 
@@ -264,28 +260,16 @@ class CheckpointWriter:
                 job, self._waiting = self._waiting, None
             if job is not None:
                 step, snap, meta = job
-                write_checkpoint(self.store, self.learner_id, step, self.layout, snap, meta, self.key)
+                write_snapshot(self.store, self.learner_id, step, snap, meta, self.key)
 
 
-def write_checkpoint(
-    store: Store,
-    learner_id: int,
-    step: int,
-    layout: Layout,
-    snap: HostSnapshot,
-    meta: dict[str, Any],
-    key: bytes | None,
+def write_snapshot(
+    store: Store, learner_id: int, step: int, snap: HostSnapshot, meta: dict[str, Any], key: bytes | None
 ) -> None:
-    """Write a snapshot as a learner checkpoint; a store error is logged, not raised."""
+    """Write a snapshot as a learner checkpoint (`ddiloco.learner.checkpoint.write_checkpoint`); a store error
+    is logged, not raised."""
     try:
-        tensors = snap.wait()
-        with torch.device("meta"):
-            model = GPT(layout.gpt_config())
-        params = {k[len("param/") :]: v for k, v in tensors.items() if k.startswith("param/")}
-        model.load_state_dict(params, assign=True)
-        opt = configure_optimizer(model, 1.0, 0.0, fused=False)
-        load_optimizer_tensors(model, opt, tensors)
-        save_learner_checkpoint(store, learner_id, step, model, opt, meta, key=key)
+        write_checkpoint(store, learner_id, step, snap.wait(), meta, key=key)
     except StoreError as e:
         log.warning("learner %d: checkpoint at step %d failed (%s)", learner_id, step, e)
     finally:

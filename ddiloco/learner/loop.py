@@ -55,7 +55,7 @@ from ddiloco.learner.accel import (
     to_device,
     train_step,
 )
-from ddiloco.learner.checkpoint import load_learner_checkpoint
+from ddiloco.learner.checkpoint import checkpoint_every_s, load_learner_checkpoint
 from ddiloco.learner.ddp import Group, rank_seed
 from ddiloco.learner.exchange import Exchange
 from ddiloco.learner.io import (
@@ -190,8 +190,9 @@ class Learner:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation))
-        self.checkpoints = CheckpointWriter(store, learner_id, self.layout, self.key)
-        self.io_schedule = IoSchedule(t.heartbeat_every_s, t.checkpoint_every_s)
+        self.checkpoints = CheckpointWriter(store, learner_id, self.key)
+        every = checkpoint_every_s(t.checkpoint_every_s, sum(f.numel for f in self.layout.fragments))
+        self.io_schedule = IoSchedule(t.heartbeat_every_s, every)  # checkpoint cadence by the state's size
         self._stop = threading.Event()
         self.poller = StatusPoller(store, t.poll_every_s, self._stop)
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"learner{learner_id}-io")
@@ -215,7 +216,7 @@ class Learner:
         self.net = maybe_compile(group.wrap(self.model), self.cfg.train.compile)
 
     def _restore(self) -> dict[str, Any] | None:
-        """This learner's own checkpoint, if any: parameters, AdamW state, inner step and data cursor."""
+        """This learner's own checkpoint, if any: AdamW state, inner step, data cursor (params: the globals)."""
         ckpt = load_learner_checkpoint(
             self.store, self.learner_id, self.run_id, self.model, self.opt, key=self.key
         )
@@ -300,10 +301,7 @@ class Learner:
     def _report_async(self) -> None:
         self.metrics.store_retries.set(self.store.stats.retries)
         if self._report_future is None or self._report_future.done():
-            self._report_future = self.pool.submit(self._write_report, self._report())
-
-    def _write_report(self, report: LearnerReport) -> bool:
-        return self.reports.write(report.to_json())
+            self._report_future = self.pool.submit(self.reports.write, self._report().to_json())
 
     def _checkpoint_async(self) -> None:
         """Snapshot at this step boundary into host buffers (asynchronous on CUDA); an I/O thread writes it."""

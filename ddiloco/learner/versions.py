@@ -2,7 +2,8 @@
 
 Design choices:
 - A learner never trains from a random init: `wait_for_latest` blocks until every fragment has a version,
-  and `first` takes the newest of them that verifies (an older one when the newest does not).
+  and `first` takes the newest of them that verifies (an older one still in the store when the newest does
+  not).
 - Downloads run on the learner's I/O pool (passed in by the caller, who owns it); the loop only collects the
   finished ones, at a step boundary, and only for fragments the caller says may be overwritten now.
 - A version that fails verification is never retried: it is logged, counted by reason (`rejected_globals`)
@@ -33,6 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from ddiloco import keys
 from ddiloco.config import DilocoConfig
 from ddiloco.downlink import apply_delta
 from ddiloco.globalmodel import (
@@ -118,7 +120,7 @@ class VersionFeed:
 
     def first(self, p: int, latest: int) -> Received:
         """The newest version ≤ latest of fragment p that verifies (a learner must start from a real one)."""
-        for v in range(latest, -1, -1):
+        for v in self._candidates(p, latest):
             try:
                 got = read_global_full(self.store, self.run_id, self.layout, p, v, key=self.key)
             except (wire.PayloadError, NotFound) as e:
@@ -127,6 +129,14 @@ class VersionFeed:
             self._count_bytes(got.nbytes)
             return got
         raise wire.PayloadError("unusable", f"no version of fragment {p} verifies; check {signing.ENV_VAR}")
+
+    def _candidates(self, p: int, latest: int) -> Iterator[int]:
+        """`latest`, then, only if it fails, the older versions of p still in the store, newest first
+        (retention prunes most of them: `ddiloco.retention`)."""
+        yield latest
+        prefix = keys.global_prefix(p)
+        listed = {keys.version_of(k, prefix) for k in self.store.list(prefix)}
+        yield from sorted((v for v in listed if v is not None and v < latest), reverse=True)
 
     # --- downloads ------------------------------------------------------------------------------------------
     def downloading(self, p: int) -> bool:

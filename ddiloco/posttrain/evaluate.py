@@ -4,8 +4,9 @@ Design choices:
 - Fixed, non-overlapping validation windows (deterministic, identical for every model of a run) so losses
   are comparable across the initial, final and fine-tuned checkpoints and the post-hoc curve.
 - Any checkpoint in the store can be evaluated (`load_model`): `final`, `latest` (newest global version of
-  every fragment), `sft`, `round:N` (the global model right after round N merged), `learner:ID` (a learner's
-  latest checkpoint), or the key of any payload holding every parameter (named `name` or `param/name`).
+  every fragment), `sft`, `round:N` (the global model right after round N merged, while retention keeps its versions),
+  `learner:ID` (a learner's latest checkpoint, only from runs before issue 16: checkpoints now hold no
+  parameters), or the key of any payload holding every parameter (named `name` or `param/name`).
 - Tasks come from the run's own data: the synthetic world (`tasks.synthetic_tasks`) for the built-in corpus,
   cloze multiple choice from the validation split for user corpora. Deterministic given `EvalTasksConfig.seed`.
 - Results are JSON under `eval/` so reports and reruns read them instead of recomputing.
@@ -29,6 +30,7 @@ from ddiloco.globalmodel import Layout
 from ddiloco.model import GPT
 from ddiloco.posttrain.summary import read_round_records
 from ddiloco.posttrain.tasks import TaskItem, cloze_tasks, evaluate_tasks, synthetic_tasks
+from ddiloco.protocol import wire
 from ddiloco.run import RunRoot
 from ddiloco.store.base import NotFound
 from ddiloco.synthetic import make_world
@@ -92,7 +94,13 @@ def load_model(root: RunRoot, spec: str, layout: Layout) -> tuple[GPT, dict[str,
     if spec.startswith("round:"):
         records = read_round_records(root.store)
         versions = versions_after_round(records, int(spec.split(":", 1)[1]), layout.num_fragments)
-        return root.model_at_versions(layout, versions), {"model": spec, "versions": versions}
+        try:
+            return root.model_at_versions(layout, versions), {"model": spec, "versions": versions}
+        except NotFound as e:
+            raise NotFound(
+                f"{spec}: versions {versions} are no longer all in the store ({e}); the run keeps the latest "
+                "and the loss curve's versions (`retention`, listed in syncer/retention.json)"
+            ) from None
     if spec == "sft":
         key = keys.SFT_MODEL
     elif spec.startswith("learner:"):
@@ -104,6 +112,13 @@ def load_model(root: RunRoot, spec: str, layout: Layout) -> tuple[GPT, dict[str,
     except NotFound:
         hint = "; run `ddiloco sft` first" if spec == "sft" else ""
         raise NotFound(f"no checkpoint at {root.url}/{key}{hint}") from None
+    except wire.PayloadError as e:
+        if not spec.startswith("learner:") or e.reason != "wrong_shape":
+            raise
+        raise ValueError(
+            f"{spec}: learner checkpoints hold only AdamW state and the data cursor (a rejoining learner takes "
+            "its parameters from the globals); evaluate `latest` instead"
+        ) from None
     return model, {"model": spec, "key": key, "kind": meta.get("kind")}
 
 
@@ -200,11 +215,16 @@ def evaluate_checkpoint(
 
 
 # --- the global model over time (reports) --------------------------------------------------------------------
-def curve_points(records: list[dict[str, Any]], num_fragments: int, points: int) -> list[dict[str, Any]]:
+def curve_points(
+    records: list[dict[str, Any]], num_fragments: int, points: int, available: list[set[int]] | None = None
+) -> list[dict[str, Any]]:
     """Snapshots evenly spaced in merged rounds: the versions, merge time and tokens merged by then.
 
     The first point is global version 0 of every fragment (before any merge); tokens merged are summed over
     the merged answers' c_tokens and divided by the number of fragments, as in the summary's ledger.
+    `available`: per fragment, the global versions still in the store (retention prunes the others,
+    `ddiloco.retention`); only moments whose every version is available are drawn, each target moment
+    replaced by the nearest available one (the run's start and end always are).
     """
     records = sorted(records, key=lambda r: r["merged_at"])
     start = min((r["opened_at"] for r in records), default=0.0)
@@ -216,9 +236,15 @@ def curve_points(records: list[dict[str, Any]], num_fragments: int, points: int)
         cumulative.append(
             {"round": r["round"], "time": r["merged_at"], "tokens_merged": tokens, "versions": list(versions)}
         )
-    if len(cumulative) <= points:
-        return cumulative
-    picks = sorted({round(i * (len(cumulative) - 1) / (points - 1)) for i in range(points)})
+    usable = [
+        i
+        for i, snap in enumerate(cumulative)
+        if available is None or all(v in available[p] for p, v in enumerate(snap["versions"]))
+    ]
+    if len(usable) <= points:
+        return [cumulative[i] for i in usable]
+    targets = [i * (len(cumulative) - 1) / (points - 1) for i in range(points)]
+    picks = sorted({min(usable, key=lambda i, t=t: (abs(i - t), i)) for t in targets})
     return [cumulative[i] for i in picks]
 
 
@@ -239,7 +265,8 @@ def global_loss_curve(
     cfg = root.config()
     layout = root.layout()
     val = root.val()
-    snaps = curve_points(records, layout.num_fragments, max(points, 2))
+    available = keys.global_versions_listed(root.store.list("global/"), layout.num_fragments)
+    snaps = curve_points(records, layout.num_fragments, max(points, 2), available)
     for snap in snaps:
         model = root.model_at_versions(layout, snap["versions"])
         snap["val_loss"] = validation_loss(

@@ -129,7 +129,8 @@ def render_run_html(run: RunData) -> str:
             + _img(plots.loss_vs_time([v]), "loss vs time")
             + "</div>"
             '<p class="note">Global model: validation loss of the model assembled from the global versions published by '
-            "each point (post hoc, eval/curve.json). Learners: training-loss EMA from their reports.</p>",
+            "each point, at the moments whose versions the store keeps (post hoc, eval/curve.json). "
+            "Learners: training-loss EMA from their reports.</p>",
         ),
         (
             "Merged tokens and chaos events",

@@ -6,7 +6,8 @@ Design choices:
 - Everything comes from the store alone (summary.json, round records, learner reports, eval/ and sft/
   JSON), so a report can be made for any run, finished or not, from anywhere that can read its prefix.
 - The global model's validation loss over the run is computed post hoc (`evaluate.global_loss_curve`: the
-  model as of several merges, assembled from published global versions) and cached in eval/curve.json.
+  model as of several merges, assembled from the global versions the store still keeps: retention keeps
+  evenly spaced moments of the run, `ddiloco.retention`) and cached in eval/curve.json.
 - summary.json may predate the evaluation (`ddiloco evaluate` ran later): `load_run` fills what it lacks
   from eval/ and sft/.
 - Missing pieces (no evaluation yet, no chaos) show as "—"; a report never fails for lack of data.
@@ -233,6 +234,10 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         (
             "bytes up / down / published",
             " / ".join(_mb(s.get(k)) for k in ("bytes_uploaded", "bytes_downloaded", "bytes_published")),
+        ),
+        (
+            "store size / global versions kept per fragment",
+            f"{_mb(s.get('store_bytes'))} / {fmt(s.get('global_versions_kept'))}",
         ),
         ("rejected updates", fmt(s.get("rejected_updates") or None)),
         ("incarnations per learner", fmt(s.get("incarnations"))),

@@ -12,6 +12,10 @@ Design choices:
   steps that α = 0 overwrites and late answers count against it, not against goodput.
 - `steps_per_answer`: mean over merged answers (round records) of the inner steps each covered, to compare
   with H (`sync_every`).
+- `store_bytes` is the size of every object in the run root when the summary is built (one listing with
+  sizes, `Store.sizes`), `store_bytes_by_prefix` splits it by top-level prefix (`syncer/` by its
+  sub-prefix: momentum, rounds), and `global_versions_kept` counts the global versions each fragment still
+  has: what retention (`ddiloco.retention`) bounds.
 """
 
 from __future__ import annotations
@@ -33,6 +37,17 @@ def read_round_records(store: Store) -> list[dict[str, Any]]:
     return [store.get_json(k) for k in store.list(keys.ROUNDS)]
 
 
+def store_bytes_by_prefix(sizes: dict[str, int]) -> dict[str, int]:
+    """Bytes by top-level prefix (`global/`, `updates/`, ...; `syncer/momentum/` and the other `syncer/`
+    sub-prefixes apart; objects at the root under "")."""
+    out: Counter[str] = Counter()
+    for key, n in sizes.items():
+        parts = key.split("/")
+        deep = parts[0] == "syncer" and len(parts) > 2
+        out["" if len(parts) == 1 else "/".join(parts[: 2 if deep else 1]) + "/"] += n
+    return dict(sorted(out.items()))
+
+
 def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
@@ -48,6 +63,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     fired = [store.get_json(k) for k in store.list(keys.CHAOS) if k.endswith(".json")]
     chaos_events = sorted(events.get("chaos_events", []) + fired, key=lambda e: e.get("time_s", 0.0))
     records = read_round_records(store)
+    sizes = store.sizes()
     P = len(layout["fragments"])
     M = cfg["diloco"]["learners"]
     by_round = {r["round"]: r for r in records}
@@ -136,6 +152,9 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "rounds_abandoned": state.get("rounds_abandoned", 0),
         "global_versions": versions,
         "global_versions_contiguous": contiguous,
+        "global_versions_kept": [len(vs) for vs in keys.global_versions_listed(list(sizes), P)],
+        "store_bytes": sum(sizes.values()),
+        "store_bytes_by_prefix": store_bytes_by_prefix(sizes),
         "incarnations": {k: v["incarnations"] for k, v in sorted(per_learner.items())},
         "tokens_per_learner": {k: v["tokens"] for k, v in sorted(per_learner.items())},
         "tokens_merged_by_site": {k: v["merged"] / P for k, v in sorted(by_site.items())},

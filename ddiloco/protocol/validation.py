@@ -19,6 +19,9 @@ Rejection reasons (counted by the syncer, in metrics, the status object and the 
   bad_base                                        base version not published (or unreadable)
   too_stale                                       base more than `diloco.max_staleness` versions behind
                                                   (the honest answer of a learner that fell far behind)
+  pruned_base                                     base version older than the syncer keeps (`ddiloco.retention`:
+                                                  outside the newest `retention.keep_latest` and no curve
+                                                  moment): its staleness is past what the syncer accepts
   future_steps                                    more steps than the learner could have made (below)
   wrong_shape                                     tensor names or sizes do not match the fragment layout
   non_finite                                      NaN/Inf in the delta

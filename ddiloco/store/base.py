@@ -5,7 +5,7 @@ Design choices:
   valid S3 object name and a valid Prometheus-safe label; anything else is a programming error (ValueError).
 - The public methods live here and do validation, prefixing and counting once; a backend implements five
   raw operations (`_put`, `_get`, `_exists`, `_list`, `_delete`) and `_create` on *full* keys relative to its
-  own root.
+  own root (and may override `_sizes`, which otherwise reads every object to measure it).
   That is what makes `child()` cheap: a child is a shallow copy with a longer prefix, sharing the backend's
   connection and the same `StoreStats` object.
 - `list(prefix)` matches whole path segments: `list("updates/3")` returns keys under `updates/3/`, never
@@ -165,6 +165,17 @@ class Store(abc.ABC):
     def _list(self, full_prefix: str) -> list[str]:
         """All full keys strictly under directory `full_prefix` ('' = everything), any order."""
 
+    def _sizes(self, full_prefix: str) -> dict[str, int]:
+        """Full key -> size in bytes of every object under `full_prefix`. This fallback reads each object;
+        backends that can list sizes (file: stat, S3: the listing itself) override it."""
+        out = {}
+        for k in self._list(full_prefix):
+            try:
+                out[k] = len(self._get(k, None))
+            except NotFound:  # deleted since the listing
+                continue
+        return out
+
     @abc.abstractmethod
     def _delete(self, full_key: str) -> None:
         """Delete the object; do nothing if it does not exist."""
@@ -248,6 +259,13 @@ class Store(abc.ABC):
         full_prefix = self._full_prefix(prefix)
         self.stats.add(lists=1)
         return sorted(self._relative(k) for k in self._list(full_prefix))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """Key -> size in bytes of every object under `prefix` (keys as `list` gives them): what the run
+        summary reports as the store's size."""
+        full_prefix = self._full_prefix(prefix)
+        self.stats.add(lists=1)
+        return {self._relative(k): n for k, n in sorted(self._sizes(full_prefix).items())}
 
     def delete(self, key: str) -> None:
         """Delete the object; deleting a missing key is not an error."""

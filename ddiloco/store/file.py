@@ -291,6 +291,15 @@ class FileStore(Store):
                 keys.append(key)
         return keys
 
+    def _sizes(self, full_prefix: str) -> dict[str, int]:
+        out = {}
+        for key in self._list(full_prefix):
+            try:
+                out[key] = os.stat(self._path(key)).st_size
+            except FileNotFoundError:  # deleted since the listing
+                continue
+        return out
+
     def _delete(self, full_key: str) -> None:
         path = self._path(full_key)
         self._io("delete", path, lambda: self._delete_once(path))

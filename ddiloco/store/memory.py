@@ -106,6 +106,11 @@ class MemoryStore(Store):
         with self._ns.lock:
             return [k for k in self._ns.objects if k.startswith(start)]
 
+    def _sizes(self, full_prefix: str) -> dict[str, int]:
+        start = f"{full_prefix}/" if full_prefix else ""
+        with self._ns.lock:
+            return {k: len(v) for k, v in self._ns.objects.items() if k.startswith(start)}
+
     def _delete(self, full_key: str) -> None:
         ns = self._ns
         with ns.lock:

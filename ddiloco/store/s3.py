@@ -398,6 +398,16 @@ class S3Store(S3CreateMixin, Store):
 
         return self._call(f"list {s3_prefix or '/'}", once)
 
+    def _sizes(self, full_prefix: str) -> dict[str, int]:
+        conn = self._conn
+        s3_prefix = f"{full_prefix}/" if full_prefix else ""
+
+        def once() -> dict[str, int]:
+            listing = conn.client.list_objects(conn.bucket, prefix=s3_prefix, recursive=True)
+            return {o.object_name: o.size or 0 for o in listing if o.object_name and _is_key(o.object_name)}
+
+        return self._call(f"list {s3_prefix or '/'}", once)
+
     def _delete(self, full_key: str) -> None:
         conn = self._conn
         self._call(f"delete {full_key}", lambda: conn.client.remove_object(conn.bucket, full_key))

@@ -41,6 +41,11 @@ class DelegatingStore(Store):
         self.before("list", full_prefix)
         return [self.inner._relative(k) for k in self.inner._list(self.inner._full_prefix(full_prefix))]
 
+    def _sizes(self, full_prefix: str) -> dict[str, int]:
+        self.before("list", full_prefix)
+        sizes = self.inner._sizes(self.inner._full_prefix(full_prefix))
+        return {self.inner._relative(k): n for k, n in sizes.items()}
+
     def _delete(self, full_key: str) -> None:
         self.before("delete", full_key)
         self.inner._delete(self.inner._full(full_key))

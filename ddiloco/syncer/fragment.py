@@ -23,32 +23,35 @@ Design choices:
   keeps each answer's staleness, token weight and discount.
 - fp32 master: `theta` is the syncer's own fp32 Θ_p and is never rounded. With bf16 globals only what is
   published is rounded (`globalmodel.published_values`); updates below half a bf16 ulp accumulate in the
-  master until they show. The published values of the last few versions (`KEEP_VERSIONS`) are kept as the
-  bases answers name (the intake checks that a base exists); an older base is read through the `read`
-  callable it was given (it verifies signatures), so no store here. The master of each version is
-  persisted by `ddiloco.syncer.state` so a restart does not fall back to the rounded values.
+  master until they show. The master of each version is persisted by `ddiloco.syncer.state` so a restart
+  does not fall back to the rounded values.
+- Memory: a fragment holds Θ_p and its momentum, nothing else between merges. The merge no longer needs the
+  base an answer names (Δ_m = −δ_m), so no published version is kept in memory; the intake decides from the
+  version numbers whether a base is acceptable. The one published version a merge needs, L_{v−1} for the
+  download delta, is read back from the store when the delta is made (one fragment read per merge), so the
+  syncer's resident state stays 2× the model whatever the download codec.
 - Compressed downloads (`diloco.download_codec`, `ddiloco.downlink`): what is published for version v is
-  L_v = L_{v−1} + deq(Q(Θ_v − L_{v−1})), not Θ_v rounded; `propose` hands L_{v−1} (`recent[version]`) to
-  the publisher with the proposal, and `commit` keeps the L_v it published as the version's base.
+  L_v = L_{v−1} + deq(Q(Θ_v − L_{v−1})), not Θ_v rounded; `propose` hands the publisher a way to read
+  L_{v−1} with the proposal.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
 from ddiloco.accumulate import Reread, RoundSums
 from ddiloco.config import DilocoConfig
-from ddiloco.globalmodel import Layout, published_values
+from ddiloco.globalmodel import Layout
 from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
 from ddiloco.protocol.messages import Contribution, Ledger, RoundRecord
 from ddiloco.syncer.rounds import Answer, Round
 
-KEEP_VERSIONS = 4
 KEEP_PUBLISHED = 64
 """Versions whose publish time is kept for the step-clock check of answers."""
 
@@ -95,8 +98,9 @@ class Proposal:
     contributors: dict[str, Contribution]
     clipped: dict[str, float]
     stats: dict[str, float]
-    base: Tensors = field(default_factory=dict)
-    """The values learners hold for `version - 1` (L_{v−1}), what a download delta is taken against."""
+    base: Callable[[], Tensors] = dict
+    """Reads the values learners hold for `version - 1` (L_{v−1}, the published payload), what a download
+    delta is taken against; called only when one is published."""
     published: Tensors | None = None
     """The values learners will hold for `version` (L_v), set by `SyncerFiles.publish`; None: Θ_p rounded
     to the global dtype (`globalmodel.published_values`)."""
@@ -132,25 +136,16 @@ class GlobalFragment:
     outer: OuterNesterov
     ledger: Ledger
     read: Callable[[int], Tensors]
-    """Reads version v of this fragment from the store (a base older than the ones kept)."""
-    published: InitVar[Tensors | None] = None
-    """The values `version` was published with, when they differ from `theta` (bf16 globals)."""
-    recent: dict[int, Tensors] = field(default_factory=dict)
-    """version -> the values learners received for it (fp32 tensors of the published payload)."""
+    """Reads version v of this fragment from the store as published (verified): what learners hold."""
     published_at: dict[int, float] = field(default_factory=dict)
     """version -> wall time just before it was written (no learner can hold it earlier)."""
     merged_clock: float = -math.inf
     """The syncer's clock when this syncer published the current version (round pacing)."""
 
-    def __post_init__(self, published: Tensors | None) -> None:
-        self.recent[self.version] = _clone(published if published is not None else self.theta)
-
     def base(self, version: int) -> Tensors:
-        """Θ_p as published at `version`, the base an answer's delta is relative to (PayloadError/NotFound
-        from `read`)."""
-        if version not in self.recent:
-            self.recent[version] = self.read(version)
-        return self.recent[version]
+        """Θ_p as published at `version`: what learners hold, read from the store (PayloadError/NotFound from
+        `read`). Nothing of it is kept in memory (module docstring)."""
+        return self.read(version)
 
     def weigh(self, header: Mapping[str, Any], rule: MergeRule) -> tuple[float, float]:
         """(token weight, staleness discount) of an answer merged into the current version."""
@@ -236,7 +231,7 @@ class GlobalFragment:
             contributors,
             dict(done.clipped),
             stats,
-            base=self.recent[self.version],
+            base=partial(self.base, self.version),
         )
 
     def commit(self, proposal: Proposal, *, published_at: float, clock: float, dtype: str) -> None:
@@ -247,12 +242,7 @@ class GlobalFragment:
         self.published_at[self.version] = published_at
         self.published_at.pop(self.version - KEEP_PUBLISHED, None)
         self.merged_clock = clock
-        published = proposal.published
-        self.recent[self.version] = (
-            published if published is not None else published_values(proposal.theta, dtype)
-        )
-        for v in sorted(self.recent)[:-KEEP_VERSIONS]:
-            del self.recent[v]
+        proposal.published = None  # learners hold it; this fragment reads it back when it needs it
 
 
 def _clone(tensors: Mapping[str, torch.Tensor]) -> Tensors:

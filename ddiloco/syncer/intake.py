@@ -4,8 +4,11 @@ Design choices:
 - `Intake.collect` reads each new object of an open round once; what `UpdateValidator` accepts is decoded
   to an fp32 delta, so a merge only does arithmetic. The rules and reasons live in
   `ddiloco.protocol.validation`; the validator adds the checks that need the syncer's fragments (the
-  newest version, how far behind it a base is, when a base was published, whether a base can be read). A
-  too-stale answer is rejected before its base is read from the store.
+  newest version, how far behind it a base is, when a base was published). A too-stale answer is
+  rejected before anything else is checked. The base itself is never read: the merge takes the learner's δ
+  as it is (Δ = −δ), so a base only has to be a version that was published and is still accepted.
+- An answer whose base the retention rules no longer keep is `pruned_base` (`ddiloco.syncer.retention`), decided
+  from the rule, not from whether the object is still there, so the verdict never races the pruning.
 - A name whose object was rejected is re-read at most once a second, and only counted again if its bytes
   changed, so junk written first under a learner's key cannot block that learner's real answer.
 - A rejection whose header authentically names a learner incarnation and this round is told to that
@@ -55,7 +58,10 @@ class UpdateValidator:
         *,
         key: bytes | None,
         wall: Callable[[], float],
+        retained: Callable[[int, int, int], bool] | None = None,
     ) -> None:
+        """`retained(p, version, latest)`: whether the store keeps that base (`Retention.keeps`; None: all)."""
+        self.retained = retained
         self.run_id, self.codec, self.layout, self.fragments = cfg.run_id, cfg.diloco.codec, layout, fragments
         self.max_staleness = cfg.diloco.max_staleness
         self.tokens_per_step = cfg.train.max_batch() * cfg.model.seq_len
@@ -87,14 +93,14 @@ class UpdateValidator:
                 meta, codec=self.codec, tokens_per_step=self.tokens_per_step, latest_version=frag.version
             )
             validation.staleness(meta, latest_version=frag.version, max_staleness=self.max_staleness)
+            base = meta["base_version"]
+            if self.retained is not None and not self.retained(rnd.fragment_id, base, frag.version):
+                raise wire.PayloadError(
+                    "pruned_base",
+                    f"base version {base} is older than the versions kept (latest {frag.version})",
+                )
             published = frag.published_at.get(meta["base_version"])
             self.step_clock.check(contributor, meta, published, self.wall())
-            try:
-                frag.base(meta["base_version"])
-            except (wire.PayloadError, NotFound) as e:
-                raise wire.PayloadError(
-                    "bad_base", f"base version {meta['base_version']} unreadable ({e})"
-                ) from None
             names = self.layout.fragments[rnd.fragment_id].names
             delta = validation.decode_delta(h.tensors, meta["codec"], names, self.layout.shapes)
         except wire.PayloadError as e:

@@ -22,7 +22,9 @@ Design choices:
 - Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped
   answers are still merged and counted under `clipped` (state, status, metrics, round record).
 - Persist order per merge: outer momentum → fp32 master (bf16 globals, download deltas) → round record →
-  download delta → global payload + latest pointer → status → state; a restart adopts what a crash left between them (`ddiloco.syncer.state`).
+  download delta → global payload + latest pointer → status → state; a restart adopts what a crash left
+  between them (`ddiloco.syncer.state`). Then the round's updates are deleted and the fragment's old
+  versions pruned (`ddiloco.syncer.retention`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerStat
 from ddiloco.store.base import NotFound, Store, StoreError
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator
+from ddiloco.syncer.retention import Retention
 from ddiloco.syncer.roster import Roster
 from ddiloco.syncer.rounds import (
     DEFAULT_EMA,
@@ -124,9 +127,12 @@ class Syncer:
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
+        self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.intake = Intake(
             store,
-            UpdateValidator(cfg, self.layout, self.fragments, key=self.key, wall=wall),
+            UpdateValidator(
+                cfg, self.layout, self.fragments, key=self.key, wall=wall, retained=self.retention.keeps
+            ),
             self.metrics,
             clock=clock,
             wall=wall,
@@ -290,6 +296,7 @@ class Syncer:
         self._save_state()
         self.store.delete_prefix(keys.update_prefix(frag.fragment_id, rnd.round))
         self._sweep_late(frag)
+        self.retention.after_merge(frag.fragment_id, self.versions, self.books.rounds_merged)
         log.debug(
             "syncer: round %d fragment %d -> v%d from %d answers",
             rnd.round,

@@ -198,16 +198,14 @@ class SyncerFiles:
 
     def load_fragment(self, p: int, version: int, ledger: Ledger, rule: MergeRule) -> GlobalFragment:
         outer = self.read_momentum(p, version, rule) if version > 0 else rule.optimizer()
-        published = self.read_global(p, version)
         master = self.read_master(p, version) if self.keeps_master and version > 0 else None
         return GlobalFragment(
             p,
             version,
-            master if master is not None else published,
+            master if master is not None else self.read_global(p, version),
             outer,
             ledger,
             read=lambda v: self.read_global(p, v),
-            published=published,
         )
 
     def publish(self, proposal: Proposal, record: RoundRecord) -> int:
@@ -226,7 +224,8 @@ class SyncerFiles:
         if self.download_codec == "none":
             proposal.published = published_values(proposal.theta, self.dtype)
         else:  # the delta first: whoever sees version v named anywhere finds both objects
-            step = encode_step(proposal.base, proposal.theta, self.download_codec, self.dtype)
+            held = proposal.base()  # L_{v−1}, read back from the store
+            step = encode_step(held, proposal.theta, self.download_codec, self.dtype)
             proposal.published = step.values
             written += publish_global_delta(
                 self.store,
@@ -236,7 +235,7 @@ class SyncerFiles:
                 step,
                 codec=self.download_codec,
                 dtype=self.dtype,
-                base_digest=digest(proposal.base, self.dtype),
+                base_digest=digest(held, self.dtype),
                 digest=digest(step.values, self.dtype),
                 key=self.key,
             )

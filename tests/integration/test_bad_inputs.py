@@ -39,6 +39,8 @@ DETERMINISTIC = (
     "train.checkpoint_every_s=1e9",
     "train.heartbeat_every_s=5",
     "diloco.token_budget=6000",
+    "retention.keep_latest=2",  # the tightest retention: honest answers still all merge, and a base older
+    "retention.curve_moments=2",  # than the window (no curve moment pins it) is `pruned_base`
 )
 
 
@@ -213,6 +215,7 @@ def test_injected_objects_are_counted_by_reason_and_change_nothing(reference):
             ("100-0000.safetensors", fake_update(r, s, 100, c_steps=10**6, c_tokens=128, inner_step=10**6), "future_steps"),
             ("101-0000.safetensors", fake_update(r, s, 101, base_version=r.syncer.versions[1] + 5), "bad_base"),
             ("102-0000.safetensors", fake_update(r, s, 102, kind="global"), "mismatch"),
+            ("103-0000.safetensors", fake_update(r, s, 103, base_version=1), "pruned_base"),
         ],
     }  # fmt: skip
     injected: dict[int, dict[str, str]] = {}
@@ -251,7 +254,7 @@ def test_injected_objects_are_counted_by_reason_and_change_nothing(reference):
     # Authentic updates of a (fake) learner are answered with a notice; unattributable junk is not.
     told = {(n["learner_id"], n["reason"]) for n in live.store.get_json(keys.STATUS)["rejections"]}
     assert told == {(95, "non_finite"), (96, "wrong_shape"), (98, "bad_codec"), (99, "bad_counters"),
-                    (100, "future_steps"), (101, "bad_base")}  # fmt: skip
+                    (100, "future_steps"), (101, "bad_base"), (103, "pruned_base")}  # fmt: skip
     assert all(
         not learner.exchange.rejected_updates and not learner.feed.rejected_globals
         for learner in live.learners

@@ -10,8 +10,11 @@ import torch
 from ddiloco import keys
 from ddiloco.globalmodel import latest_version, read_global, read_layout
 from ddiloco.learner.loop import Learner
+from ddiloco.posttrain.evaluate import global_loss_curve
 from ddiloco.posttrain.summary import build_summary, read_round_records
 from ddiloco.prepare import prepare
+from ddiloco.retention import RetentionConfig
+from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
@@ -51,7 +54,9 @@ def test_run_reaches_budget_with_balanced_ledger_and_contiguous_versions():
 
 
 def test_merge_moves_globals_towards_learners_and_publishes_each_version_once():
-    store, cfg = _prepared("eng-versions", "diloco.token_budget=4000")
+    # retention=null keeps every version, so "each version once" can be read off the store (the default
+    # retention prunes old ones: test_default_retention_bounds_the_store_...)
+    store, cfg = _prepared("eng-versions", "diloco.token_budget=4000", "retention=null")
     layout = read_layout(store)
     v0 = {p: read_global(store, cfg.run_id, layout, p, 0) for p in range(layout.num_fragments)}
     syncer = Syncer(store, poll_s=0)
@@ -94,6 +99,46 @@ def test_bf16_globals_publish_the_rounded_fp32_master_and_a_restart_keeps_the_ma
             assert torch.equal(restarted.fragments[p].theta[n], master)
             ahead += int((published[n] != master).sum())
     assert ahead > 0  # the master holds what bf16 cannot show
+
+
+def test_default_retention_bounds_the_store_and_the_curve_is_drawn_from_what_it_keeps():
+    """Issue 16 item 6: at the default retention a run keeps at most 16 global versions per fragment (the
+    newest 4 and the curve's moments), the newest 4 momentum versions, no update objects; the summary reports
+    the store's bytes, and the loss curve is drawn from the versions kept."""
+    store, cfg = _prepared("eng-retention", "diloco.token_budget=30000")
+    assert cfg.retention == RetentionConfig() and cfg.retention.max_versions() <= 16
+    syncer = Syncer(store, poll_s=0)
+    learners = [Learner.open(store, i) for i in range(2)]
+    for learner in learners:
+        learner.start()
+    drive(syncer, learners)
+    s = build_summary(store)
+    sizes = store.sizes()  # nothing was written since the summary listed the store
+    assert s["store_bytes"] == sum(sizes.values()) > 0
+    assert s["store_bytes_by_prefix"]["global/"] == sum(
+        n for k, n in sizes.items() if k.startswith("global/")
+    )
+    assert sum(s["store_bytes_by_prefix"].values()) == s["store_bytes"]
+    assert min(s["global_versions"]) > cfg.retention.max_versions(), "pruning had something to do"
+    assert s["ledger_balanced"] and s["global_versions_contiguous"]  # the round records are all kept
+    assert "pruned_base" not in s["rejected_updates"], "honest answers are never too stale for the window"
+    layout = read_layout(store)
+    for p in range(layout.num_fragments):
+        kept = keys.global_versions_listed(store.list(keys.global_prefix(p)), layout.num_fragments)[p]
+        assert len(kept) == s["global_versions_kept"][p] <= 16
+        assert {0, latest_version(store, p)} <= kept
+        momentum = [
+            k for k in store.list(keys.momentum_prefix(p)) if keys.version_of(k, keys.momentum_prefix(p))
+        ]
+        assert len(momentum) <= cfg.retention.keep_latest
+    assert not store.list(keys.UPDATES)
+    curve = global_loss_curve(RunRoot(store, cfg.run_id), 8)
+    assert len(curve) >= 6, curve
+    assert (
+        curve[0]["versions"] == [0] * layout.num_fragments and curve[-1]["versions"] == s["global_versions"]
+    )
+    assert all(point["val_loss"] > 0 for point in curve)
+    assert curve[-1]["val_loss"] < curve[0]["val_loss"]
 
 
 def test_new_learner_starts_from_the_current_globals_not_its_init():

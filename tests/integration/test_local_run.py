@@ -30,7 +30,17 @@ def test_local_run_with_real_processes(tmp_path):
     assert 0.9 <= s["goodput"] <= 1, s["learner_accounting"]  # no failures: (almost) no learner time lost
     assert 0 < s["merged_token_share"] < 1 and s["steps_per_answer"] > 1
     assert json.loads(open(run.summary_location).read())["run_id"] == "e2e"
-    assert not open_store(run.url).list("updates/"), "merged and abandoned rounds are garbage-collected"
+    store = open_store(run.url)
+    assert not store.list("updates/"), "merged and abandoned rounds are garbage-collected"
+    # Issue 16 item 6: bounded storage at the default retention, the store's size in the summary (which
+    # the later report files are not part of), and a loss curve drawn from the versions kept.
+    assert all(1 <= n <= 16 for n in s["global_versions_kept"]), s["global_versions_kept"]
+    sizes = store.sizes()
+    assert 0 < s["store_bytes"] <= sum(sizes.values())
+    assert s["store_bytes_by_prefix"]["global/"] == sum(
+        n for k, n in sizes.items() if k.startswith("global/")
+    )
+    assert len(store.get_json(keys.EVAL_CURVE)["points"]) >= 2
 
 
 def test_cli_run_prints_summary_path_last(tmp_path):

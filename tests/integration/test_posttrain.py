@@ -13,7 +13,8 @@ import pytest
 from ddiloco import keys
 from ddiloco.cli.posttrain import register
 from ddiloco.keys import EVAL_CURVE, REPORT_HTML, REPORT_MD, REPORT_METRICS, SFT_MODEL, eval_key
-from ddiloco.posttrain.evaluate import build_tasks, evaluate_checkpoint
+from ddiloco.posttrain.evaluate import build_tasks, evaluate_checkpoint, versions_after_round
+from ddiloco.posttrain.summary import read_round_records
 from tests.integration.conftest import TEST_EVAL
 
 pytestmark = pytest.mark.slow
@@ -113,15 +114,28 @@ def test_report_cli_compares_two_runs(posttrained_runs, tmp_path):
     assert set(json.load(open(paths["metrics"]))) == {"k1 (M=2, K=1)", "km (M=2, K=2)"}
 
 
+def _kept_round(store) -> int:
+    """The first round after which every fragment has moved and whose versions retention still keeps (the
+    run keeps the newest versions and the loss curve's moments, `ddiloco.retention`)."""
+    records = read_round_records(store)
+    kept = keys.global_versions_listed(store.list("global/"), 2)
+    for r in sorted(records, key=lambda r: r["round"]):
+        versions = versions_after_round(records, r["round"], 2)
+        if 0 not in versions and all(v in kept[p] for p, v in enumerate(versions)):
+            return r["round"]
+    raise AssertionError("retention kept no model after a merge of every fragment")
+
+
 def test_evaluate_cli_on_other_checkpoints(posttrained_runs):
     store = posttrained_runs.km
+    n = _kept_round(store)
     code, out = cli(
-        "evaluate", "--store", store.url, "--model", "round:3", "--items", "4", "--tasks", "fact_mc,count"
+        "evaluate", "--store", store.url, "--model", f"round:{n}", "--items", "4", "--tasks", "fact_mc,count"
     )
     assert code == 0
     result = json.loads(out)
-    assert set(result["task_accuracy"]) == {"fact_mc", "count"} and result["model"] == "round:3"
-    assert store.get_json(eval_key("round-3"))["versions"] != [0, 0]
+    assert set(result["task_accuracy"]) == {"fact_mc", "count"} and result["model"] == f"round:{n}"
+    assert store.get_json(eval_key(f"round-{n}"))["versions"] != [0, 0]
     code, out = cli("evaluate", "--store", store.url, "--model", "latest", "--items", "4", "--name", "now")
     assert code == 0 and store.exists(eval_key("now"))
 

@@ -1,0 +1,108 @@
+"""The syncer's pruning of the run store: after each merge, the fragment's global and momentum versions that
+the retention rules (`ddiloco.retention`) no longer keep are deleted.
+
+Design choices:
+- Called once per merge, after the merge is fully persisted (momentum, round record, global + pointer,
+  status, state) and the round's updates are deleted: nothing a restart adopts is ever pruned, and the latest
+  pointer's target is always in the kept window.
+- The curve's moments (merge count -> the version of every fragment right after that merge) are a small JSON
+  document (`keys.RETENTION`), written *before* anything they stop pinning is deleted; a restarted syncer
+  reads it back, so moments survive restarts. A crash between a merge and this document only loses that one
+  moment (a gap in the curve), never a version still pinned.
+- Pruning lists the fragment's prefixes (`global/{p}/`, `syncer/momentum/{p}/`, `syncer/master/{p}/`) and
+  deletes what is not kept (global versions: the window and the curve's moments; download deltas, momentum
+  and fp32 masters: the window only), so it heals itself: whatever a failed delete or an earlier crash left
+  is removed at the next merge of that fragment. A listing holds at most the kept versions plus the few just dropped, so it stays cheap.
+- Pruning is best effort: a store error is logged and the next merge of the fragment tries again; it never
+  stops the syncer.
+- `keeps` is the rule the intake applies to an answer's base (`pruned_base`), from the same sets.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ddiloco import keys
+from ddiloco.retention import RetentionConfig, curve_stride, kept_versions, pinned_by, window
+from ddiloco.store.base import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class Retention:
+    """Keeps one run store bounded (see the module docstring); `cfg` None keeps everything."""
+
+    def __init__(self, store: Store, cfg: RetentionConfig | None, num_fragments: int) -> None:
+        self.store, self.cfg, self.P = store, cfg, num_fragments
+        self.moments: dict[int, list[int]] = {0: [0] * num_fragments}
+        if cfg is not None:
+            self.moments.update(self._read())
+
+    def _read(self) -> dict[int, list[int]]:
+        try:
+            doc: Any = self.store.get_json_or_none(keys.RETENTION)
+            moments = {int(n): [int(v) for v in vs] for n, vs in (doc or {}).get("moments", {}).items()}
+        except (StoreError, ValueError, TypeError, AttributeError) as e:
+            log.error("syncer: %s unreadable (%s); curve moments start afresh", keys.RETENTION, e)
+            return {}
+        return {n: vs for n, vs in moments.items() if len(vs) == self.P}
+
+    def keeps(self, p: int, version: int, latest: int) -> bool:
+        """Whether version `version` of fragment p is kept while `latest` is its newest."""
+        if self.cfg is None:
+            return True
+        return version in kept_versions(latest, pinned_by(self.moments, p), self.cfg.keep_latest)
+
+    def after_merge(self, p: int, versions: list[int], merges: int) -> None:
+        """The syncer's `merges`-th merge published `versions[p]` of fragment p: remember the moment if it is
+        one the curve keeps, then prune fragment p."""
+        if self.cfg is None:
+            return
+        try:
+            self._remember(self.cfg.curve_moments, list(versions), merges)
+            self.prune(p, versions[p])
+        except StoreError as e:
+            log.warning("syncer: pruning fragment %d deferred to its next merge (%s)", p, e)
+
+    def _remember(self, limit: int, versions: list[int], merges: int) -> None:
+        """Add the moment after `merges` merges if the stride keeps it, drop those it no longer keeps; the
+        document is written before anything they stop pinning is deleted."""
+        stride = curve_stride(merges, limit)
+        moments = {n: vs for n, vs in self.moments.items() if n % stride == 0}
+        if merges % stride == 0:
+            moments[merges] = versions
+        if moments != self.moments:
+            doc = {
+                "stride": stride,
+                "merges": merges,
+                "moments": {str(n): vs for n, vs in sorted(moments.items())},
+            }
+            self.store.put_json(keys.RETENTION, doc)
+            self.moments = moments
+
+    def prune(self, p: int, latest: int) -> int:
+        """Delete fragment p's global and momentum versions that are not kept; returns how many."""
+        cfg = self.cfg
+        if cfg is None:
+            return 0
+        keep = kept_versions(latest, pinned_by(self.moments, p), cfg.keep_latest)
+        newest = set(window(latest, cfg.keep_latest))
+        deleted = self._delete_except(keys.global_prefix(p), keep)
+        # A download delta serves a learner one version behind: only the newest ones are of use.
+        deleted += self._delete_except(keys.global_prefix(p), newest, letter="d")
+        deleted += self._delete_except(keys.momentum_prefix(p), newest)
+        deleted += self._delete_except(keys.master_prefix(p), newest)
+        if deleted:
+            log.debug("syncer: pruned %d objects of fragment %d (kept %s)", deleted, p, sorted(keep))
+        return deleted
+
+    def _delete_except(self, prefix: str, keep: set[int], letter: str = "v") -> int:
+        doomed = [
+            k
+            for k in self.store.list(prefix)
+            if (v := keys.version_of(k, prefix, letter)) is not None and v not in keep
+        ]
+        for key in doomed:
+            self.store.delete(key)
+        return len(doomed)
