@@ -25,6 +25,7 @@ from ddiloco import errors
 from ddiloco.chaos.events import schedule_from_config
 from ddiloco.overrides import apply_dict
 from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
+from ddiloco.syncer.lease import LeaseConfig  # the `lease` section lives next to the lease
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 MERGES = ("rda", "mean")
@@ -389,6 +390,8 @@ class RunConfig:
     """How the local orchestrator restarts processes that die (the cluster uses the pipeline's retries)."""
     link: LinkConfig | None = None
     """Learners' link to the store (also applied to the data-parallel baseline); null: no shaping."""
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    """The syncer's lease (`ddiloco.syncer.lease`): one publishing syncer at a time, standbys take over."""
 
     def validate(self) -> RunConfig:
         """Check every section, in order; raise `errors.ConfigError` saying what to change."""
@@ -402,6 +405,7 @@ class RunConfig:
         if self.link is not None:
             self.link.validate()
         self.restart.validate()
+        self.lease.validate()
         if self.chaos is not None:
             self.chaos.validate(self.diloco.learners)
         return self

@@ -125,16 +125,35 @@ def publish_global(
     key: bytes | None = None,
 ) -> int:
     """Write global version `version` of fragment p (signed with the run `key`, if any), then its latest
-    pointer. Returns bytes written."""
+    pointer. Returns bytes written. (The syncer creates versions write-once instead: `ddiloco.syncer.state`.)"""
+    blob = pack_global(run_id, p, version, tensors, dtype, extra, key=key)
+    store.put(keys.global_key(p, version), blob)
+    put_latest(store, p, version)
+    return len(blob)
+
+
+def pack_global(
+    run_id: str,
+    p: int,
+    version: int,
+    tensors: dict[str, torch.Tensor],
+    dtype: str,
+    extra: dict | None = None,
+    *,
+    key: bytes | None = None,
+) -> bytes:
+    """The payload of global version `version` of fragment p in `dtype`, its header extended by `extra`."""
     tdtype = _DTYPES[dtype]
-    blob = wire.pack(
+    return wire.pack(
         {n: t.detach().to(tdtype) for n, t in tensors.items()},
         {"run_id": run_id, "kind": "global", "fragment_id": p, "version": version, **(extra or {})},
         key=key,
     )
-    store.put(keys.global_key(p, version), blob)
+
+
+def put_latest(store: Store, p: int, version: int) -> None:
+    """Point fragment p's `latest` pointer at `version` (written after the version itself)."""
     store.put_json(keys.global_latest_key(p), {"version": version, "key": keys.global_key(p, version)})
-    return len(blob)
 
 
 def latest_version(store: Store, p: int) -> int | None:

@@ -20,6 +20,10 @@ Design choices:
   answers are still merged and counted under `clipped` (state, status, metrics, round record).
 - Persist order per merge: outer momentum → round record → global payload + latest pointer → status →
   state; a restart adopts what a crash left between them (`ddiloco.syncer.state`).
+- One publishing syncer at a time (`ddiloco.syncer.lease`): the syncer publishes only while it holds the
+  lease's newest epoch, checks it before each merge is persisted (and the renewal thread's finding before
+  every status and state write), and names its epoch in everything it publishes. `Fenced` is not caught
+  here: it ends `run`, and `ddiloco syncer` exits with `FENCED_EXIT`.
 """
 
 from __future__ import annotations
@@ -37,10 +41,11 @@ from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.prepare import load_run_config
 from ddiloco.protocol import signing
-from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerState
+from ddiloco.protocol.messages import OpenRound, RoundRecord, Standby, Status, SyncerState
 from ddiloco.store.base import Store, StoreError
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator
+from ddiloco.syncer.lease import Lease
 from ddiloco.syncer.roster import Roster
 from ddiloco.syncer.rounds import (
     DEFAULT_EMA,
@@ -70,12 +75,18 @@ class Syncer:
         registry: CollectorRegistry | None = None,
         secret: bytes | None = None,
         robust_clip: float | None = None,
+        lease: Lease | None = None,
     ) -> None:
         """`secret`: the master key from DDILOCO_RUN_KEY (None: unsigned). `robust_clip`: robust mode
-        factor; default `cfg.diloco.robust_clip` when the config has it."""
+        factor; default `cfg.diloco.robust_clip` when the config has it. `lease`: held (`Lease.acquire`)
+        before the syncer resumes from the store; None seizes the next epoch at once (in-process use)."""
         self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
         self.cfg = cfg = load_run_config(store)
         self.run_id, d = cfg.run_id, cfg.diloco
+        if lease is None:
+            lease = Lease(store, self.run_id, cfg.lease)
+            lease.seize()
+        self.lease = lease
         self.key = signing.for_run(secret, self.run_id)
         if self.key is None:
             signing.warn_unsigned("syncer")
@@ -159,7 +170,10 @@ class Syncer:
             rejected=dict(self.intake.rejected),
             clipped=dict(b.clipped),
             rejections=list(self.intake.notices),
+            epoch=self.lease.epoch,
+            standbys=[Standby.from_json(s) for s in self.lease.standbys()],
         )
+        self.lease.raise_if_fenced()
         self.files.put_status(status)
 
     def _save_state(self) -> None:
@@ -182,7 +196,9 @@ class Syncer:
             bytes_published=b.bytes_published,
             late_answers=self.intake.late_answers,
             learner_events=list(self.roster.events),
+            epoch=self.lease.epoch,
         )
+        self.lease.raise_if_fenced()
         self.files.save_state(state)
 
     # --- pacing -----------------------------------------------------------------------------------------------
@@ -242,6 +258,8 @@ class Syncer:
         frag, dtype = self.fragments[rnd.fragment_id], self.cfg.diloco.global_dtype
         proposal = frag.propose(rnd.answers, self.rule)
         record = proposal.record(rnd, now=now, merged_at=self.wall())
+        record.epoch = self.lease.epoch
+        self.lease.check(publish_s=self.books.xi_sync)
         published_at = self.wall()  # before the write: no learner can hold this version any earlier
         published = self.files.publish(proposal, record, dtype)
         frag.commit(proposal, published_at=published_at, clock=self.clock(), dtype=dtype)
@@ -325,6 +343,7 @@ class Syncer:
             time.sleep(self.poll_s)
 
     def finish(self) -> None:
+        self.lease.check(publish_s=self.books.xi_sync)
         for rnd in list(self.open.values()):
             self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
         self.open.clear()
@@ -338,6 +357,7 @@ class Syncer:
         }
         self.store.put_json(keys.DONE, done)
         self.publish_status(done=True)
+        self.lease.release()
         log.info(
             "syncer: done — %d tokens merged in %d rounds; versions %s",
             self.tokens_merged(),

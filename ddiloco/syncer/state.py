@@ -5,7 +5,9 @@ Design choices:
   round records, outer momentum, global versions and the final model, each through its typed message
   (`ddiloco.protocol.messages`) or the signed payload format (`ddiloco.protocol.wire`).
 - Persist order per merge: outer momentum → round record → global payload + latest pointer (`publish`),
-  then the caller writes the status and the state. A restarted syncer that finds a newer global than its
+  then the caller writes the status and the state. The first three are write-once (`Store.create`) and name
+  the writer's lease epoch (`ddiloco.syncer.lease`): a version is published by exactly one syncer, and one
+  that finds its version taken is fenced. A restarted syncer that finds a newer global than its
   state adopts it and its round records (`resume`), so it never publishes a version twice and never loses
   a merged one. The latest pointer is unsigned: a version is adopted only if it verifies.
 - Outer momentum that does not verify (or does not fit the layout) restarts from zero rather than
@@ -16,12 +18,13 @@ Design choices:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ddiloco import keys
-from ddiloco.globalmodel import Layout, latest_version, publish_global, read_global
+from ddiloco.globalmodel import Layout, latest_version, pack_global, put_latest, read_global
 from ddiloco.merge import OuterNesterov
 from ddiloco.protocol import wire
 from ddiloco.protocol.messages import (
@@ -35,6 +38,7 @@ from ddiloco.protocol.messages import (
 )
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal, Tensors
+from ddiloco.syncer.lease import Fenced
 
 log = logging.getLogger(__name__)
 
@@ -142,17 +146,38 @@ class SyncerFiles:
         )
 
     def publish(self, proposal: Proposal, record: RoundRecord, dtype: str) -> int:
-        """Persist one merge of fragment `record.fragment_id` (momentum → record → global + pointer);
-        returns the bytes of the global payload."""
-        p, version = record.fragment_id, proposal.version
-        meta = {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version}
-        self.store.put(
-            keys.momentum_key(p, version), wire.pack(proposal.outer.state_dict(), meta, key=self.key)
-        )
-        self.store.put_json(keys.round_record_key(record.round), record.to_json())
-        return publish_global(
-            self.store, self.run_id, p, version, proposal.theta, dtype, {"round": record.round}, key=self.key
-        )
+        """Persist one merge of fragment `record.fragment_id` (momentum → record → global + pointer), each
+        write-once object created conditionally and naming `record.epoch`; returns the bytes of the global
+        payload. `Fenced` when another syncer published this version first."""
+        p, version, epoch = record.fragment_id, proposal.version, record.epoch
+        meta = {
+            "run_id": self.run_id,
+            "kind": "momentum",
+            "fragment_id": p,
+            "version": version,
+            "epoch": epoch,
+        }
+        momentum = wire.pack(proposal.outer.state_dict(), meta, key=self.key)
+        self._create(keys.momentum_key(p, version), momentum, p, version)
+        self._create(keys.round_record_key(record.round), _json_bytes(record.to_json()), p, version)
+        extra = {"round": record.round, "epoch": epoch}
+        blob = pack_global(self.run_id, p, version, proposal.theta, dtype, extra, key=self.key)
+        if not self.store.create(keys.global_key(p, version), blob):
+            raise Fenced(f"global version {version} of fragment {p} was published by another syncer")
+        put_latest(self.store, p, version)
+        return len(blob)
+
+    def _create(self, key: str, data: bytes, p: int, version: int) -> None:
+        """Create a write-once object of the merge publishing version `version` of fragment p. Found taken:
+        `Fenced` if that version is published (another syncer got there first), else the object is what a
+        publish that died before its global version left (its writer's epoch is older and was fenced or
+        expired before this one took the lease), and is overwritten."""
+        if self.store.create(key, data):
+            return
+        if self.store.exists(keys.global_key(p, version)):
+            raise Fenced(f"{key} exists: version {version} of fragment {p} was published by another syncer")
+        log.warning("syncer: overwriting %s, left by a publish that never reached its global version", key)
+        self.store.put(key, data)
 
     def write_final(self, fragments: list[GlobalFragment], tokens_merged: float) -> None:
         versions = [f.version for f in fragments]
@@ -214,6 +239,10 @@ class SyncerFiles:
             log.error("syncer: not adopting fragment %d version %d (%s)", p, version, e)
             return False
         return True
+
+
+def _json_bytes(obj: object) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8")
 
 
 def credit(ledger: Ledger, record: RoundRecord) -> None:
