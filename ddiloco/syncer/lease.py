@@ -99,8 +99,12 @@ class Lease:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        keep_renewing: bool = True,
     ) -> None:
+        """`keep_renewing`: renew from a thread once held; False leaves renewing to the caller (`renew`,
+        `check`), for tests that drive `clock` themselves."""
         self.store, self.run_id = store, run_id
+        self.keep_renewing = keep_renewing
         self.cfg = cfg if cfg is not None else LeaseConfig()
         self.clock, self.wall, self.sleep = clock, wall, sleep
         self.nonce = secrets.token_hex(8)
@@ -203,8 +207,9 @@ class Lease:
         log.info(
             "syncer: took the lease of run %s as epoch %d (%s; lease %.1fs)", self.run_id, epoch, why, lease_s
         )
-        self._thread = threading.Thread(target=self._keep, name=f"lease-{epoch}", daemon=True)
-        self._thread.start()
+        if self.keep_renewing:
+            self._thread = threading.Thread(target=self._keep, name=f"lease-{epoch}", daemon=True)
+            self._thread.start()
         return True
 
     def _renewal(self, epoch: int) -> dict[str, Any]:
