@@ -4,6 +4,7 @@ epoch, and no version is published twice."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -34,9 +35,29 @@ def start(url: str, role: str, log: Path, *args: str) -> subprocess.Popen:
         return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=f)
 
 
-def wait_until(what: str, cond, procs: dict, timeout: float = 90.0) -> None:
+class Watch:
+    """What a split brain shows from outside: the status written by more than one process at a time, or a
+    published global version whose bytes change afterwards (two writers of one version number)."""
+
+    def __init__(self, store) -> None:
+        self.store, self.pids, self.digests, self.rewritten = store, set(), {}, set()
+
+    def __call__(self) -> None:
+        status = self.store.get_json_or_none(keys.STATUS)
+        if status:
+            self.pids.add(status["syncer_pid"])
+        for k in self.store.list("global/"):
+            if k.endswith(".safetensors"):
+                digest = hashlib.sha256(self.store.get(k)).hexdigest()
+                if self.digests.setdefault(k, digest) != digest:
+                    self.rewritten.add(k)
+
+
+def wait_until(what: str, cond, procs: dict, timeout: float = 90.0, watch=None) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
+        if watch is not None:
+            watch()
         for name, (p, log) in procs.items():
             assert p.poll() is None, f"{name} exited ({p.returncode}):\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"no {what} after {timeout}s"
@@ -57,8 +78,10 @@ def test_a_standby_syncer_takes_over_from_a_killed_one(tmp_path):
     def status() -> dict:
         return store.get_json_or_none(keys.STATUS) or {}
 
-    wait_until("merges by epoch 1", lambda: status().get("rounds_merged", 0) >= 6, procs)
-    wait_until("the standby in the status", lambda: status().get("standbys"), procs)
+    watch = Watch(store)
+    wait_until("6 merges", lambda: status().get("rounds_merged", 0) >= 6, procs, watch=watch)
+    assert watch.pids == {procs["syncer-a"][0].pid}, "only the lease holder publishes"
+    wait_until("the standby in the status", lambda: status().get("standbys"), procs, watch=watch)
     standing = [line for line in (tmp_path / "b.log").read_text().splitlines() if "standing by" in line]
     assert len(standing) == 1 and "epoch 1" in standing[0], standing
     assert status()["epoch"] == 1 and not store.exists(keys.lease_claim_key(2))
@@ -67,9 +90,10 @@ def test_a_standby_syncer_takes_over_from_a_killed_one(tmp_path):
     killed_at = time.time()
     a.send_signal(signal.SIGKILL)
     a.wait()
-    wait_until("epoch 2", lambda: store.exists(keys.lease_claim_key(2)), procs, timeout=30)
+    wait_until("epoch 2", lambda: store.exists(keys.lease_claim_key(2)), procs, timeout=30, watch=watch)
     taken_after = store.get_json(keys.lease_claim_key(2))["time"] - killed_at
-    wait_until("the run's end", lambda: store.exists(keys.DONE), procs, timeout=180)
+    wait_until("the run's end", lambda: store.exists(keys.DONE), procs, timeout=180, watch=watch)
+    assert not watch.rewritten, f"global versions rewritten by a second writer: {sorted(watch.rewritten)}"
     for name, (p, log) in procs.items():
         assert p.wait(timeout=60) == 0, f"{name}:\n{log.read_text()[-3000:]}"
 
