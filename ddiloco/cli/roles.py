@@ -7,6 +7,10 @@ Design choices:
 - A role started during a store outage waits for the store (`until_store_answers`) instead of failing: on
   a cluster the pods of a run start in any order and a restarted pod may come back mid-outage.
 - A role on a run root that holds no run fails at once, saying to run `ddiloco prepare` first.
+- `ddiloco syncer` takes the run's lease before it resumes (`ddiloco.syncer.lease`): a second syncer of the
+  same run (an Argo retry while the first still runs) stands by and takes over when the first stops
+  renewing. A syncer that finds a newer epoch than its own exits with `FENCED_EXIT` (3); one that ends (done,
+  `--max-seconds`, a crash) releases the lease so that a standby need not wait it out.
 - torch-heavy modules are imported inside the handlers, so `ddiloco --help` and the cheap commands start
   fast.
 """

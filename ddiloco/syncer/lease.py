@@ -55,6 +55,7 @@ from typing import Any
 from ddiloco import keys
 from ddiloco.errors import ConfigError
 from ddiloco.hostname import host_name
+from ddiloco.protocol.messages import Standby
 from ddiloco.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class Lease:
         self._seq = 0
         self._valid_until = -math.inf
         self._seen: tuple[tuple[int, int], float, float] | None = None  # (epoch, seq), first read, lease_s
-        self._standbys: list[dict[str, Any]] = []
+        self._standbys: list[Standby] = []
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -287,16 +288,22 @@ class Lease:
             except StoreError as e:
                 log.warning("syncer: lease renewal failed (%s); retrying", e)
 
-    def _read_standbys(self) -> list[dict[str, Any]]:
+    def _read_standbys(self) -> list[Standby]:
+        """Announcements younger than 3 leases (a SIGKILLed standby leaves its own behind); wall clocks of
+        two hosts are compared here, which is fine for a display."""
         out = []
         for k in self.store.list(keys.lease_standby_prefix()):
-            doc = self.store.get_json_or_none(k)
-            if isinstance(doc, dict) and doc.get("time", 0.0) > self.wall() - 3 * self.lease_s:
-                out.append(doc)
+            try:
+                standby = Standby.from_json(self.store.get_json_or_none(k, max_bytes=4096))
+            except (ValueError, StoreError) as e:
+                log.warning("syncer: ignoring standby announcement %s (%s)", k, e)
+                continue
+            if standby.time > self.wall() - 3 * self.lease_s:
+                out.append(standby)
         return out
 
-    def standbys(self) -> list[dict[str, Any]]:
-        """The standbys seen at the last renewal (host, pid, nonce, watching, time)."""
+    def standbys(self) -> list[Standby]:
+        """The standbys seen at the last renewal."""
         return list(self._standbys)
 
     def release(self) -> None:

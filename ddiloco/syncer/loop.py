@@ -41,7 +41,7 @@ from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.prepare import load_run_config
 from ddiloco.protocol import signing
-from ddiloco.protocol.messages import OpenRound, RoundRecord, Standby, Status, SyncerState
+from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerState
 from ddiloco.store.base import Store, StoreError
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator
@@ -171,7 +171,7 @@ class Syncer:
             clipped=dict(b.clipped),
             rejections=list(self.intake.notices),
             epoch=self.lease.epoch,
-            standbys=[Standby.from_json(s) for s in self.lease.standbys()],
+            standbys=self.lease.standbys(),
         )
         self.lease.raise_if_fenced()
         self.files.put_status(status)
