@@ -102,8 +102,8 @@ class Lease:
         sleep: Callable[[float], None] = time.sleep,
         keep_renewing: bool = True,
     ) -> None:
-        """`keep_renewing`: renew from a thread once held; False leaves renewing to the caller (`renew`,
-        `check`), for tests that drive `clock` themselves."""
+        """`keep_renewing`: renew from a thread once held; False leaves it to the caller (`renew_if_due`
+        once per loop pass, `check` before a publish): in-process syncers and tests that drive `clock`."""
         self.store, self.run_id = store, run_id
         self.keep_renewing = keep_renewing
         self.cfg = cfg if cfg is not None else LeaseConfig()
@@ -119,6 +119,7 @@ class Lease:
         self._latency_s = 0.0
         self._seq = 0
         self._valid_until = -math.inf
+        self._renewed_at = -math.inf
         self._seen: tuple[tuple[int, int], float, float] | None = None  # (epoch, seq), first read, lease_s
         self._standbys: list[Standby] = []
         self._lock = threading.RLock()
@@ -187,6 +188,14 @@ class Lease:
         while not self._claim(self.latest_epoch() + 1, "seized"):
             pass
 
+    @classmethod
+    def seized(cls, store: Store, run_id: str, cfg: LeaseConfig) -> Lease:
+        """A lease of the next epoch, seized now and renewed by its caller (`renew_if_due`), no thread: what
+        an in-process syncer holds; an abandoned one leaves nothing running behind."""
+        lease = cls(store, run_id, cfg, keep_renewing=False)
+        lease.seize()
+        return lease
+
     def _claim(self, epoch: int, why: str = "no syncer held it") -> bool:
         start = self.clock()
         lease_s = self.derive()
@@ -204,7 +213,7 @@ class Lease:
             return False  # another syncer claimed it first: watch that one
         with self._lock:
             self.epoch, self._seq, self.lease_s = epoch, 0, lease_s
-            self._valid_until = start + lease_s
+            self._valid_until, self._renewed_at = start + lease_s, start
         log.info(
             "syncer: took the lease of run %s as epoch %d (%s; lease %.1fs)", self.run_id, epoch, why, lease_s
         )
@@ -249,7 +258,12 @@ class Lease:
             if self.store.exists(keys.lease_claim_key(self.epoch + 1)):
                 self.fenced_by = self.epoch + 1
                 self._raise_if_fenced()
-            self.lease_s, self._valid_until = lease_s, start + lease_s
+            self.lease_s, self._valid_until, self._renewed_at = lease_s, start + lease_s, start
+
+    def renew_if_due(self) -> None:
+        """Renew when `renew_every_s` has passed since the last renewal, unless a thread does it."""
+        if not self.keep_renewing and self.clock() - self._renewed_at >= self.cfg.renew_every_s:
+            self.renew()
 
     def check(self, publish_s: float = 0.0) -> None:
         """Before a publish: `Fenced` if this syncer no longer holds the newest epoch; renews first when less

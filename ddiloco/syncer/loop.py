@@ -79,14 +79,12 @@ class Syncer:
     ) -> None:
         """`secret`: the master key from DDILOCO_RUN_KEY (None: unsigned). `robust_clip`: robust mode
         factor; default `cfg.diloco.robust_clip` when the config has it. `lease`: held (`Lease.acquire`)
-        before the syncer resumes from the store; None seizes the next epoch at once (in-process use)."""
+        before the syncer resumes from the store; None seizes the next epoch at once and renews it from
+        `step` (in-process use)."""
         self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
         self.cfg = cfg = load_run_config(store)
         self.run_id, d = cfg.run_id, cfg.diloco
-        if lease is None:
-            lease = Lease(store, self.run_id, cfg.lease)
-            lease.seize()
-        self.lease = lease
+        self.lease = lease if lease is not None else Lease.seized(store, self.run_id, cfg.lease)
         self.key = signing.for_run(secret, self.run_id)
         if self.key is None:
             signing.warn_unsigned("syncer")
@@ -297,6 +295,7 @@ class Syncer:
     # --- the loop ---------------------------------------------------------------------------------------------
     def step(self) -> bool:
         """One pass of the loop; returns True when the run is finished."""
+        self.lease.renew_if_due()
         now = self.clock()
         if now >= self._next_refresh:
             self.roster.refresh()
