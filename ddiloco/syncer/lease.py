@@ -13,8 +13,9 @@ Design choices:
   only after n's, and a holder of n learns that it was superseded from one `exists(claim n + 1)`.
 - Expiry is measured on the standby's own monotonic clock, never by comparing the wall clocks of two hosts:
   the standby remembers the renewal it last read (epoch, seq) and when it first read it, and takes over when
-  that has not changed for the `lease_s` the holder wrote into it. A renewal marked `released` (the holder
-  exited cleanly) is taken over at once.
+  that has not changed for the `lease_s` the holder wrote into it. A poll that fails restarts that count (a
+  store outage silences the holder too: no takeover right after every outage longer than the lease). A
+  renewal marked `released` (the holder exited cleanly) is taken over at once.
 - The holder counts its validity from the *start* of its last successful renewal (the claim is the first):
   valid until start + lease_s. No standby can have read that renewal before it started, so none takes over
   before then (S3 and file stores read their own writes). Renewals come from a thread every
@@ -163,6 +164,7 @@ class Lease:
                 self._announce()
             except StoreError as e:  # a standby rides out an outage like everyone else
                 log.warning("syncer standby: store error (%s); still standing by", e)
+                self._seen = None  # the holder could not renew either: its silence counts from the next read
             self.sleep(self.cfg.renew_every_s / 2)
 
     def try_take(self) -> bool:

@@ -15,6 +15,7 @@ import pytest
 from ddiloco import keys
 from ddiloco.errors import ConfigError
 from ddiloco.store.url import open_store
+from ddiloco.store.wrapped import OutageStore
 from ddiloco.syncer.lease import Fenced, Lease, LeaseConfig
 
 CFG = LeaseConfig(min_s=10.0, factor=3.0, renew_every_s=1.0)
@@ -194,3 +195,28 @@ def test_the_lease_grows_with_the_store_latency_and_the_merge_time(store):
 def test_bad_lease_settings_say_what_to_change(cfg):
     with pytest.raises(ConfigError, match="lease"):
         LeaseConfig(**cfg).validate()
+
+
+def test_a_store_outage_longer_than_the_lease_does_not_hand_the_lease_over(store):
+    """Neither the holder nor the standby reaches the store for 13 s (lease 10 s): the standby's count of
+    the holder's silence starts again after the outage, and the holder renews first."""
+    clock = Clock()
+    a = lease(store, clock)
+    assert a.try_take()
+    down = [False]
+    flaky = OutageStore(store, [(0.0, 1.0)], clock=lambda: 0.5 if down[0] else 2.0)
+    renewed = [clock.t]
+
+    def sleep(
+        s: float,
+    ) -> None:  # the holder renews every 8 s once the store answers, after the standby's poll
+        if not down[0] and clock.t - renewed[-1] >= 8.0:
+            a.renew()
+            renewed.append(clock.t)
+        clock.t += s
+        down[0] = 102.0 <= clock.t < 115.0
+
+    b = Lease(flaky, "r", CFG, clock=clock, sleep=sleep, keep_renewing=False)
+    assert b.acquire(done=lambda: clock.t > 140.0) is False and b.epoch == 0
+    assert flaky.refused > 0 and renewed[1] == 115.0
+    a.check()
