@@ -153,11 +153,9 @@ class Lease:
         while True:
             try:
                 if self.try_take():
-                    self.store.delete(keys.lease_standby_key(self.nonce))
-                    return True
+                    return self._leave_standby(True)
                 if done():
-                    self.store.delete(keys.lease_standby_key(self.nonce))
-                    return False
+                    return self._leave_standby(False)
                 if not announced:
                     announced = True
                     self._log_standing_by()
@@ -166,6 +164,13 @@ class Lease:
                 log.warning("syncer standby: store error (%s); still standing by", e)
                 self._seen = None  # the holder could not renew either: its silence counts from the next read
             self.sleep(self.cfg.renew_every_s / 2)
+
+    def _leave_standby(self, taken: bool) -> bool:
+        try:  # a leftover announcement only shows in the status for a while: not worth failing over
+            self.store.delete(keys.lease_standby_key(self.nonce))
+        except StoreError as e:
+            log.warning("syncer: could not delete the standby announcement (%s)", e)
+        return taken
 
     def try_take(self) -> bool:
         """One standby poll: take the lease if it is free, released or expired (True when taken)."""
