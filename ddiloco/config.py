@@ -27,6 +27,7 @@ from ddiloco.chaos.events import schedule_from_config
 from ddiloco.overrides import apply_dict
 from ddiloco.retention import RetentionConfig  # the `retention` section lives next to its rules
 from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
+from ddiloco.syncer.lease import LeaseConfig  # the `lease` section lives next to the lease
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 DOWNLOAD_CODECS = ("none", "int8", "int4", "int2")
@@ -422,6 +423,8 @@ class RunConfig:
     """Learners' link to the store (also applied to the data-parallel baseline); null: no shaping."""
     retention: RetentionConfig | None = field(default_factory=RetentionConfig)
     """Which global and momentum versions the store keeps (`ddiloco.retention`); null keeps every one."""
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    """The syncer's lease (`ddiloco.syncer.lease`): one publishing syncer at a time, standbys take over."""
 
     def validate(self) -> RunConfig:
         """Check every section, in order; raise `errors.ConfigError` saying what to change."""
@@ -437,6 +440,7 @@ class RunConfig:
         if self.retention is not None:
             self.retention.validate()
         self.restart.validate()
+        self.lease.validate()
         if self.chaos is not None:
             self.chaos.validate(self.diloco.learners)
         return self

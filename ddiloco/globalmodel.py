@@ -179,16 +179,35 @@ def publish_global(
     key: bytes | None = None,
 ) -> int:
     """Write global version `version` of fragment p (signed with the run `key`, if any), then its latest
-    pointer. Returns bytes written."""
+    pointer. Returns bytes written. (The syncer creates versions write-once instead: `ddiloco.syncer.state`.)"""
+    blob = pack_global(run_id, p, version, tensors, dtype, extra, key=key)
+    store.put(keys.global_key(p, version), blob)
+    put_latest(store, p, version)
+    return len(blob)
+
+
+def pack_global(
+    run_id: str,
+    p: int,
+    version: int,
+    tensors: dict[str, torch.Tensor],
+    dtype: str,
+    extra: dict | None = None,
+    *,
+    key: bytes | None = None,
+) -> bytes:
+    """The payload of global version `version` of fragment p in `dtype`, its header extended by `extra`."""
     tdtype = _DTYPES[dtype]
-    blob = wire.pack(
+    return wire.pack(
         {n: t.detach().to(tdtype) for n, t in tensors.items()},
         {"run_id": run_id, "kind": "global", "fragment_id": p, "version": version, **(extra or {})},
         key=key,
     )
-    store.put(keys.global_key(p, version), blob)
+
+
+def put_latest(store: Store, p: int, version: int) -> None:
+    """Point fragment p's `latest` pointer at `version` (written after the version itself)."""
     store.put_json(keys.global_latest_key(p), {"version": version, "key": keys.global_key(p, version)})
-    return len(blob)
 
 
 def published_values(tensors: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
@@ -285,7 +304,28 @@ def publish_global_delta(
     key: bytes | None = None,
 ) -> int:
     """Write the download delta of version `version` of fragment p (against version − 1, whose values have
-    `base_digest`; the result has `digest`), signed with the run `key`. Returns bytes written."""
+    `base_digest`; the result has `digest`), signed with the run `key`. Returns bytes written. (The syncer
+    creates it write-once instead: `pack_global_delta`, `ddiloco.syncer.state`.)"""
+    blob = pack_global_delta(
+        run_id, p, version, step, codec=codec, dtype=dtype, base_digest=base_digest, digest=digest, key=key
+    )
+    store.put(keys.global_delta_key(p, version), blob)
+    return len(blob)
+
+
+def pack_global_delta(
+    run_id: str,
+    p: int,
+    version: int,
+    step: DeltaStep,
+    *,
+    codec: str,
+    dtype: str,
+    base_digest: str,
+    digest: str,
+    key: bytes | None = None,
+) -> bytes:
+    """The payload of the download delta of version `version` of fragment p (`publish_global_delta`)."""
     meta = {
         "run_id": run_id,
         "kind": "global_delta",
@@ -297,9 +337,7 @@ def publish_global_delta(
         "base_sha256": base_digest,
         "values_sha256": digest,
     }
-    blob = wire.pack(step.parts, meta, key=key)
-    store.put(keys.global_delta_key(p, version), blob)
-    return len(blob)
+    return wire.pack(step.parts, meta, key=key)
 
 
 def read_global_delta(

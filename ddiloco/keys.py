@@ -125,6 +125,40 @@ def master_key(p: int, version: int) -> str:
     return f"{master_prefix(p)}v{version:08d}.safetensors"
 
 
+LEASE = "syncer/lease/"
+"""The syncer's lease (`ddiloco.syncer.lease`): claims of epochs, the holder's renewals, standbys."""
+
+
+def lease_claim_key(epoch: int) -> str:
+    """Write-once claim of one syncer epoch (Store.create): exactly one syncer process gets each number."""
+    return f"{LEASE}claims/{epoch:08d}.json"
+
+
+def lease_claim_prefix() -> str:
+    return f"{LEASE}claims/"
+
+
+def lease_epoch_of(key: str) -> int | None:
+    """The epoch of a `lease_claim_key` listed under `lease_claim_prefix()`, or None for anything else."""
+    name = key[len(lease_claim_prefix()) :] if key.startswith(lease_claim_prefix()) else ""
+    stem = name[: -len(".json")] if name.endswith(".json") else ""
+    return int(stem) if stem.isdigit() and len(stem) == 8 else None
+
+
+def lease_renewal_key(epoch: int) -> str:
+    """The holder of `epoch` rewrites this (only it does) to say it is alive, or that it released the lease."""
+    return f"{LEASE}renewals/{epoch:08d}.json"
+
+
+def lease_standby_key(nonce: str) -> str:
+    """A standing-by syncer's announcement (the holder lists them into the status object)."""
+    return f"{LEASE}standby/{nonce}.json"
+
+
+def lease_standby_prefix() -> str:
+    return f"{LEASE}standby/"
+
+
 def round_record_key(round_: int) -> str:
     return f"{ROUNDS}{round_:08d}.json"
 

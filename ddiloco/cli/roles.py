@@ -7,6 +7,10 @@ Design choices:
 - A role started during a store outage waits for the store (`until_store_answers`) instead of failing: on
   a cluster the pods of a run start in any order and a restarted pod may come back mid-outage.
 - A role on a run root that holds no run fails at once, saying to run `ddiloco prepare` first.
+- `ddiloco syncer` takes the run's lease before it resumes (`ddiloco.syncer.lease`): a second syncer of the
+  same run (an Argo retry while the first still runs) stands by and takes over when the first stops
+  renewing. A syncer that finds a newer epoch than its own exits with `FENCED_EXIT` (3); one that ends (done,
+  `--max-seconds`, a crash) releases the lease so that a standby need not wait it out.
 - torch-heavy modules are imported inside the handlers, so `ddiloco --help` and the cheap commands start
   fast.
 """
@@ -28,6 +32,7 @@ from ddiloco.metrics import push_task_metrics, serve
 from ddiloco.protocol import signing
 from ddiloco.store.base import Store, StoreUnavailable
 from ddiloco.store.url import open_store
+from ddiloco.syncer.lease import FENCED_EXIT, Fenced, Lease
 
 log = logging.getLogger("ddiloco")
 T = TypeVar("T")
@@ -113,15 +118,42 @@ def run_learner(args: argparse.Namespace, group: Any) -> int:
 
 
 def cmd_syncer(args: argparse.Namespace) -> int:
-    from ddiloco.syncer.loop import Syncer, syncer_threads
+    from ddiloco.run import RunRoot
 
     secret = signing.key_from_env()
     store = role_store(args.store, "syncer")
-    threads = args.threads or syncer_threads()
-    syncer = until_store_answers(lambda: Syncer(store, secret=secret, threads=threads), "syncer")
-    logship.bind(args.store, incarnation=syncer.books.incarnation)
-    serve(syncer.registry, args.metrics_port, args.metrics_host)
-    syncer.run(max_seconds=args.max_seconds)
+    cfg = RunRoot.read_config(store)
+    return run_syncer(store, Lease(store, cfg.run_id, cfg.lease), args, secret)
+
+
+def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: bytes | None) -> int:
+    """Stand by until `lease` is ours, resume and run the syncer; 0 when the run is done (also when it got
+    done while standing by), `FENCED_EXIT` when another syncer took the lease over."""
+    from ddiloco.syncer.loop import Syncer, run_until_done, syncer_threads
+
+    if not lease.acquire(done=lambda: store.exists(keys.DONE)):
+        log.info("syncer: the run is done; this standby exits")
+        return 0
+    try:
+        threads = getattr(args, "threads", None) or syncer_threads()
+        syncer = until_store_answers(
+            lambda: Syncer(store, secret=secret, lease=lease, threads=threads), "syncer"
+        )
+        logship.bind(args.store, incarnation=syncer.books.incarnation)
+        serve(syncer.registry, args.metrics_port, args.metrics_host)
+        run_until_done(syncer, args.max_seconds)
+    except Fenced as e:
+        log.error(
+            "syncer epoch %d stopped publishing: %s. Another syncer of this run holds the lease now; this one "
+            "exits with %d and wrote nothing after it found out. Nothing to do if that syncer is a retry or "
+            "restart; otherwise look for two syncer pods of one run (a duplicated pipeline run or step).",
+            lease.epoch,
+            e,
+            FENCED_EXIT,
+        )
+        return FENCED_EXIT
+    finally:
+        lease.release()  # a standby takes over at once instead of waiting the lease out
     return 0
 
 
@@ -158,7 +190,11 @@ def register(sub: Any) -> None:
     add_learner_args(p)  # --join URL, --site, --join-name, --link-bandwidth, --link-latency
     p.set_defaults(func=cmd_learner)
 
-    p = sub.add_parser("syncer", help="run the syncer until the token budget is merged")
+    p = sub.add_parser(
+        "syncer",
+        help="run the syncer until the token budget is merged (a second one stands by for the lease; "
+        f"exit {FENCED_EXIT}: another syncer took the lease over)",
+    )
     p.add_argument("--store", required=True)
     p.add_argument("--max-seconds", type=float, default=None)
     p.add_argument(

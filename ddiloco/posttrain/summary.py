@@ -10,6 +10,10 @@ Design choices:
   time for a provisioned id that never reported); kills, restarts, rejoins and stalls are the lost part, so a
   run without failures comes close to 1. `merged_token_share` = tokens merged / tokens processed: the overlap
   steps that α = 0 overwrites and late answers count against it, not against goodput.
+- Split brain is audited from the round records (write-once, one per merged round, each naming its writer's
+  lease epoch): `versions_by_multiple_epochs` counts the (fragment, version) pairs named by more than one
+  record (two syncers published that version; must be 0), `syncer_epochs` lists the epochs claimed in the
+  lease and `versions_by_epoch` how many versions each one published.
 - `steps_per_answer`: mean over merged answers (round records) of the inner steps each covered, to compare
   with H (`sync_every`).
 - `store_bytes` is the size of every object in the run root when the summary is built (one listing with
@@ -121,6 +125,9 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         sorted(r["version"] for r in records if r["fragment_id"] == p) == list(range(1, versions[p] + 1))
         for p in range(P)
     )
+    writers: dict[tuple[int, int], list[int]] = {}
+    for r in records:
+        writers.setdefault((r["fragment_id"], r["version"]), []).append(r.get("epoch", 0))
     step_times = [r["step_time_ema"] for r in reports if r.get("step_time_ema")]
     step_walls = [r["step_wall_ema"] for r in reports if r.get("step_wall_ema")]
     accounting = learner_accounting(reports, done["time"] if done else None, P)
@@ -155,6 +162,13 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "global_versions_kept": [len(vs) for vs in keys.global_versions_listed(list(sizes), P)],
         "store_bytes": sum(sizes.values()),
         "store_bytes_by_prefix": store_bytes_by_prefix(sizes),
+        "versions_by_multiple_epochs": sum(len(epochs) > 1 for epochs in writers.values()),
+        "syncer_epochs": sorted(
+            e for e in map(keys.lease_epoch_of, store.list(keys.lease_claim_prefix())) if e is not None
+        ),
+        "versions_by_epoch": {
+            str(e): n for e, n in sorted(Counter(r.get("epoch", 0) for r in records).items())
+        },
         "incarnations": {k: v["incarnations"] for k, v in sorted(per_learner.items())},
         "tokens_per_learner": {k: v["tokens"] for k, v in sorted(per_learner.items())},
         "tokens_merged_by_site": {k: v["merged"] / P for k, v in sorted(by_site.items())},

@@ -8,10 +8,11 @@ when the merge record of (p, r) (the syncer's status or the round record) names 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
 from ddiloco import keys
+from ddiloco.protocol.fields import Fields, plain
 
 
 def credited(merge: Mapping[str, Any] | None, learner_id: int, incarnation: int) -> bool:
@@ -22,59 +23,8 @@ def credited(merge: Mapping[str, Any] | None, learner_id: int, incarnation: int)
 
 # --- the syncer's documents: syncer/status.json, syncer/rounds/<round>.json, syncer/state.json ---------------
 # Field order is the JSON's order, as learners, the summary, chaos and the report read it. `from_json` raises
-# ValueError naming the document and the field that is missing or of the wrong type.
-
-_T = TypeVar("_T")
-
-
-def _plain(v: Any) -> Any:
-    """A dataclass document (or a list/dict of them) as JSON values."""
-    if is_dataclass(v) and not isinstance(v, type):
-        return {f.name: _plain(getattr(v, f.name)) for f in fields(v)}
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
-    if isinstance(v, Mapping):
-        return {k: _plain(x) for k, x in v.items()}
-    return v
-
-
-class _Fields:
-    """Typed reads of one JSON object; every error names `doc` and the field. Numbers are kept as written
-    (an int stays an int), so a document read and written back is the same JSON."""
-
-    def __init__(self, obj: Any, doc: str) -> None:
-        if not isinstance(obj, Mapping):
-            raise ValueError(f"{doc}: expected a JSON object, got {type(obj).__name__}")
-        self.obj, self.doc = obj, doc
-
-    def bad(self, name: str, what: str) -> ValueError:
-        return ValueError(f"{self.doc}: field {name!r} {what}")
-
-    def get(self, name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-        if name not in self.obj and default is not ...:
-            return default
-        if name not in self.obj:
-            raise self.bad(name, "is missing")
-        v = self.obj[name]
-        if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
-            raise self.bad(name, f"is not {getattr(kind, '__name__', 'a number')}: {str(v)[:40]!r}")
-        return v
-
-    def integer(self, name: str) -> int:
-        return self.get(name, int)
-
-    def number(self, name: str) -> float:
-        return self.get(name, (int, float))
-
-    def mapping(self, name: str, kind: type | tuple[type, ...], default: Any = ...) -> dict[str, Any]:
-        """An object whose values are all of `kind` (a bool is no number here)."""
-        v = self.get(name, Mapping, default)
-        if any(not isinstance(x, kind) or isinstance(x, bool) for x in v.values()):
-            raise self.bad(name, "holds a value of the wrong type")
-        return dict(v)
-
-    def each(self, name: str, parse: Callable[[Any, str], _T], default: Any = ...) -> list[_T]:
-        return [parse(x, f"{self.doc}.{name}[{i}]") for i, x in enumerate(self.get(name, list, default))]
+# ValueError naming the document and the field that is missing or of the wrong type (`ddiloco.protocol.fields`).
+# `epoch`: the syncer lease epoch of the writer (`ddiloco.syncer.lease`); 0 in documents from before the lease.
 
 
 @dataclass(slots=True)
@@ -86,11 +36,11 @@ class Ledger:
     merged_steps: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(self)
+        return plain(self)
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "ledger") -> Ledger:
-        f = _Fields(obj, doc)
+        f = Fields(obj, doc)
         return cls(f.integer("merged_tokens"), f.integer("merged_answers"), f.integer("merged_steps"))
 
 
@@ -110,7 +60,7 @@ class Contribution:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "contribution") -> Contribution:
-        f = _Fields(obj, doc)
+        f = Fields(obj, doc)
         counts = (f.integer("c_tokens"), f.integer("c_steps"), f.number("c_seconds"))
         return cls(
             *counts,
@@ -140,13 +90,14 @@ class RoundRecord:
     mean_delta_norm: float
     ratio: float
     clipped: dict[str, float]
+    epoch: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(self)
+        return plain(self)
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "round record") -> RoundRecord:
-        f = _Fields(obj, doc)
+        f = Fields(obj, doc)
         contributors = f.mapping("contributors", Mapping)
         return cls(
             round=f.integer("round"),
@@ -165,6 +116,7 @@ class RoundRecord:
             mean_delta_norm=f.number("mean_delta_norm"),
             ratio=f.number("ratio"),
             clipped=f.mapping("clipped", (int, float)),
+            epoch=f.get("epoch", int, 0),
         )
 
 
@@ -185,7 +137,7 @@ class Merged:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "merged") -> Merged:
-        f = _Fields(obj, doc)
+        f = Fields(obj, doc)
         ids = (f.integer("round"), f.integer("fragment_id"), f.integer("version"))
         return cls(*ids, f.mapping("contributors", int))
 
@@ -205,7 +157,7 @@ class OpenRound:
     @classmethod
     def parser(cls, time_field: str) -> Callable[[Any, str], OpenRound]:
         def parse(obj: Any, doc: str) -> OpenRound:
-            f = _Fields(obj, doc)
+            f = Fields(obj, doc)
             return cls(f.integer("round"), f.integer("fragment_id"), f.number(time_field))
 
         return parse
@@ -224,7 +176,7 @@ class Rejection:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "rejection") -> Rejection:
-        f = _Fields(obj, doc)
+        f = Fields(obj, doc)
         ids = (
             f.integer("learner_id"),
             f.integer("incarnation"),
@@ -244,8 +196,22 @@ class LearnerEvent:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "learner event") -> LearnerEvent:
-        f = _Fields(obj, doc)
+        f = Fields(obj, doc)
         return cls(f.get("event", str), f.get("learner", str), f.number("time"))
+
+
+@dataclass(slots=True)
+class Standby:
+    """A syncer standing by for the lease (status `standbys`): where it runs and when it last said so."""
+
+    host: str
+    pid: int
+    time: float
+
+    @classmethod
+    def from_json(cls, obj: Any, doc: str = "standby") -> Standby:
+        f = Fields(obj, doc)
+        return cls(f.get("host", str), f.integer("pid"), f.number("time"))
 
 
 @dataclass(slots=True)
@@ -272,16 +238,19 @@ class Status:
     rejected: dict[str, int]
     clipped: dict[str, int]
     rejections: list[Rejection]
+    epoch: int = 0
+    standbys: list[Standby] = field(default_factory=list)
+    """Syncers standing by for the lease (`ddiloco.syncer.lease`), as the holder last listed them."""
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(self) | {
+        return plain(self) | {
             "versions": {str(p): v for p, v in enumerate(self.versions)},
             "open_rounds": [r.to_json("opened_at") for r in self.open_rounds],
         }
 
     @classmethod
     def from_json(cls, obj: Any) -> Status:
-        f = _Fields(obj, "status")
+        f = Fields(obj, "status")
         versions = f.mapping("versions", int)
         if set(versions) != {str(p) for p in range(len(versions))}:
             raise f.bad("versions", "is not keyed by the fragments 0..P-1")
@@ -304,6 +273,8 @@ class Status:
             rejected=f.mapping("rejected", int),
             clipped=f.mapping("clipped", int),
             rejections=f.each("rejections", Rejection.from_json),
+            epoch=f.get("epoch", int, 0),
+            standbys=f.each("standbys", Standby.from_json, []),
         )
 
 
@@ -329,13 +300,14 @@ class SyncerState:
     bytes_published: int
     late_answers: int
     learner_events: list[LearnerEvent]
+    epoch: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(self) | {"open_rounds": [r.to_json("opened_wall") for r in self.open_rounds]}
+        return plain(self) | {"open_rounds": [r.to_json("opened_wall") for r in self.open_rounds]}
 
     @classmethod
     def from_json(cls, obj: Any) -> SyncerState:
-        f = _Fields(obj, "syncer state")
+        f = Fields(obj, "syncer state")
         versions = f.get("versions", list)
         if any(not isinstance(v, int) or isinstance(v, bool) for v in versions):
             raise f.bad("versions", "is not a list of integers")
@@ -357,6 +329,7 @@ class SyncerState:
             bytes_published=f.integer("bytes_published"),
             late_answers=f.integer("late_answers"),
             learner_events=f.each("learner_events", LearnerEvent.from_json, []),
+            epoch=f.get("epoch", int, 0),
         )
 
 
@@ -378,7 +351,7 @@ class PendingAnswer:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "pending") -> PendingAnswer:
-        f = _Fields(obj, doc)
+        f = Fields(obj, doc)
         return cls(f.integer("round"), f.integer("tokens"), f.number("seconds"), f.integer("steps"))
 
 
@@ -398,11 +371,11 @@ class FragmentBooks:
     pending: PendingAnswer | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(self)
+        return plain(self)
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "fragment") -> FragmentBooks:
-        f = _Fields(obj, doc)
+        f = Fields(obj, doc)
         pending = f.get("pending", (Mapping, type(None)))
         return cls(
             anchor=f.integer("anchor"),
@@ -453,11 +426,11 @@ class LearnerReport:
     progress: float
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(self)
+        return plain(self)
 
     @classmethod
     def from_json(cls, obj: Any) -> LearnerReport:
-        f = _Fields(obj, "learner report")
+        f = Fields(obj, "learner report")
         frags = f.mapping("fragments", Mapping)
         history = f.get("history", list)
         if any(not isinstance(h, list) for h in history):

@@ -25,6 +25,10 @@ Design choices:
   download delta → global payload + latest pointer → status → state; a restart adopts what a crash left
   between them (`ddiloco.syncer.state`). Then the round's updates are deleted and the fragment's old
   versions pruned (`ddiloco.syncer.retention`).
+- One publishing syncer at a time (`ddiloco.syncer.lease`): the syncer publishes only while it holds the
+  lease's newest epoch, checks it before each merge is persisted (and the renewal thread's finding before
+  every status and state write), and names its epoch in everything it publishes. `Fenced` is not caught
+  here: it ends `run_until_done`, and `ddiloco syncer` exits with `FENCED_EXIT`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerStat
 from ddiloco.store.base import NotFound, Store, StoreError
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator
+from ddiloco.syncer.lease import Lease
 from ddiloco.syncer.retention import Retention
 from ddiloco.syncer.roster import Roster
 from ddiloco.syncer.rounds import (
@@ -91,12 +96,16 @@ class Syncer:
         secret: bytes | None = None,
         robust_clip: float | None = None,
         threads: int | None = None,
+        lease: Lease | None = None,
     ) -> None:
         """`secret`: the master key from DDILOCO_RUN_KEY (None: unsigned). `robust_clip`: robust mode
-        factor; default `cfg.diloco.robust_clip` when the config has it."""
+        factor; default `cfg.diloco.robust_clip` when the config has it. `lease`: held (`Lease.acquire`)
+        before the syncer resumes from the store; None seizes the next epoch at once and renews it from
+        `step` (in-process use)."""
         self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
         self.cfg = cfg = load_run_config(store)
         self.run_id, d = cfg.run_id, cfg.diloco
+        self.lease = lease if lease is not None else Lease.seized(store, self.run_id, cfg.lease)
         self.key = signing.for_run(secret, self.run_id)
         if self.key is None:
             signing.warn_unsigned("syncer")
@@ -188,10 +197,13 @@ class Syncer:
             rejected=dict(self.intake.rejected),
             clipped=dict(b.clipped),
             rejections=list(self.intake.notices),
+            epoch=self.lease.epoch,
+            standbys=self.lease.standbys(),
         )
+        self.lease.raise_if_fenced()
         self.files.put_status(status)
 
-    def _save_state(self) -> None:
+    def save_state(self) -> None:
         b = self.books
         state = SyncerState(
             run_id=self.run_id,
@@ -211,7 +223,9 @@ class Syncer:
             bytes_published=b.bytes_published,
             late_answers=self.intake.late_answers,
             learner_events=list(self.roster.events),
+            epoch=self.lease.epoch,
         )
+        self.lease.raise_if_fenced()
         self.files.save_state(state)
 
     # --- pacing -----------------------------------------------------------------------------------------------
@@ -276,6 +290,8 @@ class Syncer:
             self._abandon(rnd)
             return
         record = proposal.record(rnd, now=now, merged_at=self.wall())
+        record.epoch = self.lease.epoch
+        self.lease.check(publish_s=self.books.xi_sync)
         published_at = self.wall()  # before the write: no learner can hold this version any earlier
         published = self.files.publish(proposal, record)
         frag.commit(proposal, published_at=published_at, clock=self.clock(), dtype=dtype)
@@ -293,7 +309,7 @@ class Syncer:
         self.books.xi_sync = ema(self.books.xi_sync, self.clock() - now, self.ema_alpha)
         observe_merge(self.metrics, record, self.clock() - now)
         self.publish_status()
-        self._save_state()
+        self.save_state()
         self.store.delete_prefix(keys.update_prefix(frag.fragment_id, rnd.round))
         self._sweep_late(frag)
         self.retention.after_merge(frag.fragment_id, self.versions, self.books.rounds_merged)
@@ -314,6 +330,7 @@ class Syncer:
     # --- the loop ---------------------------------------------------------------------------------------------
     def step(self) -> bool:
         """One pass of the loop; returns True when the run is finished."""
+        self.lease.renew_if_due()
         now = self.clock()
         if now >= self._next_refresh:
             self.roster.refresh()
@@ -328,44 +345,14 @@ class Syncer:
             self.progress(rnd, self.clock())
         return False
 
-    def run(self, max_seconds: float | None = None) -> None:
-        if self.store.exists(keys.DONE):
-            log.info("syncer: run %s is already done", self.run_id)
-            return
-        self.publish_status()
-        self._save_state()
-        deadline = None if max_seconds is None else self.clock() + max_seconds
-        last_log = self.clock()
-        while True:
-            try:
-                if self.step():
-                    return
-            except StoreError as e:  # unreachable store: nothing half-merged was published; try again
-                log.warning("syncer: store error (%s); retrying", e)
-                time.sleep(1.0)
-            if deadline is not None and self.clock() > deadline:
-                log.warning(
-                    "syncer: stopping after max_seconds=%s without reaching the token budget", max_seconds
-                )
-                return
-            if self.clock() - last_log > 10:
-                last_log = self.clock()
-                log.info(
-                    "syncer: %d/%d tokens merged, %d rounds, %d live learners",
-                    self.tokens_merged(),
-                    self.cfg.diloco.token_budget,
-                    self.books.rounds_merged,
-                    len(self.roster.live()),
-                )
-            time.sleep(self.poll_s)
-
     def finish(self) -> None:
+        self.lease.check(publish_s=self.books.xi_sync)
         for rnd in list(self.open.values()):
             self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
         self.open.clear()
         self.store.delete_prefix(keys.UPDATES)
         self.files.write_final(self.fragments, self.tokens_merged())
-        self._save_state()
+        self.save_state()
         done = {
             "time": self.wall(),
             "tokens_merged": self.tokens_merged(),
@@ -373,6 +360,7 @@ class Syncer:
         }
         self.store.put_json(keys.DONE, done)
         self.publish_status(done=True)
+        self.lease.release()
         log.info(
             "syncer: done — %d tokens merged in %d rounds; versions %s",
             self.tokens_merged(),
@@ -393,3 +381,37 @@ def observe_merge(m: SyncerMetrics, record: RoundRecord, seconds: float) -> None
     for c in record.contributors.values():
         m.staleness.observe(c.staleness)
     m.outer_grad_norm.labels(fragment=p).set(record.merged_norm)
+
+
+def run_until_done(syncer: Syncer, max_seconds: float | None = None) -> None:
+    """The syncer process's loop: passes of `Syncer.step` until the run is done (or `max_seconds`), riding out
+    store errors (nothing half-merged was published; the pass is tried again) and logging progress."""
+    if syncer.store.exists(keys.DONE):
+        log.info("syncer: run %s is already done", syncer.run_id)
+        return
+    syncer.publish_status()
+    syncer.save_state()
+    deadline = None if max_seconds is None else syncer.clock() + max_seconds
+    last_log = syncer.clock()
+    while True:
+        try:
+            if syncer.step():
+                return
+        except StoreError as e:  # unreachable store: nothing half-merged was published; try again
+            log.warning("syncer: store error (%s); retrying", e)
+            time.sleep(1.0)
+        if deadline is not None and syncer.clock() > deadline:
+            log.warning(
+                "syncer: stopping after max_seconds=%s without reaching the token budget", max_seconds
+            )
+            return
+        if syncer.clock() - last_log > 10:
+            last_log = syncer.clock()
+            log.info(
+                "syncer: %d/%d tokens merged, %d rounds, %d live learners",
+                syncer.tokens_merged(),
+                syncer.cfg.diloco.token_budget,
+                syncer.books.rounds_merged,
+                len(syncer.roster.live()),
+            )
+        time.sleep(syncer.poll_s)

@@ -6,9 +6,11 @@ Design choices:
   (`ddiloco.protocol.messages`) or the signed payload format (`ddiloco.protocol.wire`).
 - Persist order per merge: outer momentum → fp32 master (bf16 globals or download deltas) → round record
   → download delta → global payload + latest pointer (`publish`), then the caller writes the status and the
-  state. A restarted syncer that finds a newer global than its state adopts it and its round records
-  (`resume`), so it never publishes a version twice and never loses a merged one. The latest pointer is unsigned: a version is
-  adopted only if it verifies.
+  state. All but the pointer are write-once (`Store.create`) and name the writer's lease epoch
+  (`ddiloco.syncer.lease`): a version is published by exactly one syncer, and one that finds its version
+  taken is fenced. A restarted syncer that finds a newer global than its state adopts it and its round
+  records (`resume`), so it never publishes a version twice and never loses a merged one. The latest
+  pointer is unsigned: a version is adopted only if it verifies.
 - With bf16 globals the published version is the master rounded, so a restart takes Θ_p from the signed
   fp32 master of that version (`syncer/master/`, kind "master"), written before the version itself. A
   master that does not verify (or does not fit the layout) falls back to the published values, logged:
@@ -27,6 +29,7 @@ Design choices:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -38,9 +41,10 @@ from ddiloco.downlink import digest, encode_step
 from ddiloco.globalmodel import (
     Layout,
     latest_version,
-    publish_global,
-    publish_global_delta,
+    pack_global,
+    pack_global_delta,
     published_values,
+    put_latest,
     read_global,
 )
 from ddiloco.merge import OuterNesterov
@@ -56,6 +60,7 @@ from ddiloco.protocol.messages import (
 )
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal, Tensors
+from ddiloco.syncer.lease import Fenced
 
 log = logging.getLogger(__name__)
 
@@ -210,16 +215,23 @@ class SyncerFiles:
 
     def publish(self, proposal: Proposal, record: RoundRecord) -> int:
         """Persist one merge of fragment `record.fragment_id` (momentum → master → record → download delta →
-        global + pointer) and set `proposal.published` (L_v); returns the bytes of the global payloads."""
-        p, version = record.fragment_id, proposal.version
-        meta = {"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version}
-        self.store.put(
-            keys.momentum_key(p, version), wire.pack(proposal.outer.state_dict(), meta, key=self.key)
-        )
+        global + pointer), each write-once object created conditionally and naming `record.epoch`, and set
+        `proposal.published` (L_v); returns the bytes of the global payloads. `Fenced` when another syncer
+        published this version first."""
+        p, version, epoch = record.fragment_id, proposal.version, record.epoch
+        meta = {
+            "run_id": self.run_id,
+            "kind": "momentum",
+            "fragment_id": p,
+            "version": version,
+            "epoch": epoch,
+        }
+        momentum = wire.pack(proposal.outer.state_dict(), meta, key=self.key)
+        self._create(keys.momentum_key(p, version), momentum, p, version)
         if self.keeps_master:  # the published version is not the master: keep the master itself
-            meta = {**meta, "kind": "master"}
-            self.store.put(keys.master_key(p, version), wire.pack(proposal.theta, meta, key=self.key))
-        self.store.put_json(keys.round_record_key(record.round), record.to_json())
+            master = wire.pack(proposal.theta, {**meta, "kind": "master"}, key=self.key)
+            self._create(keys.master_key(p, version), master, p, version)
+        self._create(keys.round_record_key(record.round), _json_bytes(record.to_json()), p, version)
         written = 0
         if self.download_codec == "none":
             proposal.published = published_values(proposal.theta, self.dtype)
@@ -227,8 +239,7 @@ class SyncerFiles:
             held = proposal.base()  # L_{v−1}, read back from the store
             step = encode_step(held, proposal.theta, self.download_codec, self.dtype)
             proposal.published = step.values
-            written += publish_global_delta(
-                self.store,
+            delta = pack_global_delta(
                 self.run_id,
                 p,
                 version,
@@ -239,16 +250,26 @@ class SyncerFiles:
                 digest=digest(step.values, self.dtype),
                 key=self.key,
             )
-        return written + publish_global(
-            self.store,
-            self.run_id,
-            p,
-            version,
-            proposal.published,
-            self.dtype,
-            {"round": record.round},
-            key=self.key,
-        )
+            self._create(keys.global_delta_key(p, version), delta, p, version)
+            written += len(delta)
+        extra = {"round": record.round, "epoch": epoch}
+        blob = pack_global(self.run_id, p, version, proposal.published, self.dtype, extra, key=self.key)
+        if not self.store.create(keys.global_key(p, version), blob):
+            raise Fenced(f"global version {version} of fragment {p} was published by another syncer")
+        put_latest(self.store, p, version)
+        return written + len(blob)
+
+    def _create(self, key: str, data: bytes, p: int, version: int) -> None:
+        """Create a write-once object of the merge publishing version `version` of fragment p. Found taken:
+        `Fenced` if that version is published (another syncer got there first), else the object is what a
+        publish that died before its global version left (its writer's epoch is older and was fenced or
+        expired before this one took the lease), and is overwritten."""
+        if self.store.create(key, data):
+            return
+        if self.store.exists(keys.global_key(p, version)):
+            raise Fenced(f"{key} exists: version {version} of fragment {p} was published by another syncer")
+        log.warning("syncer: overwriting %s, left by a publish that never reached its global version", key)
+        self.store.put(key, data)
 
     def write_final(self, fragments: list[GlobalFragment], tokens_merged: float) -> None:
         versions = [f.version for f in fragments]
@@ -310,6 +331,10 @@ class SyncerFiles:
             log.error("syncer: not adopting fragment %d version %d (%s)", p, version, e)
             return False
         return True
+
+
+def _json_bytes(obj: object) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8")
 
 
 def credit(ledger: Ledger, record: RoundRecord) -> None:

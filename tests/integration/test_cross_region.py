@@ -18,7 +18,7 @@ from ddiloco.prepare import prepare
 from ddiloco.protocol import signing
 from ddiloco.store.shaped import Link, shape
 from ddiloco.store.url import open_store
-from ddiloco.syncer.loop import Syncer
+from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import drive, tiny_config
 
 SECONDS = 6.0
@@ -31,7 +31,7 @@ def _inner_steps_in(seconds: float, link: Link | None):
     store = open_store(f"memory://{name}")
     prepare(store, tiny_config(name, "diloco.token_budget=100000000", "diloco.learners=1"))
     syncer = Syncer(store)
-    thread = threading.Thread(target=syncer.run, kwargs={"max_seconds": seconds + 20}, daemon=True)
+    thread = threading.Thread(target=run_until_done, args=(syncer, seconds + 20), daemon=True)
     thread.start()
     shaped = shape(store, link)
     learner = Learner.open(shaped, 0)

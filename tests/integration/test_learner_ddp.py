@@ -29,7 +29,7 @@ from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
 from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
-from ddiloco.syncer.loop import Syncer
+from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config
 
 WORLD = 2
@@ -150,7 +150,7 @@ def test_two_ranks_match_one_process_on_the_concatenated_batch_then_merge_and_re
 
     # --- launch B: a syncer merges until the budget; rank 0 resumes from its checkpoint ---------------------
     syncer = Syncer(open_store(url), poll_s=0.01)
-    thread = threading.Thread(target=syncer.run, kwargs={"max_seconds": 100}, daemon=True)
+    thread = threading.Thread(target=run_until_done, args=(syncer, 100), daemon=True)
     thread.start()
     bres = _launch(url, tmp_path / "b", None)
     thread.join(timeout=60)

@@ -41,6 +41,7 @@ RECORD = {
     "mean_delta_norm": 1.25,
     "ratio": 1.2,
     "clipped": {"1-2": 0.5},
+    "epoch": 2,
 }
 MERGED = {"round": 12, "fragment_id": 0, "version": 6, "contributors": {"0-0": 512, "1-2": 384}}
 STATUS = {
@@ -64,6 +65,8 @@ STATUS = {
     "rejections": [
         {"learner_id": 1, "incarnation": 2, "fragment_id": 0, "round": 12, "reason": "bad_codec", "time": 1.5}
     ],
+    "epoch": 2,
+    "standbys": [{"host": "h2", "pid": 43, "time": 1700000001.75}],
 }
 STATE = {
     "run_id": "r",
@@ -86,6 +89,7 @@ STATE = {
     "bytes_published": 1024,
     "late_answers": 3,
     "learner_events": [{"event": "joined", "learner": "0-0", "time": 1.0}],
+    "epoch": 2,
 }
 
 
@@ -115,6 +119,12 @@ def test_an_older_state_without_optional_fields_reads_them_empty():
     old = {k: v for k, v in STATE.items() if k not in ("clipped", "open_rounds", "learner_events")}
     state = SyncerState.from_json(old)
     assert state.clipped == {} and state.open_rounds == [] and state.learner_events == []
+
+
+@pytest.mark.parametrize("cls, doc", [(RoundRecord, RECORD), (Status, STATUS), (SyncerState, STATE)])
+def test_documents_from_before_the_lease_read_as_epoch_0(cls, doc):
+    old = {k: v for k, v in doc.items() if k not in ("epoch", "standbys")}
+    assert cls.from_json(old).epoch == 0
 
 
 @pytest.mark.parametrize(
