@@ -154,8 +154,8 @@ def one_round(
     del src, dst
     for prefix in (
         keys.fragment_updates_prefix(p),
-        f"global/{p:03d}/",
-        f"syncer/momentum/{p:03d}/",
+        keys.global_prefix(p),
+        keys.momentum_prefix(p),
         keys.ROUNDS,
     ):
         for key in store.list(prefix):

@@ -71,9 +71,13 @@ def shard_key(i: int) -> str:
     return f"data/shard-{i:04d}.safetensors"
 
 
+GLOBALS = "global/"
+"""Every fragment's global versions, download deltas and latest pointers."""
+
+
 def global_prefix(p: int) -> str:
     """Every global version of fragment p, and its latest pointer."""
-    return f"global/{p:03d}/"
+    return f"{GLOBALS}{p:03d}/"
 
 
 def global_key(p: int, version: int) -> str:
@@ -82,7 +86,7 @@ def global_key(p: int, version: int) -> str:
 
 def global_delta_key(p: int, version: int) -> str:
     """Global version `version` of fragment p as a compressed delta against version − 1 (`ddiloco.downlink`)."""
-    return f"global/{p:03d}/d{version:08d}.safetensors"
+    return f"{global_prefix(p)}d{version:08d}.safetensors"
 
 
 def global_latest_key(p: int) -> str:
@@ -108,7 +112,7 @@ def version_of(key: str, prefix: str, letter: str = "v") -> int | None:
 
 
 def global_versions_listed(listed: list[str], num_fragments: int) -> list[set[int]]:
-    """Per fragment, the global versions among the keys `listed` (e.g. `store.list("global/")`)."""
+    """Per fragment, the global versions among the keys `listed` (e.g. `store.list(GLOBALS)`)."""
     out: list[set[int]] = [set() for _ in range(num_fragments)]
     for p, found in enumerate(out):
         found.update(v for k in listed if (v := version_of(k, global_prefix(p))) is not None)

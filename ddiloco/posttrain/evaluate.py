@@ -265,7 +265,7 @@ def global_loss_curve(
     cfg = root.config()
     layout = root.layout()
     val = root.val()
-    available = keys.global_versions_listed(root.store.list("global/"), layout.num_fragments)
+    available = keys.global_versions_listed(root.store.list(keys.GLOBALS), layout.num_fragments)
     snaps = curve_points(records, layout.num_fragments, max(points, 2), available)
     for snap in snaps:
         model = root.model_at_versions(layout, snap["versions"])
