@@ -290,29 +290,6 @@ def read_global_full(
     return Received(version, out, str(payload.meta["sha256"]), len(blob))
 
 
-def publish_global_delta(
-    store: Store,
-    run_id: str,
-    p: int,
-    version: int,
-    step: DeltaStep,
-    *,
-    codec: str,
-    dtype: str,
-    base_digest: str,
-    digest: str,
-    key: bytes | None = None,
-) -> int:
-    """Write the download delta of version `version` of fragment p (against version − 1, whose values have
-    `base_digest`; the result has `digest`), signed with the run `key`. Returns bytes written. (The syncer
-    creates it write-once instead: `pack_global_delta`, `ddiloco.syncer.state`.)"""
-    blob = pack_global_delta(
-        run_id, p, version, step, codec=codec, dtype=dtype, base_digest=base_digest, digest=digest, key=key
-    )
-    store.put(keys.global_delta_key(p, version), blob)
-    return len(blob)
-
-
 def pack_global_delta(
     run_id: str,
     p: int,
@@ -325,7 +302,9 @@ def pack_global_delta(
     digest: str,
     key: bytes | None = None,
 ) -> bytes:
-    """The payload of the download delta of version `version` of fragment p (`publish_global_delta`)."""
+    """The payload of the download delta of version `version` of fragment p against version − 1, whose values
+    have `base_digest` (the result has `digest`), signed with the run `key`. The syncer creates it
+    write-once (`ddiloco.syncer.state`)."""
     meta = {
         "run_id": run_id,
         "kind": "global_delta",
