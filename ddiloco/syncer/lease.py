@@ -19,7 +19,10 @@ Design choices:
 - The holder counts its validity from the *start* of its last successful renewal (the claim is the first):
   valid until start + lease_s. No standby can have read that renewal before it started, so none takes over
   before then (S3 and file stores read their own writes). Renewals come from a thread every
-  `renew_every_s`, so a long merge or a slow resume does not starve them. Before each publish `check` makes
+  `renew_every_s`, so a long merge or a slow resume does not starve them; but a thread would renew for a
+  hung syncer too, so it renews only while the loop made a pass within `stuck_s` (300 s by default, longer
+  than any merge or store retry at the largest preset; counted from the first pass, so a resume is exempt),
+  then lets the lease lapse and logs why. Before each publish `check` makes
   sure that one publish's time (the caller's ξ_sync) is left and that no newer claim exists: too little
   left → renew first; a newer epoch (or one the renewal thread saw) → `Fenced`. A lapsed holder that renews
   again re-checks for a newer claim after its renewal landed.
@@ -74,8 +77,13 @@ class LeaseConfig:
     """lease_s = max(min_s, factor × (renew_every_s + store latency + merge-and-publish time))."""
     renew_every_s: float = 1.0
     """How often the holder renews; standbys poll twice as often."""
+    stuck_s: float = 300.0
+    """The renewal thread stops renewing when the syncer's loop made no pass for this long (a hung syncer
+    must not keep its lease); longer than any one merge, publish or store retry at the largest preset."""
 
     def validate(self) -> None:
+        if self.stuck_s < self.min_s:
+            raise ConfigError(f"lease.stuck_s={self.stuck_s} must be at least lease.min_s={self.min_s}")
         if not (self.renew_every_s > 0 and self.min_s >= 2 * self.renew_every_s):
             raise ConfigError(
                 f"lease.min_s={self.min_s} must be at least twice lease.renew_every_s={self.renew_every_s} "
@@ -123,6 +131,8 @@ class Lease:
         self._renewed_at = -math.inf
         self._seen: tuple[tuple[int, int], float, float] | None = None  # (epoch, seq), first read, lease_s
         self._standbys: list[Standby] = []
+        self._pass_at: float | None = None
+        """When the syncer's loop last made a pass (`renew_if_due`); None before its first."""
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -268,9 +278,18 @@ class Lease:
             self.lease_s, self._valid_until, self._renewed_at = lease_s, start + lease_s, start
 
     def renew_if_due(self) -> None:
-        """Renew when `renew_every_s` has passed since the last renewal, unless a thread does it."""
+        """Once per pass of the syncer's loop: renew when `renew_every_s` has passed since the last renewal,
+        unless a thread does it (which then knows the loop is alive)."""
+        self._pass_at = self.clock()
         if not self.keep_renewing and self.clock() - self._renewed_at >= self.cfg.renew_every_s:
             self.renew()
+
+    def loop_stuck(self) -> float | None:
+        """Seconds since the loop's last pass when that exceeds `stuck_s`, else None."""
+        if self._pass_at is None:
+            return None  # still resuming: the lease was taken just before
+        idle = self.clock() - self._pass_at
+        return idle if idle > self.cfg.stuck_s else None
 
     def check(self, publish_s: float = 0.0) -> None:
         """Before a publish: `Fenced` if this syncer no longer holds the newest epoch; renews first when less
@@ -299,7 +318,20 @@ class Lease:
 
     def _keep(self) -> None:
         """The renewal thread: renew every `renew_every_s` until released or fenced."""
+        stuck_logged = False
         while not self._stop.wait(self.cfg.renew_every_s):
+            idle = self.loop_stuck()
+            if idle is not None:  # a hung syncer lets its lease lapse; a standby takes over
+                if not stuck_logged:
+                    log.error(
+                        "syncer: the loop made no pass for %.0f s (lease.stuck_s=%s); renewals stop so a "
+                        "standby can take over; this syncer is fenced if it wakes up",
+                        idle,
+                        self.cfg.stuck_s,
+                    )
+                    stuck_logged = True
+                continue
+            stuck_logged = False
             try:
                 self.renew()
                 self._standbys = self._read_standbys()

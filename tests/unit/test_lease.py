@@ -220,3 +220,34 @@ def test_a_store_outage_longer_than_the_lease_does_not_hand_the_lease_over(store
     assert b.acquire(done=lambda: clock.t > 140.0) is False and b.epoch == 0
     assert flaky.refused > 0 and renewed[1] == 115.0
     a.check()
+
+
+def test_a_holder_whose_loop_hangs_stops_renewing_and_is_taken_over(store, caplog):
+    """The renewal thread runs apart from the syncer's loop; without the watchdog a syncer stuck in its loop
+    (a deadlock, a hung store call) would keep renewing forever and no standby could take over."""
+    cfg = LeaseConfig(min_s=0.4, renew_every_s=0.1, stuck_s=0.6)
+    a = Lease(store, "r", cfg)
+    assert a.try_take()
+    b = Lease(store, "r", cfg)
+    taken = []
+    t = threading.Thread(target=lambda: taken.append(b.acquire()))
+    t.start()
+    for _ in range(10):  # the loop makes passes: the lease is kept
+        a.renew_if_due()
+        time.sleep(0.1)
+    assert not taken, "a live loop keeps its lease"
+    start = time.monotonic()  # the loop hangs: no more passes
+    with caplog.at_level(logging.ERROR, logger="ddiloco.syncer.lease"):
+        t.join(timeout=10)
+    assert taken == [True] and b.epoch == 2
+    assert time.monotonic() - start < 0.6 + 0.4 + 1.0, "taken over within stuck_s plus the lease and a poll"
+    assert any("made no pass" in r.getMessage() for r in caplog.records)
+    with pytest.raises(Fenced):
+        a.check()  # the syncer wakes up: it is fenced, it publishes nothing
+    a.release()
+    b.release()
+
+
+def test_stuck_s_shorter_than_the_lease_is_refused():
+    with pytest.raises(ConfigError, match="stuck_s"):
+        LeaseConfig(min_s=10.0, stuck_s=5.0).validate()
