@@ -171,10 +171,11 @@ class TrainConfig:
 
 @dataclass(kw_only=True, slots=True)
 class GraceConfig:
-    gamma: float = 1.0
-    """Scale γ of the adaptive window clamp(γ·(τ·(H/P)·ξ_step − ξ_quorum − ξ_sync), 0, cap)."""
-    cap_seconds: float = 2.0
-    """Upper bound of the grace window in seconds."""
+    gamma: float = 0.8
+    """Scale γ of the adaptive window max(γ·(τ·ξ_step + min(ξ_link, cap) − ξ_quorum − ξ_sync), 0)
+    (`ddiloco.syncer.rounds`: at most τ steps of waiting on late compute, plus the links' transport time)."""
+    cap_seconds: float = 30.0
+    """Upper bound of the transport allowance ξ_link in seconds (the compute part τ·ξ_step is not capped)."""
     ema: float = 0.2
     """Smoothing factor of the EMAs ξ (step time, time to quorum, merge+publish time)."""
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -169,9 +170,15 @@ class Exchange:
         status: dict[str, Any],
         inner_step: int,
         report: Callable[[], LearnerReport],
+        seen_at: Mapping[int, float] | None = None,
     ) -> None:
         """Answer every open round of a fragment that has steps, no answer in flight and no version coming:
-        its delta is snapshotted now and uploaded, after `report()` (built now), by an I/O thread."""
+        its delta is snapshotted now and uploaded, after `report()` (built now), by an I/O thread.
+        `seen_at`: round -> monotonic time this learner first saw it open (`StatusPoller.first_seen`); the
+        header's `wait_s` is the time from then to now, the part of the answer's delay that is this
+        learner's own (finishing a step, an answer in flight), which the syncer's grace window does not
+        stretch for (`ddiloco.syncer.rounds`)."""
+        now = time.monotonic()
         for r in status.get("open_rounds", []):
             s, p = int(r["round"]), int(r["fragment_id"])
             if s in self._answered or not self.ledger.can_answer(p) or self.feed.downloading(p):
@@ -179,6 +186,7 @@ class Exchange:
             self._answered.add(s)
             snap = self._delta(p)
             header = self._header(p, s, inner_step)
+            header["wait_s"] = round(max(0.0, now - (seen_at or {}).get(s, now)), 6)
             self.ledger.answer_sent(p, s)
             self.uploads.append(pool.submit(self._upload, p, s, snap, header, report()))
             self.rounds_answered += 1

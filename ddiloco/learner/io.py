@@ -195,11 +195,17 @@ class StatusPoller(threading.Thread):
         super().__init__(daemon=True, name="status-poller")
         self.store, self.every, self.stop = store, every, stop
         self.latest: dict[str, Any] | None = None
+        self.first_seen: dict[int, float] = {}
+        """round -> monotonic time of the first fetched status that listed it open (replaced, not mutated,
+        so the loop's thread reads a consistent dict)."""
         self.errors = 0
 
     def poll_once(self) -> None:
         status = self.store.get_json_or_none(keys.STATUS)
         if status is not None:
+            now, seen = time.monotonic(), self.first_seen
+            rounds = [int(r["round"]) for r in status.get("open_rounds", [])]
+            self.first_seen = {s: seen.get(s, now) for s in rounds}
             self.latest = status
 
     def run(self) -> None:

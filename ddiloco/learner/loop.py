@@ -314,7 +314,7 @@ class Learner:
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def _answer_rounds(self, status: dict[str, Any]) -> None:
-        self.exchange.answer_rounds(self.pool, status, self.inner_step, self._report)
+        self.exchange.answer_rounds(self.pool, status, self.inner_step, self._report, self.poller.first_seen)
 
     def step(self) -> float | None:
         """One inner step; returns its loss (on CUDA the previous step's, read once this one is queued, so

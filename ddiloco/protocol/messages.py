@@ -301,6 +301,7 @@ class SyncerState:
     late_answers: int
     learner_events: list[LearnerEvent]
     epoch: int = 0
+    xi_link: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return plain(self) | {"open_rounds": [r.to_json("opened_wall") for r in self.open_rounds]}
@@ -324,6 +325,7 @@ class SyncerState:
             merged_recent=f.each("merged_recent", Merged.from_json),
             xi_quorum=f.number("xi_quorum"),
             xi_sync=f.number("xi_sync"),
+            xi_link=f.get("xi_link", (int, float), 0.0),
             started_wall=f.number("started_wall"),
             open_rounds=f.each("open_rounds", OpenRound.parser("opened_wall"), []),
             bytes_published=f.integer("bytes_published"),

@@ -227,6 +227,7 @@ class Intake:
             return
         rnd.retry.pop(name, None)
         rnd.seen.add(name)
+        ans.arrived_s = now - rnd.opened_at
         rnd.answers[ans.contributor] = ans
 
     def _accept(self, rnd: Round, ans: Answer) -> None:

@@ -65,6 +65,7 @@ from ddiloco.syncer.rounds import (
     decide,
     ema,
     grace_window,
+    link_time,
 )
 from ddiloco.syncer.state import SyncerFiles, credit
 
@@ -116,7 +117,7 @@ class Syncer:
             torch.set_num_threads(threads)
         self.rule = MergeRule.of(d, self.layout, robust_clip)
         self.quorum_rule = QuorumRule.of(d)
-        self.grace_rule = GraceRule.of(d, self.P)
+        self.grace_rule = GraceRule.of(d)
         self.open_rule = OpenRule.of(d, self.P)
         self.ema_alpha = d.grace.ema if d.grace is not None else DEFAULT_EMA
         self.files = SyncerFiles(store, self.run_id, self.layout, self.key, d.global_dtype, d.download_codec)
@@ -218,6 +219,7 @@ class Syncer:
             merged_recent=list(b.merged_recent),
             xi_quorum=b.xi_quorum,
             xi_sync=b.xi_sync,
+            xi_link=b.xi_link,
             started_wall=b.started_wall,
             open_rounds=self._open_rounds(),
             bytes_published=b.bytes_published,
@@ -235,7 +237,8 @@ class Syncer:
 
     def grace_window(self) -> float:
         """The grace window after a quorum, from the timings known now (`rounds.grace_window`)."""
-        return grace_window(self.grace_rule, self.xi_step(), self.books.xi_quorum, self.books.xi_sync)
+        b = self.books
+        return grace_window(self.grace_rule, self.xi_step(), b.xi_quorum, b.xi_sync, b.xi_link)
 
     # --- rounds -----------------------------------------------------------------------------------------------
     def maybe_open_round(self, now: float) -> None:
@@ -307,6 +310,8 @@ class Syncer:
             self.metrics.clipped.labels(reason="norm_outlier").inc()
         del self.open[rnd.round]
         self.books.xi_sync = ema(self.books.xi_sync, self.clock() - now, self.ema_alpha)
+        if (link := link_time(rnd.answers.values())) is not None:
+            self.books.xi_link = ema(self.books.xi_link, link, self.ema_alpha)
         observe_merge(self.metrics, record, self.clock() - now)
         self.publish_status()
         self.save_state()

@@ -8,10 +8,23 @@ Design choices:
 - Reaching the quorum and merging are two separate verdicts, on two passes of the loop: the grace window
   is fixed at the moment of the quorum (from the timings known then) and the merge comes at the earliest
   on the next pass.
-- The grace window is clamp(γ·(τ·ξ_round − ξ_quorum − ξ_sync), 0, cap) with ξ_round = (H/P)·ξ_step, the
-  time between two rounds: a learner keeps training for τ rounds before it needs the merged result. With
-  the paper's H = P this is DESIGN's τ·ξ_step; with H/P steps per round, τ·ξ_step alone would shrink the
-  window to nothing as soon as answers take longer than a step to arrive (learners behind slow links).
+- The grace window is max(γ·(τ·ξ_step + min(ξ_link, cap) − ξ_quorum − ξ_sync), 0). Why: a learner keeps
+  training on a fragment after answering, and when the merged version arrives it overwrites (α = 0) what the
+  learner did since its answer. In the paper (H = P, one round per step, lock-step transfers) that is τ
+  steps of compute per sync of the fragment, a share τ/H; the transfer itself is hidden behind those steps.
+  Here learners answer at their own step boundaries and their transfers take what their links take, so the
+  wait after the quorum is split in two. (1) Compute: an answer whose *learner* is late (a slower chip, a
+  long step, an answer of its own still in flight) is waited for at most τ steps, τ·ξ_step, so a fast
+  learner loses at most τ of its H steps per fragment sync to waiting on a straggler: the paper's τ/H
+  (previously τ·(H/P)·ξ_step, a share τ/P: 48% at the tiny-cpu defaults). (2) Transport: ξ_link is how
+  long answers spend getting noticed and delivered: per answer, the time from the round's opening to this
+  syncer seeing it (its clock) minus the learner's own `wait_s` (its clock, a duration: no cross-machine
+  time comparison), the round's largest such value smoothed by an EMA. Waiting out the links is what the
+  paper's all-reduce does too (it finishes with its slowest participant); it is what kept ~72% of tokens
+  merged behind 10 Mbit/s + 50 ms links, where answers take tens of steps to arrive, instead of ~35% with
+  DESIGN's τ·ξ_step. `cap` bounds only this transport allowance (a learner behind a terrible link cannot
+  hold every round open for long); the compute bound is never capped, so it means τ steps whatever the
+  step speed. γ < 1 (0.8 by default) leaves room for the merge's own jitter, as the paper's γ does.
 """
 
 from __future__ import annotations
@@ -43,6 +56,14 @@ class Answer:
     """The store key it was read from (to read it again)."""
     digest: str = ""
     """SHA-256 of the bytes that were accepted (a second read must find the same)."""
+    arrived_s: float | None = None
+    """Seconds after its round opened that this syncer filed it (its own clock); None if not recorded."""
+
+    @property
+    def wait_s(self) -> float:
+        """The learner's own share of the answer's delay (header `wait_s`, its clock; 0 if absent)."""
+        w = self.header.get("wait_s", 0.0)
+        return float(w) if isinstance(w, int | float) and not isinstance(w, bool) and w >= 0 else 0.0
 
 
 @dataclass(slots=True)
@@ -135,26 +156,33 @@ def decide(rnd: Round, live: Set[str], now: float, rule: QuorumRule) -> Verdict:
 class GraceRule:
     gamma: float
     cap_s: float
+    """Upper bound of the transport allowance ξ_link (seconds)."""
     overlap: int
-    """τ: rounds in flight."""
-    steps_per_round: float
-    """H/P, at least 1."""
+    """τ: steps of compute a fast learner may lose to waiting, per sync of a fragment."""
 
     @classmethod
-    def of(cls, d: DilocoConfig, num_fragments: int) -> GraceRule | None:
+    def of(cls, d: DilocoConfig) -> GraceRule | None:
         """From the config; None when the grace window is off (`diloco.grace: null`)."""
         if d.grace is None:
             return None
-        steps = max(d.sync_every / num_fragments, 1.0)
-        return cls(d.grace.gamma, d.grace.cap_seconds, d.overlap, steps)
+        return cls(d.grace.gamma, d.grace.cap_seconds, d.overlap)
 
 
-def grace_window(rule: GraceRule | None, xi_step: float, xi_quorum: float, xi_sync: float) -> float:
-    """clamp(γ·(τ·ξ_round − ξ_quorum − ξ_sync), 0, cap), ξ_round = (H/P)·ξ_step; 0 without a grace rule."""
+def grace_window(
+    rule: GraceRule | None, xi_step: float, xi_quorum: float, xi_sync: float, xi_link: float = 0.0
+) -> float:
+    """max(γ·(τ·ξ_step + min(ξ_link, cap) − ξ_quorum − ξ_sync), 0) (module docstring); 0 without a rule."""
     if rule is None:
         return 0.0
-    raw = rule.gamma * (rule.overlap * rule.steps_per_round * xi_step - xi_quorum - xi_sync)
-    return min(max(raw, 0.0), rule.cap_s)
+    raw = rule.gamma * (rule.overlap * xi_step + min(xi_link, rule.cap_s) - xi_quorum - xi_sync)
+    return max(raw, 0.0)
+
+
+def link_time(answers: Collection[Answer]) -> float | None:
+    """The round's transport sample for ξ_link: the largest (arrival − learner's own wait) of its answers,
+    each at least 0; None without answers (or none that says when it arrived)."""
+    times = [max(a.arrived_s - a.wait_s, 0.0) for a in answers if a.arrived_s is not None]
+    return max(times) if times else None
 
 
 def ema(old: float, new: float, alpha: float) -> float:

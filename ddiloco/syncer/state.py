@@ -81,6 +81,8 @@ class Books:
     """EMA of the time from opening a round to its quorum."""
     xi_sync: float = 0.0
     """EMA of the time a merge takes (arithmetic and publishing)."""
+    xi_link: float = 0.0
+    """EMA of the rounds' transport time (`rounds.link_time`): the grace window's allowance for links."""
     bytes_published: int = 0
 
     @staticmethod
@@ -356,5 +358,6 @@ def _books_of(saved: SyncerState, num_fragments: int) -> Books:
         clipped=Counter(saved.clipped),
         xi_quorum=saved.xi_quorum,
         xi_sync=saved.xi_sync,
+        xi_link=saved.xi_link,
         bytes_published=saved.bytes_published,
     )

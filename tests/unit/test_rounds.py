@@ -61,12 +61,12 @@ def test_decide_does_not_change_the_round():
     assert rnd.quorum_at is None and rnd.grace_s == 0.0
 
 
-def test_grace_window_spans_tau_rounds_and_is_clamped():
-    rule = GraceRule(gamma=1.0, cap_s=10.0, overlap=2, steps_per_round=8.0)
-    assert grace_window(rule, 0.010, 0.030, 0.020) == pytest.approx(2 * 8 * 0.010 - 0.030 - 0.020)
-    assert grace_window(GraceRule(0.5, 10.0, 2, 8.0), 0.010, 0.0, 0.0) == pytest.approx(0.5 * 2 * 8 * 0.010)
-    assert grace_window(GraceRule(1.0, 0.05, 2, 8.0), 0.010, 0.0, 0.0) == 0.05
-    assert grace_window(rule, 0.010, 10.0, 0.0) == 0.0
+def test_grace_window_is_tau_steps_plus_capped_transport():
+    rule = GraceRule(gamma=1.0, cap_s=10.0, overlap=2)
+    assert grace_window(rule, 0.010, 0.030, 0.020) == 0.0
+    assert grace_window(rule, 0.010, 0.030, 0.020, 0.1) == pytest.approx(2 * 0.010 + 0.1 - 0.030 - 0.020)
+    assert grace_window(GraceRule(0.5, 10.0, 2), 0.010, 0.0, 0.0) == pytest.approx(0.5 * 2 * 0.010)
+    assert grace_window(GraceRule(1.0, 0.05, 2), 0.010, 0.0, 0.0, 9.0) == pytest.approx(0.02 + 0.05)
     assert grace_window(None, 0.010, 0.0, 0.0) == 0.0
 
 

@@ -90,6 +90,7 @@ STATE = {
     "late_answers": 3,
     "learner_events": [{"event": "joined", "learner": "0-0", "time": 1.0}],
     "epoch": 2,
+    "xi_link": 0.3,
 }
 
 
@@ -119,6 +120,7 @@ def test_an_older_state_without_optional_fields_reads_them_empty():
     old = {k: v for k, v in STATE.items() if k not in ("clipped", "open_rounds", "learner_events")}
     state = SyncerState.from_json(old)
     assert state.clipped == {} and state.open_rounds == [] and state.learner_events == []
+    assert SyncerState.from_json({k: v for k, v in STATE.items() if k != "xi_link"}).xi_link == 0.0
 
 
 @pytest.mark.parametrize("cls, doc", [(RoundRecord, RECORD), (Status, STATUS), (SyncerState, STATE)])
