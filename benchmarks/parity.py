@@ -1,16 +1,29 @@
-"""Parity: data-parallel vs synchronous DiLoCo vs Decoupled DiLoCo at equal tokens, plus ablations.
+"""Parity: data-parallel vs synchronous DiLoCo vs Decoupled DiLoCo at equal compute, over seeds, plus ablations.
 
-Every configuration is a fresh run in its own temporary workdir, on the same seed (so the same corpus, the
-same shards for the same M and the same initial model), one at a time:
+Every configuration is a fresh run in its own temporary workdir, one at a time; every configuration runs once
+per seed (`--seeds N`: seeds 0 … N−1; the seed sets the initial model, the data order and, for the synthetic
+corpus, the corpus itself), and rows of the same seed share corpus, shards (for the same M) and initial model:
 
 - `dp`: `ddiloco.baseline` — M gloo ranks, gradients all-reduced every step, global batch M × B.
 - `sync`: the `sync-diloco` recipe — K = M, P = 1, H = 50, no grace window, fp32 uploads.
 - `decoupled`: the `tiny-cpu` recipe with int4 uploads — K = 1 + adaptive grace, RDA, P = 4, H = 32.
 
-Equal tokens. The DiLoCo token budget counts *merged* tokens; learners process a little more (answers a
-newer version overwrites are discarded). By default the data-parallel run processes exactly as many tokens
-as the Decoupled DiLoCo run did (`--dp-tokens processed`), so both spent the same compute; `--dp-tokens
-budget` gives it the merged budget instead. Every row reports tokens processed and merged.
+Equal compute (`--compare compute`, the default). Users pay for the tokens their learners *process*. The
+DiLoCo token budget counts *merged* tokens, and learners process more (answers a newer version overwrites are
+discarded; ~9% at the recipe). So the data-parallel run of a seed processes exactly as many tokens as the
+Decoupled DiLoCo run of the same seed processed (every learner's inner-step tokens, discarded ones included;
+rounded up to one whole global batch, < M·B·T tokens), with its learning-rate schedule decaying over that
+count: both spent the same compute. `--compare tokens` gives data-parallel the merged budget instead (equal
+*merged* tokens: data-parallel then spends less compute). The sync DiLoCo row and the ablation rows have no
+data-parallel run of their own; `proc/DP` (tokens processed over data-parallel's) shows how close to equal
+compute their `vs DP %` is. The JSON's `compare` says which mode ran and data-parallel's tokens by seed.
+(`--dp-tokens processed|budget` is the old name of `--compare compute|tokens`.)
+
+Corpus (`--corpus`): `synthetic` (the recipe's generated world) or `python-docs`, real text nobody in this
+project wrote: the Python documentation shipped with CPython (`ddiloco corpus python-docs`, `ddiloco.corpora`;
+~1.9M characters, PSF License), written into `--workdir` (or a temporary directory) unless `--corpus-path`
+names an existing file; byte tokenizer (the recipe's), so the model is the same on both corpora. The JSON's
+`corpus` holds its sidecar (Python version, SHA-256).
 
 Bytes. `bytes_per_learner` is what one learner *sends*: DiLoCo uploads (summary `bytes_uploaded` / M);
 data-parallel, the ring all-reduce's 2(M−1)/M × the fp32 gradient bytes of every step. `bytes_x_vs_dp`
@@ -20,52 +33,58 @@ deltas), and `total_bytes_x_vs_dp` compares up + down (data-parallel receives wh
 
 Ablations (`--ablations`, on top of the decoupled configuration; the matching reference run is reused):
 `merge` (RDA vs token-weighted mean at M = 4 and 8, with ‖merged‖ / mean ‖Δ‖ over rounds with ≥ 2 answers),
-`codec` (fp32, int8, int4, int2), `download` (diloco.download_codec none, int8, int4), `weighting` (token weighting on/off with learner 0 at half batch; needs
-the `train.learner_batch_sizes` config option), `fragments` (P = 1, 2, 4, 8), `sync_every` (H = 16, 32, 64).
+`codec` (fp32, int8, int4, int2), `download` (diloco.download_codec none, int8, int4), `weighting` (token
+weighting on/off with learner 0 at half batch), `fragments` (P = 1, 2, 4, 8), `sync_every` (H = 16, 32, 64),
+`outer` (outer Nesterov, lr 0.7, momentum 0.9 — the recipe's — vs outer lr 1.0 without momentum).
 
     .venv/bin/python benchmarks/parity.py [--methods dp,sync,decoupled] [--ablations merge,codec,...|all]
+        [--seeds N] [--compare compute|tokens] [--corpus synthetic|python-docs] [--corpus-path PATH]
         [--learners 4] [--tokens N] [--set key=value ...] [--json PATH] [--resume PATH.runs.jsonl]
         [--task-items N | --no-tasks] [--quick]
 
-Prints a table per comparison; the last line is one JSON object (also written to --json PATH): `methods`
-(one entry per method: method, final_val_loss, bytes_per_learner, wall_seconds, task_accuracy, tokens,
-ratios to data-parallel, ...), `ablations` (one list per ablation), `checks` (the issue's targets evaluated
-on what was measured), `machine`. Every finished run is also appended to PATH.runs.jsonl as it completes;
-`--resume` reuses those runs (matched by training config) in a later invocation.
+Prints a table per comparison and seed, then the aggregate over seeds; the last line is one JSON object (also
+written to --json PATH): `methods` (one entry per method and seed: method, seed, final_val_loss,
+bytes_per_learner, wall_seconds, task_accuracy, tokens, ratios to data-parallel of the same seed, ...),
+`ablations` (one list per ablation, a row per configuration and seed), `aggregate` (`methods` and
+`ablations` as one row per configuration: mean, std, min, max and by-seed values of the loss and of the gap
+to data-parallel; `_parity_stats.aggregate`), `checks` (the issue's targets evaluated on the aggregate),
+`compare`, `corpus`, `seeds`, `machine`. Every finished run is also appended to PATH.runs.jsonl as it
+completes; `--resume` reuses those runs (matched by training config) in a later invocation (with
+`python-docs`, give `--workdir` or `--corpus-path` so the corpus path, part of the config, stays the same).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 import os
 import platform
-import shlex
 import shutil
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from _parity_runs import Runner, Spec, merged, setting
+from _parity_stats import AGGREGATE_COLUMNS, aggregate, checks, table, total_x_vs_dp, vs_dp
 
-from ddiloco.baseline import ring_factor, run_baseline
+from ddiloco.baseline import ring_factor
 from ddiloco.config import EvalConfig, RunConfig, TrainConfig
-from ddiloco.launch import LocalRun
-from ddiloco.prepare import prepare
+from ddiloco.corpora import read_meta, write_python_docs
 from ddiloco.recipes import load_config
-from ddiloco.store.url import open_store
 
 log = logging.getLogger("parity")
 
 METHODS = ("dp", "sync", "decoupled")
-ABLATIONS = ("merge", "codec", "download", "weighting", "fragments", "sync_every")
+ABLATIONS = ("merge", "codec", "download", "weighting", "fragments", "sync_every", "outer")
+CORPORA = ("synthetic", "python-docs")
+COMPARE = {"compute": "processed", "tokens": "budget"}  # --compare mode: its old --dp-tokens name
 BATCH_OPTION = "learner_batch_sizes"  # train.<this>: per-learner batch sizes by learner id
 DECOUPLED = ("diloco.codec=int4",)
 QUICK = (
@@ -84,204 +103,6 @@ QUICK = (
 )
 
 
-def merged(*groups: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """Overrides in order with one entry per key (the last value wins), so commands read cleanly."""
-    out: dict[str, str] = {}
-    for item in (o for g in groups for o in g):
-        out[item.split("=", 1)[0]] = item
-    return tuple(out.values())
-
-
-@dataclass(frozen=True, slots=True)
-class Spec:
-    label: str
-    """Row name in its table."""
-    kind: str
-    """`dp` or `diloco`."""
-    recipe: str
-    overrides: tuple[str, ...]
-    """Everything on top of the recipe (the common --set overrides included), as `--set` would take them."""
-
-    def key(self, dp_tokens: int | None = None) -> str:
-        """Identity of the training run: the resolved config minus evaluation settings, so equal trainings
-        run once (and --resume matches runs recorded with other evaluation settings)."""
-        d = load_config(self.recipe, None, self.overrides).to_dict()
-        d = {k: v for k, v in d.items() if k not in ("run_id", "eval", "sft")}
-        return json.dumps([self.kind, d, dp_tokens], sort_keys=True)
-
-    @classmethod
-    def from_command(cls, command: str) -> tuple[Spec, int | None]:
-        """The inverse of `command` (for --resume)."""
-        words = shlex.split(command)
-        opts = [(words[i], words[i + 1]) for i in range(len(words) - 1) if words[i].startswith("--")]
-        tokens = next((int(v) for k, v in opts if k == "--tokens"), None)
-        kind = "dp" if words[1] == "baseline" else "diloco"
-        recipe = next(v for k, v in opts if k == "--recipe")
-        return cls("", kind, recipe, tuple(v for k, v in opts if k == "--set")), tokens
-
-    def command(self, dp_tokens: int | None = None) -> str:
-        sets = " ".join(f"--set {o}" for o in self.overrides)
-        if self.kind == "dp":
-            return f"ddiloco baseline --prepare --store file:///tmp/dp --recipe {self.recipe} {sets} --tokens {dp_tokens}"
-        return f"ddiloco run --recipe {self.recipe} {sets}"
-
-
-def setting(spec: Spec, key: str) -> Any:
-    cfg = load_config(spec.recipe, None, spec.overrides)
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
-
-
-# --- running one configuration ----------------------------------------------------------------------------
-def round_stats(records: list[dict[str, Any]], learners: int) -> dict[str, Any]:
-    """‖merged‖ / weighted mean ‖Δ_m‖ over rounds with at least two answers (one answer is trivially 1)."""
-    multi = [r for r in records if r["quorum"] >= 2]
-    full = [r for r in records if r["quorum"] >= learners]
-
-    def mean(rs: list[dict], k: str) -> float | None:
-        return statistics.fmean(r[k] for r in rs) if rs else None
-
-    return {
-        "rounds": len(records),
-        "rounds_multi": len(multi),
-        "rounds_all_learners": len(full),
-        "mean_answers": mean(records, "quorum"),
-        # Inner steps per answer = steps between two receipts of the same fragment: the effective H.
-        "steps_per_answer": statistics.fmean(
-            c["c_steps"] for r in records for c in r["contributors"].values()
-        )
-        if records
-        else None,
-        "norm_ratio": mean(multi, "ratio"),
-        "norm_ratio_all_learners": mean(full, "ratio"),
-        "merged_norm": mean(multi, "merged_norm"),
-        "mean_delta_norm": mean(multi, "mean_delta_norm"),
-    }
-
-
-def mean_accuracy(acc: dict[str, float] | None) -> float | None:
-    return statistics.fmean(acc.values()) if acc else None
-
-
-def run_diloco(spec: Spec, workdir: Path, timeout: float, tasks: int) -> dict[str, Any]:
-    cfg = load_config(spec.recipe, None, spec.overrides)
-    cfg.run_id = "parity"
-    run = LocalRun(cfg, workdir)
-    t0 = time.time()
-    s = run.run(timeout=timeout)  # evaluates the final model (val loss, tasks: issue 5) into the summary
-    elapsed = time.time() - t0
-    records = [run.store.get_json(k) for k in run.store.list("syncer/rounds/")]
-    M, d = cfg.diloco.learners, cfg.diloco
-    out = {
-        "final_val_loss": s["final_val_loss"],
-        "initial_val_loss": s["initial_val_loss"],
-        "wall_seconds": s["wall_seconds"],
-        "elapsed_seconds": elapsed,
-        "tokens_processed": s["tokens_processed"],
-        "tokens_merged": s["tokens_merged"],
-        "bytes_per_learner": s["bytes_uploaded"] / M,
-        "bytes_downloaded_per_learner": s["bytes_downloaded"] / M,
-        "goodput": s["goodput"],
-        "merged_token_share": s.get("merged_token_share"),
-        "learners": M,
-        "quorum": d.quorum,
-        "fragments": d.fragments,
-        "sync_every": d.sync_every,
-        "codec": d.codec,
-        "download_codec": getattr(d, "download_codec", "none"),
-        "merge": d.merge,
-        "token_weighting": d.token_weighting,
-        "grace": d.grace is not None,
-        "model_params": s["model_params"],
-        "ledger_balanced": s.get("ledger_balanced"),
-        **round_stats(records, M),
-    }
-    if tasks:
-        acc = s.get("task_accuracy")
-        out.update(task_accuracy=mean_accuracy(acc), task_accuracies=acc)
-    return out
-
-
-def run_dp(spec: Spec, workdir: Path, timeout: float, tasks: int, tokens: int) -> dict[str, Any]:
-    cfg = load_config(spec.recipe, None, spec.overrides)
-    cfg.run_id = "parity-dp"
-    url = f"file://{workdir.resolve()}/{cfg.run_id}"
-    store = open_store(url)
-    t0 = time.time()
-    prepare(store, cfg)
-    s = run_baseline(url, learners=cfg.diloco.learners, tokens=tokens, timeout=timeout, tasks=bool(tasks))
-    elapsed = time.time() - t0
-    out = {
-        "final_val_loss": s["final_val_loss"],
-        "initial_val_loss": s["initial_val_loss"],
-        "wall_seconds": s["wall_seconds"],
-        "elapsed_seconds": elapsed,
-        "tokens_processed": s["tokens_processed"],
-        "tokens_merged": s["tokens_processed"],
-        "bytes_per_learner": s["bytes_sent_per_rank"],
-        "bytes_allreduced_per_rank": s["bytes_allreduced_per_rank"],
-        "ring_factor": s["ring_factor"],
-        "steps": s["steps"],
-        "global_batch": s["global_batch"],
-        "learners": s["learners"],
-        "model_params": s["model_params"],
-        "params_identical": s["params_identical"],
-    }
-    if tasks:  # scored like `ddiloco run` scores its final model: the same task items (cfg.eval)
-        out.update(task_accuracy=mean_accuracy(s["task_accuracy"]), task_accuracies=s["task_accuracy"])
-    return out
-
-
-class Runner:
-    """Runs each distinct configuration once, in a fresh temporary workdir, and remembers the result."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.done: dict[tuple, dict[str, Any]] = {}
-
-    def resume(self, path: str) -> None:
-        """Reuse the finished runs recorded in a `--json PATH.runs.jsonl` file of an earlier invocation."""
-        for line in Path(path).read_text().splitlines():
-            rec = json.loads(line)
-            spec, dp_tokens = Spec.from_command(rec["command"])
-            self.done[spec.key(dp_tokens)] = rec
-        log.info("resumed %d finished runs from %s", len(self.done), path)
-
-    def get(self, spec: Spec, dp_tokens: int | None = None) -> dict[str, Any]:
-        key = spec.key(dp_tokens)
-        if key in self.done:
-            return self.done[key]
-        log.info("running %s: %s", spec.label, spec.command(dp_tokens))
-        root = Path(self.args.workdir) if self.args.workdir else None
-        if root is not None:
-            root.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="parity-", dir=root))
-        load0 = os.getloadavg()[0]
-        try:
-            if spec.kind == "dp":
-                res = run_dp(spec, workdir, self.args.timeout, self.args.task_items, dp_tokens or 0)
-            else:
-                res = run_diloco(spec, workdir, self.args.timeout, self.args.task_items)
-        except BaseException:
-            log.error("%s failed; its run directory (logs included) is kept at %s", spec.label, workdir)
-            raise
-        if not self.args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        res.update(command=spec.command(dp_tokens), loadavg_start=load0, loadavg_end=os.getloadavg()[0])
-        log.info(
-            "%s: val loss %.4f, %.0fs wall, %.3g bytes/learner",
-            spec.label,
-            res["final_val_loss"],
-            res["wall_seconds"],
-            res["bytes_per_learner"],
-        )
-        self.done[key] = res
-        if self.args.json:  # a long invocation that dies later still leaves every finished run behind
-            with open(f"{self.args.json}.runs.jsonl", "a") as f:
-                f.write(json.dumps({"label": spec.label, **res}, default=str) + "\n")
-        return res
-
-
 # --- what to run ------------------------------------------------------------------------------------------
 def posttrain_overrides(args: argparse.Namespace) -> list[str]:
     """Evaluation only: no SFT, `--task-items` items per task (at least 1: a run always evaluates tasks)."""
@@ -292,16 +113,16 @@ def posttrain_overrides(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def base_overrides(args: argparse.Namespace, learners: int | None = None) -> tuple[str, ...]:
-    common = [*(QUICK if args.quick else ()), *posttrain_overrides(args), *args.overrides]
-    common += [f"diloco.learners={learners or args.learners}"]
+def base_overrides(args: argparse.Namespace, seed: int, learners: int | None = None) -> tuple[str, ...]:
+    common = [*(QUICK if args.quick else ()), *posttrain_overrides(args), *args.corpus_overrides]
+    common += [*args.overrides, f"diloco.learners={learners or args.learners}", f"seed={seed}"]
     if args.tokens:
         common += [f"diloco.token_budget={args.tokens}"]
     return merged(common)
 
 
-def method_specs(args: argparse.Namespace) -> dict[str, Spec]:
-    base, M = base_overrides(args), args.learners
+def method_specs(args: argparse.Namespace, seed: int) -> dict[str, Spec]:
+    base, M = base_overrides(args, seed), args.learners
     return {
         "dp": Spec("data-parallel", "dp", "tiny-cpu", base),
         "sync": Spec("sync DiLoCo", "diloco", "sync-diloco", merged(base, [f"diloco.quorum={M}"])),
@@ -309,11 +130,11 @@ def method_specs(args: argparse.Namespace) -> dict[str, Spec]:
     }
 
 
-def ablation_specs(args: argparse.Namespace, name: str) -> list[Spec]:
-    base = merged(base_overrides(args), DECOUPLED)
+def ablation_specs(args: argparse.Namespace, name: str, seed: int) -> list[Spec]:
+    base = merged(base_overrides(args, seed), DECOUPLED)
 
     def d(label: str, *extra: str, learners: int | None = None) -> Spec:
-        b = base if learners is None else merged(base_overrides(args, learners), DECOUPLED)
+        b = base if learners is None else merged(base_overrides(args, seed, learners), DECOUPLED)
         return Spec(label, "diloco", "tiny-cpu", merged(b, extra))
 
     if name == "merge":
@@ -345,32 +166,37 @@ def ablation_specs(args: argparse.Namespace, name: str) -> list[Spec]:
     if name == "sync_every":
         hs = (16, 32, 64) if not args.quick else (4, 8)
         return [d(f"H={h}", f"diloco.sync_every={h}") for h in hs]
+    if name == "outer":
+        return [
+            d("outer Nesterov lr 0.7 m 0.9", "diloco.outer_lr=0.7", "diloco.outer_momentum=0.9"),
+            d("outer lr 1.0 no momentum", "diloco.outer_lr=1.0", "diloco.outer_momentum=0.0"),
+        ]
     raise ValueError(name)
 
 
-# --- derived numbers, tables ------------------------------------------------------------------------------
-def vs_dp(row: dict[str, Any], dp: dict[str, Any] | None) -> None:
-    if dp is None:
-        return
-    row["loss_vs_dp_pct"] = 100 * (row["final_val_loss"] / dp["final_val_loss"] - 1)
-    per_tok = row["bytes_per_learner"] / row["tokens_processed"]
-    dp_per_tok = dp["bytes_per_learner"] / dp["tokens_processed"]
-    row["bytes_x_vs_dp"] = dp_per_tok / per_tok if per_tok else None
-    total_x_vs_dp(row, dp)
-    row["wall_vs_dp"] = row["wall_seconds"] / dp["wall_seconds"]
-    if row.get("task_accuracy") is not None and dp.get("task_accuracy") is not None:
-        row["task_accuracy_vs_dp"] = row["task_accuracy"] - dp["task_accuracy"]
+def dp_tokens_for(args: argparse.Namespace, decoupled: dict[str, Any] | None, spec: Spec) -> tuple[int, str]:
+    """(tokens the data-parallel run processes, where that number comes from)."""
+    if args.compare == "compute" and decoupled is not None:
+        return decoupled["tokens_processed"], "processed by the Decoupled DiLoCo run of the same seed"
+    why = "merged token budget" if args.compare == "tokens" else "merged token budget (no decoupled run)"
+    return setting(spec, "diloco.token_budget"), why
 
 
-def total_x_vs_dp(row: dict[str, Any], dp: dict[str, Any]) -> None:
-    """Up + down bytes per learner per token, data-parallel's over this row's. A ring all-reduce receives as
-    many bytes as it sends, so data-parallel's total is twice `bytes_per_learner`; DiLoCo's is its uploads
-    plus the global versions (full or download deltas) it downloaded."""
-    down = row.get("bytes_downloaded_per_learner")
-    if down is None:
-        return
-    total = (row["bytes_per_learner"] + down) / row["tokens_processed"]
-    row["total_bytes_x_vs_dp"] = (2 * dp["bytes_per_learner"] / dp["tokens_processed"]) / total
+def corpus_overrides(args: argparse.Namespace) -> tuple[list[str], dict[str, Any], Path | None]:
+    """(`--set` overrides that select the corpus, its description for the JSON, a directory to remove)."""
+    if args.corpus == "synthetic":
+        return [], {"name": "synthetic"}, None
+    made = None
+    path = Path(args.corpus_path) if args.corpus_path else None
+    if path is None:
+        root = Path(args.workdir) if args.workdir else Path(made := tempfile.mkdtemp(prefix="parity-corpus-"))
+        path = root / "python-docs.jsonl"
+    if args.corpus_path is None or not path.exists():
+        write_python_docs(path)
+    path = path.resolve()
+    info = {"name": args.corpus, "path": str(path), **(read_meta(path) or {})}
+    info["file_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()  # what the runs read (sidecar: built)
+    return [f"data.source={path}", "data.tokenizer=byte"], info, Path(made) if made else None
 
 
 def analytic_dp(spec: Spec, tokens: int, params: int) -> dict[str, Any]:
@@ -383,49 +209,6 @@ def analytic_dp(spec: Spec, tokens: int, params: int) -> dict[str, Any]:
         "bytes_per_learner": steps * params * 4 * ring_factor(M),
         "tokens_processed": steps * M * cfg.train.batch_size * cfg.model.seq_len,
     }
-
-
-def fmt(v: Any, spec: str = ".4f") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float | int) and spec:
-        return format(v, spec)
-    return str(v)
-
-
-COLUMNS = [
-    ("final_val_loss", "val loss", ".4f"),
-    ("loss_vs_dp_pct", "vs DP %", "+.2f"),
-    ("loss_vs_ref_pct", "vs ref %", "+.2f"),
-    ("task_accuracy", "task acc", ".3f"),
-    ("tokens_processed", "tok proc", ",d"),
-    ("tokens_merged", "tok merged", ",.0f"),
-    ("wall_seconds", "wall s", ".0f"),
-    ("wall_vs_dp", "wall/DP", ".2f"),
-    ("bytes_per_learner", "bytes/learner", ",.0f"),
-    ("bytes_x_vs_dp", "DP/this bytes", ".1f"),
-    ("bytes_downloaded_per_learner", "down/learner", ",.0f"),
-    ("total_bytes_x_vs_dp", "DP/this up+down", ".1f"),
-    ("mean_answers", "answers", ".2f"),
-    ("steps_per_answer", "steps/answer", ".1f"),
-    ("norm_ratio", "|merged|/|Δ|", ".3f"),
-]
-
-
-def table(title: str, rows: list[tuple[str, dict[str, Any]]]) -> str:
-    cols = [c for c in COLUMNS if any(r.get(c[0]) is not None for _, r in rows)]
-    head = ["config", *(c[1] for c in cols)]
-    body = [[label, *(fmt(r.get(k), f) for k, _, f in cols)] for label, r in rows]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    return "\n".join([f"## {title}", line(head), line(["-" * w for w in widths]), *map(line, body), ""])
 
 
 def machine() -> dict[str, Any]:
@@ -449,17 +232,28 @@ def machine() -> dict[str, Any]:
 
 
 # --- main -------------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """(arguments with defaults filled in, methods, ablations)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
         "--methods", default="dp,sync,decoupled", help=f"comma list of {', '.join(METHODS)}, or none"
     )
     ap.add_argument("--ablations", default="none", help=f"comma list of {', '.join(ABLATIONS)}, all, or none")
+    ap.add_argument("--seeds", type=int, default=1, help="run every configuration for seeds 0 … N−1")
+    ap.add_argument(
+        "--compare",
+        choices=list(COMPARE),
+        default=None,
+        help="compute (default): data-parallel processes the decoupled run's processed tokens; "
+        "tokens: the merged budget",
+    )
+    ap.add_argument("--dp-tokens", choices=list(COMPARE.values()), default=None, help="old name of --compare")
+    ap.add_argument("--corpus", choices=CORPORA, default="synthetic", help="training text")
+    ap.add_argument("--corpus-path", default=None, help="python-docs corpus file (built there if missing)")
     ap.add_argument("--learners", type=int, default=None, help="M (default 4; 2 with --quick)")
     ap.add_argument(
         "--tokens", type=int, default=None, help="token budget of every run (default: the recipe's)"
     )
-    ap.add_argument("--dp-tokens", choices=["processed", "budget"], default="processed")
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     ap.add_argument("--task-items", type=int, default=None, help="items per task (0: no task accuracy)")
     ap.add_argument("--no-tasks", action="store_true", help="skip downstream task accuracy")
@@ -472,9 +266,17 @@ def main(argv: list[str] | None = None) -> int:
         "--resume", default=None, metavar="PATH.runs.jsonl", help="reuse runs an earlier --json recorded"
     )
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("ddiloco", "ddiloco.launch"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.compare and args.dp_tokens and COMPARE[args.compare] != args.dp_tokens:
+        ap.error(f"--compare {args.compare} contradicts --dp-tokens {args.dp_tokens}; give --compare only")
+    old = {v: k for k, v in COMPARE.items()}
+    args.compare = args.compare or old.get(args.dp_tokens, "compute")
+    args.dp_tokens = COMPARE[args.compare]
+    if args.corpus_path and args.corpus != "python-docs":
+        ap.error("--corpus-path applies to --corpus python-docs only")
+    if args.seeds < 1:
+        ap.error("--seeds must be ≥ 1")
+    if any(o.split("=", 1)[0] == "seed" for o in args.overrides):
+        ap.error("--set seed=… is chosen by --seeds (seeds 0 … N−1); remove it")
     args.learners = args.learners or (2 if args.quick else 4)
     if args.quick and args.tokens is None:
         args.tokens = 24_000
@@ -491,74 +293,117 @@ def main(argv: list[str] | None = None) -> int:
     for name in ablations:
         if name not in ABLATIONS:
             ap.error(f"unknown ablation {name!r}; choose from {', '.join(ABLATIONS)}")
+    return args, methods, ablations
 
+
+def run_methods(
+    args: argparse.Namespace,
+    runner: Runner,
+    methods: list[str],
+    seed: int,
+    out: dict[str, Any],
+    tables: list[str],
+) -> dict[str, Any] | None:
+    """The method table of one seed (DiLoCo methods first, so data-parallel can match Decoupled DiLoCo's
+    processed tokens); returns that seed's data-parallel row."""
+    specs = method_specs(args, seed)
+    rows: dict[str, dict[str, Any]] = {}
+    for name in [m for m in METHODS if m in methods and m != "dp"]:
+        rows[name] = dict(runner.get(specs[name]), seed=seed)
+    dp_row = None
+    if "dp" in methods:
+        dp_tokens, source = dp_tokens_for(args, rows.get("decoupled"), specs["decoupled"])
+        out["compare"]["dp_tokens_by_seed"][seed] = dp_tokens
+        out["compare"]["dp_tokens_from"] = source
+        dp_row = rows["dp"] = dict(runner.get(specs["dp"], dp_tokens), seed=seed)
+    for row in rows.values():
+        vs_dp(row, dp_row)
+    entries = [
+        {"method": name, "label": specs[name].label, **row}
+        for name, row in sorted(rows.items(), key=lambda kv: METHODS.index(kv[0]))
+    ]
+    out["methods"] += entries
+    if entries:
+        title = f"methods (M={args.learners}, seed {seed}, {args.corpus}, compare = {args.compare})"
+        tables.append(table(title, [(e["label"], e) for e in entries]))
+    return dp_row
+
+
+def run_ablation(
+    args: argparse.Namespace, runner: Runner, name: str, seed: int, dp_row: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The rows of ablation `name` for one seed, each against data-parallel and against its reference."""
+    arows: list[dict[str, Any]] = []
+    for spec in ablation_specs(args, name, seed):
+        row = dict(runner.get(spec), seed=seed)
+        # Bytes against data-parallel at this row's own M and tokens (exact: see analytic_dp).
+        ref = analytic_dp(spec, row["tokens_processed"], row["model_params"])
+        per_tok = row["bytes_per_learner"] / row["tokens_processed"]
+        row["bytes_x_vs_dp"] = (ref["bytes_per_learner"] / ref["tokens_processed"]) / per_tok
+        total_x_vs_dp(row, ref)
+        if dp_row is not None and row["learners"] == dp_row["learners"]:
+            row["loss_vs_dp_pct"] = 100 * (row["final_val_loss"] / dp_row["final_val_loss"] - 1)
+            row["processed_vs_dp"] = row["tokens_processed"] / dp_row["tokens_processed"]
+        base = next(r for r in arows + [row] if r["learners"] == row["learners"])
+        row["loss_vs_ref_pct"] = 100 * (row["final_val_loss"] / base["final_val_loss"] - 1)
+        arows.append({"config": spec.label, **row})
+    return arows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, methods, ablations = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("ddiloco", "ddiloco.launch"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     started = time.time()
+    args.corpus_overrides, corpus, made = corpus_overrides(args)
     runner = Runner(args)
     if args.resume:
         runner.resume(args.resume)
-    specs = method_specs(args)
+    seeds = list(range(args.seeds))
     out: dict[str, Any] = {
         "machine": machine(),
         "args": vars(args),
+        "seeds": seeds,
+        "corpus": corpus,
+        "compare": {"mode": args.compare, "dp_tokens_by_seed": {}},
         "methods": [],
         "ablations": {},
         "notes": [],
     }
     tables: list[str] = []
-
-    # Main comparison: DiLoCo methods first, so data-parallel can match Decoupled DiLoCo's processed tokens.
-    rows: dict[str, dict[str, Any]] = {}
-    for name in [m for m in METHODS if m in methods and m != "dp"]:
-        rows[name] = runner.get(specs[name])
-    dp_row = None
-    if "dp" in methods or ablations:
-        dec = rows.get("decoupled")
-        dp_tokens = dec["tokens_processed"] if (dec and args.dp_tokens == "processed") else None
-        dp_tokens = dp_tokens or setting(specs["decoupled"], "diloco.token_budget")
-        if "dp" in methods:
-            dp_row = rows["dp"] = runner.get(specs["dp"], dp_tokens)
-    for row in rows.values():
-        vs_dp(row, dp_row)
-    if rows:
-        entries = [
-            {"method": name, "label": specs[name].label, **row}
-            for name, row in sorted(rows.items(), key=lambda kv: METHODS.index(kv[0]))
-        ]
-        out["methods"] = entries
-        tables.append(
-            table(
-                f"methods (M={args.learners}, equal tokens processed: dp = {args.dp_tokens})",
-                [(e["label"], e) for e in entries],
-            )
-        )
-
-    # Ablations.
+    dp_rows = {seed: run_methods(args, runner, methods, seed, out, tables) for seed in seeds}
     for name in ablations:
-        specs_a = ablation_specs(args, name)
         if name == "weighting" and BATCH_OPTION not in {f.name for f in dataclasses.fields(TrainConfig)}:
             note = f"weighting ablation skipped: config has no train.{BATCH_OPTION} (per-learner batch sizes) yet"
             out["notes"].append(note)
             log.warning(note)
             continue
-        arows = []
-        for spec in specs_a:
-            row = dict(runner.get(spec))
-            # Bytes against data-parallel at this row's own M and tokens (exact: see analytic_dp).
-            ref = analytic_dp(spec, row["tokens_processed"], row["model_params"])
-            per_tok = row["bytes_per_learner"] / row["tokens_processed"]
-            row["bytes_x_vs_dp"] = (ref["bytes_per_learner"] / ref["tokens_processed"]) / per_tok
-            total_x_vs_dp(row, ref)
-            if dp_row is not None and row["learners"] == dp_row["learners"]:
-                row["loss_vs_dp_pct"] = 100 * (row["final_val_loss"] / dp_row["final_val_loss"] - 1)
-            base = next(r for r in arows + [row] if r["learners"] == row["learners"])
-            row["loss_vs_ref_pct"] = 100 * (row["final_val_loss"] / base["final_val_loss"] - 1)
-            arows.append({"config": spec.label, **row})
-        out["ablations"][name] = arows
-        tables.append(table(f"ablation: {name}", [(r["config"], r) for r in arows]))
+        out["ablations"][name] = []
+        for seed in seeds:
+            arows = run_ablation(args, runner, name, seed, dp_rows[seed])
+            out["ablations"][name] += arows
+            tables.append(table(f"ablation: {name} (seed {seed})", [(r["config"], r) for r in arows]))
 
-    out["checks"] = checks(out)
+    agg_methods = aggregate(out["methods"], key="method")
+    dp_agg = next((a for a in agg_methods if a["method"] == "dp"), None)
+    out["aggregate"] = {
+        "methods": agg_methods,
+        "ablations": {k: aggregate(v, dp=dp_agg) for k, v in out["ablations"].items()},
+    }
+    seeds_note = f"seeds {seeds[0]}…{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
+    if agg_methods:
+        title = f"methods over {seeds_note} ({args.corpus}, compare = {args.compare}): mean, sd, min, max"
+        tables.append(table(title, [(a["label"], a) for a in agg_methods], AGGREGATE_COLUMNS))
+    for name, rows in out["aggregate"]["ablations"].items():
+        tables.append(
+            table(f"ablation: {name} over {seeds_note}", [(r["config"], r) for r in rows], AGGREGATE_COLUMNS)
+        )
+    out["checks"] = checks(agg_methods, out["aggregate"]["ablations"])
     out["total_seconds"] = time.time() - started
     out["machine"]["loadavg_end"] = os.getloadavg()
+    if made is not None and not args.keep:
+        shutil.rmtree(made, ignore_errors=True)
     for t in tables:
         print(t)
     for k, v in out["checks"].items():
@@ -568,31 +413,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")
     print(text)
     return 0
-
-
-def checks(out: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets, evaluated on what was measured (informative: nothing here is tuned to pass)."""
-    c: dict[str, Any] = {}
-    m = {e["method"]: e for e in out["methods"]}
-    if "decoupled" in m and "dp" in m:
-        c["decoupled_within_3pct_of_dp"] = m["decoupled"]["loss_vs_dp_pct"] <= 3.0
-        c["decoupled_bytes_x_vs_dp"] = m["decoupled"]["bytes_x_vs_dp"]
-        c["decoupled_bytes_at_least_100x_lower"] = m["decoupled"]["bytes_x_vs_dp"] >= 100
-    a = {k: {r["config"]: r for r in v} for k, v in out["ablations"].items()}
-    if "codec" in a and {"codec=fp32", "codec=int4", "codec=int2"} <= set(a["codec"]):
-        fp32 = a["codec"]["codec=fp32"]["final_val_loss"]
-        c["int4_vs_fp32_pct"] = 100 * (a["codec"]["codec=int4"]["final_val_loss"] / fp32 - 1)
-        c["int2_vs_fp32_pct"] = 100 * (a["codec"]["codec=int2"]["final_val_loss"] / fp32 - 1)
-        c["int4_loses_under_1pct"] = c["int4_vs_fp32_pct"] < 1.0
-    if "merge" in a:
-        ms = sorted({int(k.split()[0][2:]) for k in a["merge"]})
-        for merge in ("rda", "mean"):
-            c[f"{merge}_norm_ratio_by_M"] = {mm: a["merge"][f"M={mm} {merge}"]["norm_ratio"] for mm in ms}
-        big = ms[-1]
-        c[f"rda_loss_le_mean_at_M{big}"] = (
-            a["merge"][f"M={big} rda"]["final_val_loss"] <= a["merge"][f"M={big} mean"]["final_val_loss"]
-        )
-    return c
 
 
 if __name__ == "__main__":

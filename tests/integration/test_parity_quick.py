@@ -37,3 +37,11 @@ def test_parity_quick_prints_a_table_and_one_json_object(tmp_path):
     assert dec["bytes_x_vs_dp"] > 1 and dec["codec"] == "int4" and dec["ledger_balanced"]
     assert 0 < dec["norm_ratio"] <= 1.0 + 1e-6
     assert not list((tmp_path / "runs").iterdir())  # every run's temporary workdir was removed
+    # One seed: the aggregate repeats the run's numbers, with no spread; compute mode is the default.
+    assert last["seeds"] == [0] and last["corpus"] == {"name": "synthetic"}
+    assert last["compare"]["mode"] == "compute" and dec["seed"] == 0
+    assert last["compare"]["dp_tokens_by_seed"] == {"0": dec["tokens_processed"]}
+    agg = {a["method"]: a for a in last["aggregate"]["methods"]}
+    assert agg["decoupled"]["final_val_loss"] == dec["final_val_loss"] and agg["decoupled"]["n"] == 1
+    assert agg["decoupled"]["loss_vs_dp_pct_std"] is None
+    assert last["checks"]["decoupled_vs_dp_pct"][""] == dec["loss_vs_dp_pct"]
