@@ -193,7 +193,9 @@ def publish_file(src: str | Path, artifact: Any) -> bool:
 def prepare_settings(
     overrides: Sequence[str], learners: int, quorum: int, token_budget: int, chaos: str, max_learners: int
 ) -> list[str]:
-    """The `--set` list of the prepare step: the UI's overrides, then the UI's headline knobs (which win)."""
+    """The `--set` list of the prepare step: one shard per learner id up to the pipeline's `max_learners`
+    (learners joined mid-run read data of their own; an override of diloco.max_learners wins), the UI's
+    overrides, then the UI's headline knobs (which win)."""
     if not 1 <= learners <= max_learners:
         raise ValueError(
             f"learners={learners}: this pipeline was compiled for 1..{max_learners} concurrent learners; "
@@ -202,7 +204,7 @@ def prepare_settings(
     bad = [o for o in overrides if not isinstance(o, str) or "=" not in o]
     if bad:
         raise ValueError(f"overrides must be strings like 'diloco.codec=int4', got {bad}")
-    out = [*overrides, f"diloco.learners={learners}"]
+    out = [f"diloco.max_learners={max_learners}", *overrides, f"diloco.learners={learners}"]
     if quorum > 0:
         out.append(f"diloco.quorum={quorum}")
     if token_budget > 0:

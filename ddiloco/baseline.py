@@ -1,7 +1,8 @@
 """`ddiloco baseline`: synchronous data-parallel training of the same model, on the same data, for comparison.
 
 Design choices:
-- Same everything as a DiLoCo run of the same prepared store: rank r reads shard r mod num_shards with the
+- Same everything as a DiLoCo run of the same prepared store: rank r reads learner r's shard (shard r;
+  `ddiloco.shards`, which warns when r ≥ num_shards and the rank shares shard r mod num_shards) with the
   learner's data seed (seed·1000 + r), starts from global version 0, and updates with the learner's own
   `inner_step` (AdamW, gradient clipping) and schedule (`ddiloco.schedule.lr_at`: warm-up on the step,
   decay on progress = tokens all ranks processed before the step / the token budget it trains for, the
@@ -44,6 +45,7 @@ from ddiloco.posttrain.evaluate import validation_loss
 from ddiloco.protocol import wire
 from ddiloco.run import RunRoot
 from ddiloco.schedule import lr_at, progress_of
+from ddiloco.shards import assign_shard
 from ddiloco.store.base import Store
 from ddiloco.store.shaped import Link
 from ddiloco.store.url import open_store
@@ -171,7 +173,7 @@ def _rank_main(rank: int, plan: Plan) -> None:
         layout = read_layout(store)
         meta = store.get_json(keys.DATA_META)
         loader = ShardLoader(
-            RunRoot(store, cfg.run_id).shard(rank % meta["num_shards"]),
+            RunRoot(store, cfg.run_id).shard(assign_shard(rank, meta["shard_tokens"], role="rank").shard),
             batch_size=t.batch_size,
             seq_len=cfg.model.seq_len,
             seed=cfg.seed * 1000 + rank,

@@ -71,7 +71,8 @@ class DataConfig:
     val_fraction: float = 0.02
     """Fraction of tokens held out (from the end) for validation."""
     num_shards: int | None = None
-    """Disjoint training shards; default one per learner. Learner i reads shard i mod num_shards."""
+    """Disjoint training shards; null: one per learner id the run may have (diloco.max_learners). Learner i
+    reads shard i; an id ≥ num_shards shares shard i mod num_shards, with a warning (`ddiloco.shards`)."""
 
     def validate(self) -> None:
         _check(self.tokenizer in ("byte", "bpe"), f"data.tokenizer={self.tokenizer!r}: choose byte or bpe")
@@ -188,6 +189,9 @@ class GraceConfig:
 class DilocoConfig:
     learners: int = 4
     """M: number of learners the run is provisioned for (more may join mid-run)."""
+    max_learners: int | None = None
+    """The most learner ids the run may have (0..max_learners-1: its own, chaos-added and joined learners);
+    `prepare` cuts one disjoint shard per id. Null: M, or the chaos schedule's highest added id + 1."""
     quorum: int = 1
     """K: minimum number of learner answers before a round may merge."""
     fragments: int = 4
@@ -234,6 +238,10 @@ class DilocoConfig:
 
     def validate(self) -> None:
         _check(self.learners >= 1, "diloco.learners must be ≥ 1")
+        _check(
+            self.max_learners is None or self.max_learners >= self.learners,
+            f"diloco.max_learners={self.max_learners} must be ≥ diloco.learners={self.learners} (or null)",
+        )
         _check(
             1 <= self.quorum <= self.learners,
             f"diloco.quorum={self.quorum} must be between 1 and diloco.learners={self.learners}",
@@ -444,11 +452,29 @@ class RunConfig:
         self.lease.validate()
         if self.chaos is not None:
             self.chaos.validate(self.diloco.learners)
+        top, cap = max(self._added_learners(), default=-1), self.diloco.max_learners
+        _check(
+            cap is None or top < cap,
+            f"chaos adds learner {top}, an id without a shard of its own under diloco.max_learners={cap}; "
+            f"raise diloco.max_learners to {top + 1} or set it to null",
+        )
         return self
+
+    def _added_learners(self) -> list[int]:
+        events = schedule_from_config(self.chaos, self.diloco.learners)
+        return [e.learner for e in events if e.kind == "add_learner" and e.learner is not None]
+
+    @property
+    def max_learners(self) -> int:
+        """Learner ids 0..max_learners-1 each have a shard of their own (see diloco.max_learners)."""
+        if self.diloco.max_learners is not None:
+            return self.diloco.max_learners
+        return max(self.diloco.learners, max(self._added_learners(), default=-1) + 1)
 
     @property
     def num_shards(self) -> int:
-        return self.data.num_shards or self.diloco.learners
+        """Shards `prepare` writes: data.num_shards, else one per learner id (`max_learners`)."""
+        return self.data.num_shards or self.max_learners
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -7,7 +7,8 @@ Design choices:
 - The corpus is one 1-D int32 tensor: each document followed by the tokenizer's eos id, so a model learns
   where documents end and windows may span a boundary (as in nanoGPT).
 - `split_tokens` holds out validation from the *end* of the stream (never seen by any learner), then cuts the
-  rest into contiguous, disjoint shards of near-equal length: one per learner.
+  rest into contiguous, disjoint shards of near-equal length: one per learner id the run may have
+  (`ddiloco.shards` says which one a learner reads).
 - `ShardLoader` reads windows of seq_len + 1 tokens whose starts lie on a grid (offset + k * seq_len). Each
   epoch draws a fresh offset and a permutation of the grid from (seed, epoch), so the order is fixed by the
   seed and the cursor (epoch, index) is all a restarted learner needs to continue exactly where it stopped.
@@ -173,6 +174,11 @@ class ShardLoader:
     @property
     def tokens_per_batch(self) -> int:
         return self.batch_size * self.seq_len
+
+    @property
+    def epochs_read(self) -> float:
+        """Passes over the shard so far: whole epochs, plus the share of this epoch's windows already read."""
+        return self.epoch + self.index / len(self._epoch_starts())
 
     def _epoch_starts(self) -> np.ndarray:
         """Window starts of the current epoch, in this epoch's order."""

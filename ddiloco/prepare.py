@@ -1,5 +1,8 @@
 """`ddiloco prepare`: write config, tokenizer, disjoint shards, validation split and global version 0.
 
+One shard per learner id the run may have (`RunConfig.num_shards`: diloco.max_learners unless data.num_shards
+says otherwise), so learners added mid-run read data of their own (`ddiloco.shards`).
+
 Idempotent, so an Argo retry of the prepare step is harmless: if the run root already holds a config, it
 must be the same config (else a clear error), and nothing that exists is rewritten. The config is written
 only after the corpus has been read and split, so a prepare that failed on its input can be rerun with a
@@ -67,13 +70,17 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     tok = build_tokenizer(cfg.data.tokenizer, texts, cfg.data.vocab_size)
     tok = tokenizer_from_json(tok.to_json())  # what learners will load: prove it round-trips
     tokens = tokenize_corpus(texts, tok)
-    shards, val = split_tokens(tokens, num_shards=cfg.num_shards, val_fraction=cfg.data.val_fraction)
+    # min_shard_tokens=0: a shard too small for one batch is the ConfigError below, which names the keys.
+    shards, val = split_tokens(
+        tokens, num_shards=cfg.num_shards, val_fraction=cfg.data.val_fraction, min_shard_tokens=0
+    )
     need = cfg.train.batch_size * (cfg.model.seq_len + 1)
     for i, s in enumerate(shards):
         if s.numel() < need:
             raise ConfigError(
-                f"shard {i} has {s.numel()} tokens, fewer than one batch ({need}); use a larger corpus, "
-                "fewer data.num_shards, or a smaller train.batch_size / model.seq_len"
+                f"shard {i} has {s.numel()} tokens, fewer than one batch ({need}): the corpus is cut into "
+                f"{len(shards)} shards, {_shards_rule(cfg)}; use a larger corpus, fewer shards (a smaller "
+                "diloco.max_learners or data.num_shards), or a smaller train.batch_size / model.seq_len"
             )
     if val.numel() < cfg.model.seq_len + 1:
         raise ConfigError("the validation split is shorter than one sequence; raise data.val_fraction")
@@ -115,6 +122,13 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
         time.monotonic() - t0,
     )
     return meta
+
+
+def _shards_rule(cfg: RunConfig) -> str:
+    """Why the run has `cfg.num_shards` shards, in the words of its config."""
+    if cfg.data.num_shards is not None:
+        return f"data.num_shards={cfg.data.num_shards}"
+    return f"one per learner id the run may have (diloco.max_learners: {cfg.max_learners})"
 
 
 def _check_existing_signature(root: RunRoot) -> None:

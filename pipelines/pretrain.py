@@ -66,7 +66,8 @@ class ClusterOptions:
     gpu: bool = True
     """Learners, evaluation and SFT request GPUs on the CUDA image; False runs everything on CPU nodes."""
     max_learners: int = 8
-    """ParallelFor parallelism: the most learners one run may have (all of them run at once)."""
+    """ParallelFor parallelism: the most learners one run may have (all of them run at once); `prepare` cuts
+    one data shard per learner id below it (`diloco.max_learners`), so learners that join read their own."""
     accelerator: str = "nvidia.com/gpu"
     """Extended resource a GPU step requests."""
     gpus_per_learner: int = 1

@@ -13,7 +13,8 @@ Design choices:
   each upload, and reports are written in order (`ReportWriter`), so a crash cannot make the syncer merge
   tokens the reports never mention.
 - `Learner.open` does the store reads (run config, layout, shard) and claims the incarnation; the
-  constructor takes what it read, so it does no I/O.
+  constructor takes what it read, so it does no I/O. Which shard is `ddiloco.shards`' rule (an id with no
+  shard of its own shares one, with a warning), and every report names it (`data`).
 - A learner never publishes from a random init: it waits for global version 0 and overwrites its params
   with the current globals before its first step (after restoring its own checkpoint, if any).
 - Trust (`ddiloco.protocol.signing`): uploads and checkpoints are signed, every global, shard and checkpoint
@@ -75,6 +76,7 @@ from ddiloco.prepare import load_run_config, load_tokens
 from ddiloco.protocol import signing
 from ddiloco.protocol.messages import LearnerReport
 from ddiloco.schedule import GlobalSchedule
+from ddiloco.shards import Assignment, assign_shard
 from ddiloco.store.base import Store, StoreError
 
 __all__ = ["Learner", "Opened"]
@@ -85,11 +87,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Opened:
     """What `Learner.open` read from the run root and claimed there: everything the constructor needs from
-    the store. `tokens`: the learner's shard; `prepared_at`: when the run was prepared (chaos' clock)."""
+    the store. `tokens`: the learner's shard (which one: `shard`); `prepared_at`: when the run was prepared
+    (chaos' clock)."""
 
     cfg: RunConfig
     layout: Layout
     key: bytes | None
+    shard: Assignment
     tokens: torch.Tensor
     prepared_at: float
     started_at: float
@@ -105,14 +109,14 @@ class Opened:
         _check_ranks(cfg, group)
         layout = read_layout(store)
         meta = store.get_json(keys.DATA_META)
-        shard = learner_id % meta["num_shards"]
+        shard = assign_shard(learner_id, meta["shard_tokens"])  # warns when the id has no shard of its own
         tokens = load_tokens(
-            store, keys.shard_key(shard), cfg.run_id, max_tokens=int(meta["shard_tokens"][shard]), run_key=key
+            store, keys.shard_key(shard.shard), cfg.run_id, max_tokens=shard.end - shard.start, run_key=key
         )
         prepared_at = float(meta.get("prepared_at", time.time()))
         started_at = time.time()
         incarnation = next_incarnation(store, learner_id, started_at)
-        return cls(cfg, layout, key, tokens, prepared_at, started_at, incarnation)
+        return cls(cfg, layout, key, shard, tokens, prepared_at, started_at, incarnation)
 
 
 def _check_ranks(cfg: RunConfig, group: Group | None) -> None:
@@ -161,6 +165,7 @@ class Learner:
         self.store, self.site, self.learner_id, self.cfg = store, site, learner_id, cfg
         self.run_id, self.key, self.layout = cfg.run_id, opened.key, opened.layout
         self.started_at, self.incarnation = opened.started_at, opened.incarnation
+        self.shard = opened.shard  # which data it reads: every report says so
         self.group, self.world_size = group, 1 if group is None else group.world_size
         self.device = resolve_device(device or t.device) if group is None else group.device
         self.precision = resolve_precision(t.precision, self.device)
@@ -290,6 +295,7 @@ class Learner:
             history=sample_history(self.history, self.loss_ema, self.inner_step, ledger.tokens_processed),
             lr=self.schedule.last_lr,
             progress=self.schedule.progress,
+            data=self.shard.read(self.loader.epochs_read),
         )
 
     def _put_report(self, final: bool = False, reason: str | None = None) -> None:

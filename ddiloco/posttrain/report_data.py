@@ -162,6 +162,7 @@ def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
     out["chaos_events"] = float(len(summary.get("chaos_events") or []))
     out["incarnations"] = float(sum((summary.get("incarnations") or {}).values()))
     out["rejected_updates"] = float(sum((summary.get("rejected_updates") or {}).values()))
+    out["shared_shards"] = float(len(summary.get("shared_shards") or {}))
     return out
 
 
@@ -204,6 +205,13 @@ GOODPUT_NOTES = (
 )
 
 
+def _shared_shards(s: dict[str, Any]) -> str:
+    """The data row: "4 / none", or "4 / shard 1: learners 1, 9" when learners read one shard (`ddiloco.shards`)."""
+    shared = s.get("shared_shards") or {}
+    what = "; ".join(f"shard {k}: learners {', '.join(map(str, ids))}" for k, ids in shared.items())
+    return f"{fmt(s.get('data_shards'))} / {what or 'none'}"
+
+
 def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         ("status", fmt(s.get("status"))),
@@ -241,6 +249,7 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("rejected updates", fmt(s.get("rejected_updates") or None)),
         ("incarnations per learner", fmt(s.get("incarnations"))),
+        ("data shards / shared by learners", _shared_shards(s)),
         ("chaos events", str(len(s.get("chaos_events") or []))),
         (
             "validation loss: initial → final → SFT",

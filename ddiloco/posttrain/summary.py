@@ -14,6 +14,9 @@ Design choices:
   lease epoch): `versions_by_multiple_epochs` counts the (fragment, version) pairs named by more than one
   record (two syncers published that version; must be 0), `syncer_epochs` lists the epochs claimed in the
   lease and `versions_by_epoch` how many versions each one published.
+- Which data each learner read (`ddiloco.shards.data_read`): `data_read` per learner id (shard, its token
+  range, own or shared, epochs of it, tokens processed), `shared_shards` (shard -> learner ids that read
+  it, when more than one did; empty in a run where every learner had a shard of its own), `unread_shards`.
 - `steps_per_answer`: mean over merged answers (round records) of the inner steps each covered, to compare
   with H (`sync_every`).
 - `store_bytes` is the size of every object in the run root when the summary is built (one listing with
@@ -30,6 +33,7 @@ from typing import Any
 
 from ddiloco import chiptime, keys
 from ddiloco.protocol import messages
+from ddiloco.shards import data_read
 from ddiloco.store.base import Store
 
 
@@ -174,6 +178,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "tokens_merged_by_site": {k: v["merged"] / P for k, v in sorted(by_site.items())},
         "tokens_processed_by_site": {k: v["processed"] for k, v in sorted(by_site.items())},
         "learners_by_site": {k: sorted(v["ids"]) for k, v in sorted(by_site.items())},
+        **data_read(reports, meta["num_shards"]),
         "chaos_events": chaos_events,
         "learner_events": state.get("learner_events", []),
         "kill_recovery": kill_recovery(chaos_events, state.get("learner_events", []), reports),

@@ -391,6 +391,28 @@ class FragmentBooks:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class DataRead:
+    """Which data a learner reads (report `data`, `ddiloco.shards`): shard `shard`, tokens [start, end) of the
+    training stream; `own`: false when its id has no shard of its own and shares this one; `epochs`: passes
+    its data cursor (kept across incarnations) has made over the shard."""
+
+    shard: int
+    start: int
+    end: int
+    own: bool
+    epochs: float
+
+    def to_json(self) -> dict[str, Any]:
+        return plain(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, doc: str = "data") -> DataRead:
+        f = Fields(obj, doc)
+        span = (f.integer("shard"), f.integer("start"), f.integer("end"))
+        return cls(*span, f.get("own", bool), f.number("epochs"))
+
+
 @dataclass(slots=True)
 class LearnerReport:
     """learners/<id>/report-<incarnation>.json, rewritten by every heartbeat and before every upload (`seq`
@@ -426,6 +448,8 @@ class LearnerReport:
     history: list[list[float]]
     lr: float | None
     progress: float
+    data: DataRead | None = None
+    """The data it reads (absent in reports from before `ddiloco.shards`)."""
 
     def to_json(self) -> dict[str, Any]:
         return plain(self)
@@ -437,6 +461,7 @@ class LearnerReport:
         history = f.get("history", list)
         if any(not isinstance(h, list) for h in history):
             raise f.bad("history", "is not a list of points")
+        data = f.get("data", (Mapping, type(None)), None)
         return cls(
             run_id=f.get("run_id", str),
             learner_id=f.integer("learner_id"),
@@ -470,4 +495,5 @@ class LearnerReport:
             history=history,
             lr=f.get("lr", _OPT_NUM),
             progress=f.number("progress"),
+            data=None if data is None else DataRead.from_json(data, "learner report.data"),
         )

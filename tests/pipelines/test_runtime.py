@@ -54,9 +54,9 @@ def test_command_line_of_a_role():
 
 def test_prepare_settings_put_the_ui_knobs_last():
     got = prepare_settings(["diloco.learners=9", "diloco.codec=int4"], 4, 2, 5000, " {events: []} ", 8)
-    assert got == ["diloco.learners=9", "diloco.codec=int4", "diloco.learners=4", "diloco.quorum=2",
-                   "diloco.token_budget=5000", "chaos={events: []}"]  # fmt: skip
-    assert prepare_settings([], 1, 0, 0, "", 8) == ["diloco.learners=1"]
+    assert got == ["diloco.max_learners=8", "diloco.learners=9", "diloco.codec=int4", "diloco.learners=4",
+                   "diloco.quorum=2", "diloco.token_budget=5000", "chaos={events: []}"]  # fmt: skip
+    assert prepare_settings([], 1, 0, 0, "", 8) == ["diloco.max_learners=8", "diloco.learners=1"]
     with pytest.raises(ValueError, match="compiled for 1..8"):
         prepare_settings([], 9, 0, 0, "", 8)
     with pytest.raises(ValueError, match="strings like"):

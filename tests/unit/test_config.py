@@ -112,3 +112,17 @@ def test_staleness_rule_defaults_and_overrides():
     assert (d.staleness_exponent, d.max_staleness) == (0.5, 8)
     d = load_config(None, None, ["diloco.staleness_exponent=0", "diloco.max_staleness=null"]).diloco
     assert (d.staleness_exponent, d.max_staleness) == (0, None)
+
+
+def test_max_learners_gives_every_learner_id_a_shard():
+    """Issue 17 item 10: one shard per learner id the run may have, not per provisioned learner."""
+    cfg = load_config()
+    assert cfg.diloco.max_learners is None and cfg.max_learners == cfg.num_shards == cfg.diloco.learners == 4
+    assert load_config(overrides=["diloco.max_learners=6"]).num_shards == 6
+    assert load_config(overrides=["diloco.max_learners=6", "data.num_shards=2"]).num_shards == 2
+    add = "chaos.events=[{kind: add_learner, learner: 6, at_s: 5}]"
+    assert load_config(overrides=[add]).num_shards == 7  # null: the chaos schedule's added ids count too
+    with pytest.raises(ConfigError, match="diloco.max_learners=3 must be ≥ diloco.learners=4"):
+        load_config(overrides=["diloco.max_learners=3"])
+    with pytest.raises(ConfigError, match="chaos adds learner 6.*raise diloco.max_learners to 7"):
+        load_config(overrides=["diloco.max_learners=5", add])

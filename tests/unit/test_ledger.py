@@ -190,6 +190,7 @@ def test_learner_report_round_trips_as_the_same_json():
         "history",
         "lr",
         "progress",
+        "data",
     ]
     assert list(obj["fragments"]["0"]) == [
         "anchor",

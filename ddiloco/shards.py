@@ -1,0 +1,104 @@
+"""Which shard a learner (or a baseline rank) reads, and the run's record of which data each learner read.
+
+Design choices:
+- `prepare` cuts the training tokens into `num_shards` disjoint contiguous shards, in order, one per learner
+  id the run may have (`RunConfig.num_shards`: `diloco.max_learners`, by default the provisioned learners
+  and every id the chaos schedule adds), so a learner added mid-run reads tokens no other learner reads.
+- Learner id i < num_shards reads shard i. An id ≥ num_shards (an operator's `ddiloco learner --learner-id
+  9` on a run prepared for 8, a joiner past the owner's max_learners, or `data.num_shards` set below the
+  learners) still trains, on shard i mod num_shards, which learner i mod num_shards reads too: a logged
+  warning says so and what to change, its reports mark the data `own: false`, and the summary lists the
+  shard under `shared_shards`. Chosen over refusing to start: the scavenged compute still helps (the same
+  tokens in another order, like a second epoch), and the reuse is never silent.
+- A shard's token range [start, end) in the training stream follows from `data/meta.json`'s
+  `shard_tokens` (shards are cut in order), so a report names exact tokens without extra store reads.
+- The summary's view (`data_read`) is built from the learners' reports alone: per learner id, the shard of
+  its latest report, the passes its data cursor made over it (`epochs`, restored across incarnations) and
+  the tokens it processed; `shared_shards` maps each shard more than one learner id read to those ids
+  (empty in a run whose learners all had a shard of their own), `unread_shards` lists spare shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ddiloco.protocol.messages import DataRead
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The shard learner (or rank) `who` reads: tokens [start, end) of the training stream; `own`: no other
+    id is assigned it."""
+
+    who: int
+    shard: int
+    start: int
+    end: int
+    own: bool
+
+    def read(self, epochs: float) -> DataRead:
+        """The report's `data` once the data cursor has made `epochs` passes over the shard."""
+        return DataRead(shard=self.shard, start=self.start, end=self.end, own=self.own, epochs=epochs)
+
+
+def assign_shard(who: int, shard_tokens: Sequence[int], *, role: str = "learner") -> Assignment:
+    """Shard of learner id (or baseline rank) `who` on a run prepared with shards of `shard_tokens` tokens;
+    warns when the id has no shard of its own (see the module docstring)."""
+    if who < 0:
+        raise ValueError(f"{role} id {who} must be ≥ 0")
+    n = len(shard_tokens)
+    if n < 1:
+        raise ValueError("the run's data/meta.json lists no shards; rerun `ddiloco prepare`")
+    shard = who % n
+    start = sum(int(t) for t in shard_tokens[:shard])
+    own = who < n
+    if not own:
+        log.warning(
+            "%s %d has no shard of its own: the run was prepared with %d shards (ids 0..%d), so it reads "
+            "shard %d, the same tokens as %s %d; prepare runs for more learners with diloco.max_learners "
+            "(or start it with an unused id below %d). The summary lists it under shared_shards.",
+            role,
+            who,
+            n,
+            n - 1,
+            shard,
+            role,
+            shard,
+            n,
+        )
+    return Assignment(who, shard, start, start + int(shard_tokens[shard]), own)
+
+
+def data_read(reports: Iterable[Mapping[str, Any]], num_shards: int) -> dict[str, Any]:
+    """The summary's record of which data each learner id read (see the module docstring)."""
+    latest: dict[int, Mapping[str, Any]] = {}
+    processed: dict[int, int] = {}
+    for rep in reports:
+        lid = int(rep["learner_id"])
+        processed[lid] = processed.get(lid, 0) + int(rep["tokens_processed"])
+        if rep.get("data") is not None and _newer(rep, latest.get(lid)):
+            latest[lid] = rep
+    per_learner: dict[str, dict[str, Any]] = {}
+    readers: dict[int, list[int]] = {}
+    for lid in sorted(processed):
+        d = DataRead.from_json(latest[lid]["data"]) if lid in latest else None
+        entry: dict[str, Any] = {"shard": None, "tokens_processed": processed[lid]}
+        if d is not None:
+            readers.setdefault(d.shard, []).append(lid)
+            entry = {**d.to_json(), "tokens_processed": processed[lid]}
+        per_learner[str(lid)] = entry
+    return {
+        "data_shards": num_shards,
+        "data_read": per_learner,
+        "shared_shards": {str(s): ids for s, ids in sorted(readers.items()) if len(ids) > 1},
+        "unread_shards": [s for s in range(num_shards) if s not in readers],
+    }
+
+
+def _newer(rep: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+    return than is None or (rep["incarnation"], rep["seq"]) > (than["incarnation"], than["seq"])
