@@ -72,6 +72,7 @@ def schedule(minutes: float, rate: float, seed: int) -> tuple[list[dict[str, Any
 def config(tokens: int, events: list[dict[str, Any]] | None, extra: list[str], run_id: str):
     overrides = [
         f"diloco.learners={LEARNERS}",
+        f"diloco.max_learners={ADDED + 1}",  # both runs cut the same shards (the added learner has its own)
         f"diloco.token_budget={tokens}",
         "restart.max_restarts=1000",
         "sft=null",
