@@ -18,6 +18,7 @@ from ddiloco import keys
 from ddiloco.globalmodel import latest_version
 from ddiloco.posttrain.summary import build_summary, read_round_records
 from ddiloco.prepare import prepare
+from ddiloco.store.base import NotFound
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
@@ -48,7 +49,11 @@ class Watch:
             self.pids.add(status["syncer_pid"])
         for k in self.store.list("global/"):
             if k.endswith(".safetensors"):
-                digest = hashlib.sha256(self.store.get(k)).hexdigest()
+                try:
+                    blob = self.store.get(k)
+                except NotFound:  # retention pruned it since the listing (old versions and deltas go)
+                    continue
+                digest = hashlib.sha256(blob).hexdigest()
                 if self.digests.setdefault(k, digest) != digest:
                     self.rewritten.add(k)
 
