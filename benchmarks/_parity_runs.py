@@ -115,6 +115,18 @@ def mean_accuracy(acc: dict[str, float] | None) -> float | None:
     return statistics.fmean(acc.values()) if acc else None
 
 
+def _run_fields(cfg: Any, s: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    """The fields every run records first, DiLoCo or data-parallel, from its summary `s`."""
+    return {
+        "seed": cfg.seed,
+        "final_val_loss": s["final_val_loss"],
+        "initial_val_loss": s["initial_val_loss"],
+        "wall_seconds": s["wall_seconds"],
+        "elapsed_seconds": elapsed,
+        "tokens_processed": s["tokens_processed"],
+    }
+
+
 def run_diloco(spec: Spec, workdir: Path, timeout: float, tasks: int) -> dict[str, Any]:
     cfg = load_config(spec.recipe, None, spec.overrides)
     cfg.run_id = "parity"
@@ -125,12 +137,7 @@ def run_diloco(spec: Spec, workdir: Path, timeout: float, tasks: int) -> dict[st
     records = [run.store.get_json(k) for k in run.store.list("syncer/rounds/")]
     M, d = cfg.diloco.learners, cfg.diloco
     out = {
-        "seed": cfg.seed,
-        "final_val_loss": s["final_val_loss"],
-        "initial_val_loss": s["initial_val_loss"],
-        "wall_seconds": s["wall_seconds"],
-        "elapsed_seconds": elapsed,
-        "tokens_processed": s["tokens_processed"],
+        **_run_fields(cfg, s, elapsed),
         "tokens_merged": s["tokens_merged"],
         "bytes_per_learner": s["bytes_uploaded"] / M,
         "bytes_downloaded_per_learner": s["bytes_downloaded"] / M,
@@ -165,12 +172,7 @@ def run_dp(spec: Spec, workdir: Path, timeout: float, tasks: int, tokens: int) -
     s = run_baseline(url, learners=cfg.diloco.learners, tokens=tokens, timeout=timeout, tasks=bool(tasks))
     elapsed = time.time() - t0
     out = {
-        "seed": cfg.seed,
-        "final_val_loss": s["final_val_loss"],
-        "initial_val_loss": s["initial_val_loss"],
-        "wall_seconds": s["wall_seconds"],
-        "elapsed_seconds": elapsed,
-        "tokens_processed": s["tokens_processed"],
+        **_run_fields(cfg, s, elapsed),
         "tokens_merged": s["tokens_processed"],
         "bytes_per_learner": s["bytes_sent_per_rank"],
         "bytes_allreduced_per_rank": s["bytes_allreduced_per_rank"],
