@@ -7,8 +7,9 @@ Each measured round drives the syncer's own parts on synthetic answers of the re
    `GlobalFragment` (`SyncerFiles.load_fragment`, outer momentum in steady state); M learners' answers are
    generated one at a time, packed the learner's way (`ddiloco.learner.io.pack_update`: the upload codec of
    `ddiloco.compression` + `ddiloco.protocol.wire`) and put in the store;
-2. timed: `Intake.collect` (list, get, unpack, validate, decode to fp32 on `--threads` workers, and add each
-   answer to the round's running sums, `ddiloco.accumulate`), `GlobalFragment.propose` (finalise the sums,
+2. timed: `Intake.collect` (list, get, unpack, verify and check each answer on `--threads` workers, then
+   decode it chunk by chunk into the round's running sums, `ddiloco.encoded` + `ddiloco.accumulate`;
+   workers read ahead while the sums grow), `GlobalFragment.propose` (finalise the sums,
    Nesterov step), `SyncerFiles.publish` (momentum, round record, global + pointer) and
    `GlobalFragment.commit`; then M plain `copy_`s of one answer's fp32 worth into one fragment-sized buffer,
    the memory-bandwidth yardstick;
@@ -17,9 +18,15 @@ Each measured round drives the syncer's own parts on synthetic answers of the re
    `peak_rss_bytes` is the syncer's and compares with `model_bytes`.
 
 Rounds visit fragments largest first (a round of the largest fragment is what paces the syncer).
-``merge_gbps`` = M × fragment fp32 bytes / round seconds (the whole timed round), ``memcpy_gbps`` the same
-bytes over the copy's seconds; both are medians over rounds. ``--whole-tensors`` uses the layout without
-row pieces (what every run used before tensors above the ideal fragment were split), for comparison.
+``merge_gbps`` = M × fragment fp32 bytes / merge seconds: the time the syncer spends merging, i.e. adding
+each accepted answer to the round's running sums (`Intake`'s accept: decode chunk by chunk and add) plus
+finalising the sums (`RoundSums.finalize`); fetching and verifying answers (on the intake's workers,
+overlapped with the merge), the outer step and publishing are not merging and are in ``round_seconds``.
+``round_gbps`` = the same bytes over the whole round, ``memcpy_gbps`` over the copy's seconds; all are
+medians over rounds; ``stage_seconds`` splits the merge into ``accept`` and ``finalize``. The first round
+pays for fresh memory (its sums and merged gradient come from the OS); later rounds reuse buffers of closed
+rounds (`ddiloco.bufferpool`), as a running syncer does. ``--whole-tensors`` uses the layout without row
+pieces (what every run used before tensors above the ideal fragment were split), for comparison.
 Vocabulary and context default per preset (tiny, small: byte tokenizer; larger: GPT-2's 50304 and 1024).
 
     .venv/bin/python benchmarks/syncer_scale.py --preset 1b --fragments 24 --learners 16 --codec int4 \
@@ -113,6 +120,13 @@ def one_round(
             keys.update_key(p, s, m, 0), pack_update(HostSnapshot(delta, None), args.codec, header, None)
         )
         del delta
+    merge_s = [0.0, 0.0]  # accept (decode + add), finalize
+
+    def timed_accept(rnd: Round, ans) -> None:  # the merge proper: decode + add to the running sums
+        a0 = time.perf_counter()
+        frag.accept(rnd, ans, rule)
+        merge_s[0] += time.perf_counter() - a0
+
     validator = UpdateValidator(cfg, layout, {p: frag}, key=None, wall=time.time)  # type: ignore[arg-type]
     metrics = SyncerMetrics(CollectorRegistry(), dict)
     intake = Intake(
@@ -122,7 +136,7 @@ def one_round(
         clock=time.monotonic,
         wall=time.time,
         on_notice=lambda: None,
-        accept=lambda rnd, ans: frag.accept(rnd, ans, rule),
+        accept=timed_accept,
         threads=args.threads,
     )
     rnd = Round(round=s, fragment_id=p, opened_at=time.monotonic(), opened_wall=time.time())
@@ -131,12 +145,23 @@ def one_round(
     t0 = time.perf_counter()
     intake.collect(rnd)
     t1 = time.perf_counter()
+    finalize = rnd.sums.finalize  # type: ignore[union-attr]
+
+    def timed_finalize(*a, **kw):
+        f0 = time.perf_counter()
+        try:
+            return finalize(*a, **kw)
+        finally:
+            merge_s[1] += time.perf_counter() - f0
+
+    rnd.sums.finalize = timed_finalize  # type: ignore[union-attr,method-assign]
     proposal = frag.propose(rnd.answers, rule, rnd.sums, lambda c: intake.reread(rnd, c))
     t2 = time.perf_counter()
     record = proposal.record(rnd, now=time.monotonic(), merged_at=time.time())
     files.publish(proposal, record)
     t3 = time.perf_counter()
     frag.commit(proposal, published_at=time.time(), clock=time.monotonic(), dtype=args.global_dtype)
+    rnd.sums.release()  # type: ignore[union-attr]  # as the syncer's loop does after a merge
     t4 = time.perf_counter()
     if len(rnd.answers) != args.learners or intake.rejected:
         raise SystemExit(f"round {s}: {len(rnd.answers)} answers accepted, rejected {dict(intake.rejected)}")
@@ -160,7 +185,16 @@ def one_round(
     ):
         for key in store.list(prefix):
             store.delete(key)
-    return {"intake": t1 - t0, "propose": t2 - t1, "publish": t3 - t2, "commit": t4 - t3, "copy": copy_s}
+    return {
+        "intake": t1 - t0,
+        "propose": t2 - t1,
+        "publish": t3 - t2,
+        "commit": t4 - t3,
+        "merge": merge_s[0] + merge_s[1],
+        "accept": merge_s[0],
+        "finalize": merge_s[1],
+        "copy": copy_s,
+    }
 
 
 def resident_state(layout: Layout, measured: int) -> list[torch.Tensor]:
@@ -215,11 +249,12 @@ def main() -> None:
             p = order[s % len(order)]
             t = one_round(s, p, args, cfg, layout, store, g)
             numel = layout.fragments[p].numel
-            total = sum(v for k, v in t.items() if k != "copy")
+            total = sum(v for k, v in t.items() if k not in ("copy", "merge", "accept", "finalize"))
             rounds.append({"fragment": p, "numel": numel, "seconds": total, **t})
             mb = args.learners * 4 * numel / 1e6
             print(
-                f"round {s} fragment {p}: {numel / 1e6:.1f}M values, {total:.3f}s ({mb / 1e3 / total:.2f} GB/s)"
+                f"round {s} fragment {p}: {numel / 1e6:.1f}M values, {total:.3f}s, merge {t['merge']:.3f}s"
+                f" ({mb / 1e3 / t['merge']:.2f} GB/s, copy {mb / 1e3 / t['copy']:.2f} GB/s)"
             )
             gc.collect()
     finally:
@@ -254,8 +289,11 @@ def main() -> None:
         "rounds": len(rounds),
         "round_seconds": _sig(med("seconds")),
         "round_seconds_max": _sig(max(r["seconds"] for r in rounds)),
-        "stage_seconds": {k: _sig(med(k)) for k in ("intake", "propose", "publish", "commit")},
-        "merge_gbps": _sig(gbps("seconds")),
+        "stage_seconds": {
+            k: _sig(med(k)) for k in ("intake", "propose", "publish", "commit", "merge", "accept", "finalize")
+        },
+        "merge_gbps": _sig(gbps("merge")),
+        "round_gbps": _sig(gbps("seconds")),
         "memcpy_gbps": _sig(gbps("copy")),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "per_round": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()} for r in rounds],

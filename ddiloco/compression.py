@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK", "CODECS", "decode", "encode", "encoded_nbytes"]
+__all__ = ["BLOCK", "CODECS", "codes_in_range", "decode", "decode_rows", "encode", "encoded_nbytes"]
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 BLOCK = 128
@@ -282,14 +282,65 @@ def decode(
         last = torch.empty(block, dtype=torch.float32, device=q.device)
         pieces.append((n_full, n_blocks, last))
     for r0, r1, dst in pieces:
-        codes = cbuf[: (r1 - r0) * block]
-        _unpack(q[r0 * bytes_per_block : r1 * bytes_per_block], codes, bits, scratch)
-        if int(codes.max()) > 2 * L:
-            raise ValueError(f"{codec} codes out of range (> {2 * L}) in blocks {r0}..{r1 - 1}")
-        y = dst.view(r1 - r0, block)  # (rows, block)
-        # Back to two's complement in uint8 arithmetic (mod 256), then one int8 -> fp32 cast and one multiply.
-        signed = codes.sub_(L).view(torch.int8).view_as(y)
-        y.copy_(signed).mul_(scale[r0:r1, None])
+        decode_rows(
+            q[r0 * bytes_per_block : r1 * bytes_per_block],
+            scale[r0:r1],
+            dst.view(r1 - r0, block),
+            codec,
+            cbuf,
+            scratch,
+        )
     if last is not None:
         flat[n_full * block :] = last[:tail]
     return out
+
+
+def decode_rows(
+    q: Tensor, scale: Tensor, y: Tensor, codec: str, cbuf: Tensor, scratch: Tensor, *, check: bool = True
+) -> Tensor:
+    """Decode whole blocks of an int codec: ``q`` (rows × bytes per block,) uint8 and ``scale`` (rows,) into
+    ``y`` (rows, block) fp32; ``cbuf`` and ``scratch`` are uint8 buffers of at least ``y.numel()``.
+    ``check=False`` skips the code range check, for codes a caller has checked already (`codes_in_range`)."""
+    bits, L = _INT[codec]
+    codes = cbuf[: y.numel()]
+    _unpack(q, codes, bits, scratch)
+    if check and int(codes.max()) > 2 * L:
+        raise ValueError(f"{codec} codes out of range (> {2 * L}) in these {y.shape[0]} blocks")
+    # Back to two's complement in uint8 arithmetic (mod 256), then one int8 -> fp32 cast and one multiply.
+    signed = codes.sub_(L).view(torch.int8).view_as(y)
+    return y.copy_(signed).mul_(scale[:, None])
+
+
+# A packed byte whose codes are all in range; per codec, the bit pattern of an out-of-range code (2**bits - 1,
+# the only value above 2L) repeated over a 64-bit word, and the shifts that AND a code's bits together.
+_ALL_ONES = {"int4": (0x1111111111111111, (1, 2, 3)), "int2": (0x5555555555555555, (1,))}
+
+
+def codes_in_range(q: Tensor, codec: str) -> bool:
+    """Whether every code packed in ``q`` (uint8) is at most 2L, without unpacking: int8 compares bytes with
+    254; int4 / int2 AND each code's bits together in 64-bit words (a code is out of range iff all its bits
+    are set) when ``q`` is 8-byte aligned, and unpack otherwise."""
+    bits, L = _INT[codec]
+    if q.numel() == 0:
+        return True
+    if bits == 8:
+        return int(q.max()) <= 2 * L
+    _check_byteorder()
+    if q.numel() % 8 or q.storage_offset() % 8:
+        codes = torch.empty(q.numel() * 8 // bits, dtype=torch.uint8)
+        _unpack(q, codes, bits, torch.empty_like(codes))
+        return int(codes.max()) <= 2 * L
+    mask, shifts = _ALL_ONES[codec]
+    words = q.view(torch.int64)
+    step = _CHUNK_ELEMS // 8
+    acc = torch.empty(min(step, words.numel()), dtype=torch.int64)
+    tmp = torch.empty_like(acc)
+    for i in range(0, words.numel(), step):
+        w = words[i : i + step]
+        a, t = acc[: w.numel()], tmp[: w.numel()]
+        a.copy_(w)
+        for k in shifts:  # arithmetic shifts: the sign bits shifted in land only above the top code's bits
+            a.bitwise_and_(torch.bitwise_right_shift(w, k, out=t))
+        if bool(a.bitwise_and_(mask).any()):
+            return False
+    return True

@@ -30,6 +30,7 @@ import torch
 
 from ddiloco import keys
 from ddiloco.compression import encode
+from ddiloco.encoded import EncodedTensor
 from ddiloco.hostname import host_name
 from ddiloco.learner.accel import HostCopier, HostSnapshot
 from ddiloco.learner.checkpoint import optimizer_tensors, write_checkpoint
@@ -225,11 +226,15 @@ def pack_update(snap: HostSnapshot, codec: str, header: dict, key: bytes | None)
     """An answer's payload: the delta snapshot encoded with the upload codec, packed and signed (on an I/O
     thread); the snapshot's buffers are released."""
     tensors: dict[str, torch.Tensor] = {}
+    norms: dict[str, float] = {}
     try:
         for name, d in snap.wait().items():
-            for part, t in encode(d, codec).items():
+            parts = encode(d, codec)
+            # The norm of what the syncer will decode, so it can add Δ/‖Δ‖ in one pass (`ddiloco.encoded`).
+            norms[name] = EncodedTensor(codec, d.shape, parts).norm()
+            for part, t in parts.items():
                 tensors[f"{name}/{part}"] = t
-        return wire.pack(tensors, header, key=key)
+        return wire.pack(tensors, {**header, "norms": norms}, key=key)
     finally:
         snap.release()
 

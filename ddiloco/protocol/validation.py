@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from ddiloco.compression import BLOCK, CODECS, decode, encoded_nbytes
+from ddiloco.encoded import EncodedTensor
 from ddiloco.protocol.wire import PayloadError
 
 MIN_STEP_SECONDS = 1e-5
@@ -181,10 +182,10 @@ def _parts_spec(codec: str, numel: int) -> dict[str, tuple[torch.dtype, int]]:
     }
 
 
-def decode_delta(
+def _delta_parts(
     tensors: Mapping[str, torch.Tensor], codec: str, names: Sequence[str], shapes: Mapping[str, Sequence[int]]
-) -> dict[str, torch.Tensor]:
-    """The fp32 delta of every tensor of the fragment, from `{name}/{part}` payload tensors."""
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Per tensor name, its payload parts (flat), with names, dtypes and sizes checked."""
     if codec not in CODECS:
         raise PayloadError("bad_codec", f"unknown codec {codec[:20]!r}")
     specs = {n: _parts_spec(codec, math.prod(shapes[n])) for n in names}
@@ -192,7 +193,7 @@ def decode_delta(
     if set(tensors) != expected:
         odd = sorted(set(tensors) ^ expected)[:3]
         raise PayloadError("wrong_shape", f"tensor names do not match the fragment (e.g. {odd})")
-    delta: dict[str, torch.Tensor] = {}
+    out: dict[str, dict[str, torch.Tensor]] = {}
     for name, spec in specs.items():
         parts = {}
         for part, (dtype, length) in spec.items():
@@ -201,9 +202,35 @@ def decode_delta(
                 raise PayloadError("wrong_dtype", f"{name}/{part} is {t.dtype}, {codec} needs {dtype}")
             if t.numel() != length:
                 raise PayloadError("wrong_shape", f"{name}/{part} has {t.numel()} values, expected {length}")
+            parts[part] = t.reshape(-1)
+        out[name] = parts
+    return out
+
+
+def check_delta(
+    tensors: Mapping[str, torch.Tensor], codec: str, names: Sequence[str], shapes: Mapping[str, Sequence[int]]
+) -> dict[str, EncodedTensor]:
+    """The delta of every tensor of the fragment, checked whole but still encoded (`ddiloco.encoded`):
+    what the syncer adds to a round's sums chunk by chunk."""
+    checked = {}
+    for name, parts in _delta_parts(tensors, codec, names, shapes).items():
+        try:
+            checked[name] = EncodedTensor.check(parts, codec, shapes[name])
+        except ValueError as e:
+            reason = "non_finite" if "NaN/Inf" in str(e) or "overflow" in str(e) else "malformed"
+            raise PayloadError(reason, f"{name}: {e}") from None
+    return checked
+
+
+def decode_delta(
+    tensors: Mapping[str, torch.Tensor], codec: str, names: Sequence[str], shapes: Mapping[str, Sequence[int]]
+) -> dict[str, torch.Tensor]:
+    """The fp32 delta of every tensor of the fragment, from `{name}/{part}` payload tensors."""
+    delta: dict[str, torch.Tensor] = {}
+    for name, parts in _delta_parts(tensors, codec, names, shapes).items():
+        for part, t in parts.items():
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise PayloadError("non_finite", f"{name}/{part} has NaN/Inf")
-            parts[part] = t.reshape(-1)
         try:
             d = decode(parts, codec, shapes[name])
         except ValueError as e:

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from ddiloco.accumulate import Reread, RoundSums
+from ddiloco.bufferpool import SYNCER_POOL
 from ddiloco.config import DilocoConfig
 from ddiloco.globalmodel import Layout
 from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
@@ -155,22 +156,25 @@ class GlobalFragment:
     def new_sums(self, rule: MergeRule) -> RoundSums:
         """Empty running sums for a round of this fragment (`ddiloco.accumulate`)."""
         shapes = {n: t.shape for n, t in self.theta.items()}
-        return RoundSums(shapes, method=rule.method, embedding_names=rule.embedding_names)
+        return RoundSums(shapes, method=rule.method, embedding_names=rule.embedding_names, pool=SYNCER_POOL)
 
     def add_answer(self, sums: RoundSums, ans: Answer, rule: MergeRule) -> None:
         """Add an answer's δ to a round's sums with its merge weight (token weight × discount). A round is
         open on one version of its fragment, so the weight is the one the merge would give it."""
-        if ans.delta is None:
-            raise ValueError(f"answer of {ans.contributor} has no decoded delta to add")
         w, discount = self.weigh(ans.header, rule)
-        sums.add(ans.contributor, w * discount, {n: ans.delta[n] for n in self.theta})
+        if ans.encoded is not None:
+            sums.add_encoded(ans.contributor, w * discount, ans.encoded, ans.header.get("norms"))
+        elif ans.delta is not None:
+            sums.add(ans.contributor, w * discount, {n: ans.delta[n] for n in self.theta})
+        else:
+            raise ValueError(f"answer of {ans.contributor} has no delta to add")
 
     def accept(self, rnd: Round, ans: Answer, rule: MergeRule) -> None:
-        """Add a valid answer of `rnd` to the round's running sums and drop its decoded δ."""
+        """Add a valid answer of `rnd` to the round's running sums and drop its δ."""
         if rnd.sums is None:
             rnd.sums = self.new_sums(rule)
         self.add_answer(rnd.sums, ans, rule)
-        ans.delta = None
+        ans.delta = ans.encoded = None
 
     def propose(
         self,
@@ -224,6 +228,7 @@ class GlobalFragment:
         outer.load_state_dict({n: t.clone() for n, t in self.outer.state_dict().items()})
         theta = _clone(self.theta)
         outer.step(theta, merged)
+        sums.recycle(done)  # the step consumed the merged gradient (momentum keeps its own copy)
         return Proposal(
             self.version + 1,
             theta,

@@ -1,8 +1,9 @@
 """The syncer's intake: reading learner updates from the store, validating them and counting rejections.
 
 Design choices:
-- `Intake.collect` reads each new object of an open round once; what `UpdateValidator` accepts is decoded
-  to an fp32 delta, so a merge only does arithmetic. The rules and reasons live in
+- `Intake.collect` reads each new object of an open round once; what `UpdateValidator` accepts is checked
+  whole and kept encoded (`ddiloco.encoded`): the syncer decodes it chunk by chunk into the round's running
+  sums. Workers fetch and verify the next answers while the loop adds the previous one to the sums. The rules and reasons live in
   `ddiloco.protocol.validation`; the validator adds the checks that need the syncer's fragments (the
   newest version, how far behind it a base is, when a base was published). A too-stale answer is
   rejected before anything else is checked. The base itself is never read: the merge takes the learner's δ
@@ -22,6 +23,7 @@ Design choices:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import struct
 from collections import Counter, deque
@@ -102,12 +104,12 @@ class UpdateValidator:
             published = frag.published_at.get(meta["base_version"])
             self.step_clock.check(contributor, meta, published, self.wall())
             names = self.layout.fragments[rnd.fragment_id].names
-            delta = validation.decode_delta(h.tensors, meta["codec"], names, self.layout.shapes)
+            encoded = validation.check_delta(h.tensors, meta["codec"], names, self.layout.shapes)
         except wire.PayloadError as e:
             e.sender = named  # type: ignore[attr-defined]
             raise
         self.step_clock.record(contributor, meta)
-        return Answer(contributor, meta, delta)
+        return Answer(contributor, meta, None, encoded=encoded)
 
     def decode(self, rnd: Round, blob: bytes) -> dict[str, torch.Tensor]:
         """The fp32 δ of an update `answer` accepted before (verified again, counters not re-checked)."""
@@ -169,9 +171,9 @@ class Intake:
     def collect(self, rnd: Round) -> None:
         """File every new valid update of `rnd` in `rnd.answers`; count and note the rest.
 
-        With a pool, up to `pool` updates are fetched, verified and decoded at once (I/O, hashing and
-        decoding release the GIL); they are then accepted and filed one by one in listing order, so the
-        running sums add the same answers in the same order whatever the threads did."""
+        With a pool, up to `threads` updates are fetched and verified at once (I/O, hashing and the checks
+        release the GIL); they are accepted and filed one by one in listing order, so the running sums add
+        the same answers in the same order whatever the threads did."""
         prefix = keys.update_prefix(rnd.fragment_id, rnd.round)
         now = self.clock()
         todo = []
@@ -180,16 +182,26 @@ class Intake:
             retry = rnd.retry.get(name)
             if name not in rnd.seen and (retry is None or now >= retry[0]):
                 todo.append((key, name))
-        width = self.workers if self.pool is not None else 1
-        for i in range(0, len(todo), width):  # bounded: at most `width` decoded answers exist at once
-            chunk = todo[i : i + width]
-            if self.pool is not None and len(chunk) > 1:
-                reads = list(self.pool.map(lambda kn: self._read(rnd, *kn), chunk))
-            else:
-                reads = [self._read(rnd, key, name) for key, name in chunk]
-            for (key, name), read in zip(chunk, reads, strict=True):
+        if self.pool is None:
+            for key, name in todo:
+                read = self._read(rnd, key, name)
                 if read is not None:
                     self._file(rnd, key, name, read, now)
+            return
+        # A window of `workers` reads in flight: at most that many encoded answers wait at once, and the
+        # next ones are fetched and verified while this thread adds the current one to the sums.
+        pending: deque = deque()
+        ahead = iter(todo)
+        for key, name in itertools.islice(ahead, self.workers):
+            pending.append((key, name, self.pool.submit(self._read, rnd, key, name)))
+        while pending:
+            key, name, future = pending.popleft()
+            nxt = next(ahead, None)
+            if nxt is not None:
+                pending.append((*nxt, self.pool.submit(self._read, rnd, *nxt)))
+            read = future.result()
+            if read is not None:
+                self._file(rnd, key, name, read, now)
 
     def _read(self, rnd: Round, key: str, name: str) -> _Read | None:
         """Fetch, verify and decode one update (a worker's share); None when it is gone or unchanged."""

@@ -280,6 +280,8 @@ class Syncer:
         self.books.rounds_abandoned += 1
         self.metrics.rounds.labels(outcome="abandoned").inc()
         del self.open[rnd.round]
+        if rnd.sums is not None:
+            rnd.sums.release()
         self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
         self.publish_status()
 
@@ -309,6 +311,8 @@ class Syncer:
             self.books.clipped["norm_outlier"] += 1
             self.metrics.clipped.labels(reason="norm_outlier").inc()
         del self.open[rnd.round]
+        if rnd.sums is not None:
+            rnd.sums.release()
         self.books.xi_sync = ema(self.books.xi_sync, self.clock() - now, self.ema_alpha)
         if (link := link_time(rnd.answers.values())) is not None:
             self.books.xi_link = ema(self.books.xi_link, link, self.ema_alpha)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # annotations only: this module runs without torch
 
     from ddiloco.accumulate import RoundSums
     from ddiloco.config import DilocoConfig
+    from ddiloco.encoded import EncodedTensor
 
 DEFAULT_EMA = 0.2
 """Smoothing of ξ_quorum and ξ_sync when the config has no grace section."""
@@ -51,7 +52,10 @@ class Answer:
     contributor: str
     header: dict[str, Any]
     delta: dict[str, torch.Tensor] | None
-    """fp32, relative to the learner's base version; None once added to its round's sums."""
+    """fp32, relative to the learner's base version (answers built in memory); None once added to its
+    round's sums."""
+    encoded: dict[str, EncodedTensor] | None = None
+    """The same as uploaded and checked (`ddiloco.encoded`), as the intake files it; None once added."""
     key: str = ""
     """The store key it was read from (to read it again)."""
     digest: str = ""

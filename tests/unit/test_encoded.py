@@ -1,0 +1,127 @@
+"""`ddiloco.encoded`: answers checked whole while encoded, then decoded chunk by chunk into running sums.
+
+References: `ddiloco.compression.decode` of the same parts, fp64 norms, and the batch merge
+(`merge.merge_with_stats`, itself checked against independent references in test_merge*.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ddiloco.accumulate import RoundSums
+from ddiloco.compression import codes_in_range, decode, encode
+from ddiloco.encoded import EncodedTensor
+from ddiloco.merge import merge_with_stats
+
+INT_CODECS = ("int8", "int4", "int2")
+
+
+def _x(n: int, seed: int = 0, scale: float = 1e-3) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+@pytest.mark.parametrize("codec", ["fp32", "bf16", *INT_CODECS])
+@pytest.mark.parametrize("n", [1, 127, 128, 1000, (1 << 19) + 77])
+def test_accumulate_adds_exactly_the_decoded_values_and_measures_their_norm(codec, n):
+    parts = encode(_x(n), codec)
+    ref = decode(parts, codec, (n,))
+    t = EncodedTensor.check(parts, codec, (n,))
+    acc = _x(n, seed=1)
+    want = acc.clone().add_(ref, alpha=0.37)
+    norm = t.accumulate(acc, 0.37)
+    assert torch.equal(acc, want)  # the same fp32 ops, chunk by chunk
+    exact = float(torch.linalg.vector_norm(ref.double()))
+    assert norm == pytest.approx(exact, rel=1e-7, abs=1e-12)
+    assert t.norm() == norm  # what a learner claims is what the syncer measures
+    assert torch.equal(t.decode(), ref)
+
+
+def test_norms_of_large_tensors_are_fp64_exact():
+    # A single fp32 reduction is off by ~9e-5 at 4M values (0.6% at 48M, a 1b fragment); RDA divides by it.
+    n = 4 << 20
+    x = _x(n)
+    sums = RoundSums({"w": (n,)}, method="rda")
+    norms = sums.add("a", 1.0, {"w": x}).norms
+    assert norms["w"] == pytest.approx(float(torch.linalg.vector_norm(x.double())), rel=1e-6)
+
+
+@pytest.mark.parametrize("codec", INT_CODECS)
+@pytest.mark.parametrize("offset", [0, 3])  # aligned words, and the unpacking fallback
+def test_out_of_range_codes_are_found_anywhere_without_unpacking(codec, offset):
+    n = 5000
+    q = encode(_x(n), codec)["q"]
+    assert codes_in_range(q, codec)
+    bits = {"int8": 8, "int4": 4, "int2": 2}[codec]
+    bad_code = (1 << bits) - 1  # 2L + 1: the only code above the range
+    for byte in (0, 7, q.numel() // 2, q.numel() - 1):
+        for slot in range(8 // bits):
+            bad = torch.cat([torch.zeros(offset, dtype=torch.uint8), q.clone()])[offset:]
+            v = int(bad[byte]) & ~(bad_code << (slot * bits)) | (bad_code << (slot * bits))
+            bad[byte] = v
+            assert not codes_in_range(bad, codec), (byte, slot)
+
+
+@pytest.mark.parametrize(
+    ("codec", "tamper", "words"),
+    [
+        ("int4", lambda p: p["scale"].__setitem__(3, float("nan")), "NaN/Inf"),
+        ("int4", lambda p: p["scale"].__setitem__(3, -1.0), "negative"),
+        ("int8", lambda p: p["scale"].__setitem__(3, 1e37), "overflow"),
+        ("int4", lambda p: p["q"].__setitem__(10, 0xFF), "out of range"),
+        ("fp32", lambda p: p["data"].__setitem__(10, float("inf")), "NaN/Inf"),
+        ("bf16", lambda p: p["data"].__setitem__(10, float("nan")), "NaN/Inf"),
+    ],
+)
+def test_a_bad_tensor_is_refused_before_any_value_is_added(codec, tamper, words):
+    n = 2000
+    parts = {k: v.clone() for k, v in encode(_x(n), codec).items()}
+    tamper(parts)
+    with pytest.raises(ValueError, match=words):
+        EncodedTensor.check(parts, codec, (n,))
+
+
+SHAPES = {"wte": (64, 32), "h.0.w": (96, 64), "ln.g": (700,)}
+EMB = frozenset({"wte"})
+
+
+def _encoded_answers(m, codec="int4"):
+    answers, encoded = [], []
+    for i in range(m):
+        parts = {
+            n: encode(_x(math.prod(s), seed=10 + 7 * i + j, scale=1.0), codec)
+            for j, (n, s) in enumerate(SHAPES.items())
+        }
+        answers.append({n: decode(parts[n], codec, SHAPES[n]) for n in SHAPES})
+        encoded.append({n: EncodedTensor.check(parts[n], codec, SHAPES[n]) for n in SHAPES})
+    return answers, encoded
+
+
+@pytest.mark.parametrize("claim", ["true", "none", "wrong", "junk"])
+def test_claimed_norms_give_the_batch_merge_and_a_wrong_claim_is_corrected(claim):
+    answers, encoded = _encoded_answers(4)
+    weights = [1.0, 2.0, 0.5, 1.5]
+    sums = RoundSums(SHAPES, method="rda", embedding_names=EMB)
+    for i, (enc, w) in enumerate(zip(encoded, weights, strict=True)):
+        claimed = {
+            "true": {n: t.norm() for n, t in enc.items()},
+            "none": None,
+            "wrong": {n: 2.5 * t.norm() for n, t in enc.items()},
+            "junk": {n: "x" for n in enc},
+        }[claim]
+        sums.add_encoded(str(i), w, enc, claimed)
+    done = sums.finalize(lambda k: answers[int(k)])
+    merged, stats = merge_with_stats(answers, weights, embedding_names=EMB, method="rda")
+    for n, t in merged.items():  # to 1e-6 of the tensor's scale (fp32 summation order differs)
+        torch.testing.assert_close(done.merged[n], t, rtol=1e-6, atol=1e-6 * float(t.abs().max()))
+    assert done.stats["merged_norm"] == pytest.approx(stats["merged_norm"], rel=1e-6)
+    # every RDA tensor of every answer took a second pass when (and only when) its claim was wrong
+    assert sums.corrections == (4 * 2 if claim == "wrong" else 0)
+
+
+def test_an_open_round_holds_one_sum_per_tensor():
+    numel = sum(math.prod(s) for s in SHAPES.values())
+    for method in ("rda", "mean"):
+        assert RoundSums(SHAPES, method=method, embedding_names=EMB).nbytes() == 4 * numel
