@@ -62,7 +62,7 @@ from ddiloco.protocol.messages import Ledger
 from ddiloco.recipes import load_config
 from ddiloco.store.url import open_store
 from ddiloco.syncer.fragment import MergeRule
-from ddiloco.syncer.intake import Intake, UpdateValidator
+from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.rounds import Round
 from ddiloco.syncer.state import SyncerFiles
 
@@ -232,7 +232,7 @@ def main() -> None:
         help="do not hold the other fragments' Θ and momentum (peak RSS then counts one fragment's round)",
     )
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(split_threads(args.threads)[1])  # as the syncer splits its threads
     vocab, block = PRESET_DEFAULTS[args.preset]
     vocab, block = args.vocab or vocab, args.seq_len or block
     layout = layout_of(args.preset, vocab, block, args.fragments, args.whole_tensors)

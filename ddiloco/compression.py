@@ -295,16 +295,13 @@ def decode(
     return out
 
 
-def decode_rows(
-    q: Tensor, scale: Tensor, y: Tensor, codec: str, cbuf: Tensor, scratch: Tensor, *, check: bool = True
-) -> Tensor:
+def decode_rows(q: Tensor, scale: Tensor, y: Tensor, codec: str, cbuf: Tensor, scratch: Tensor) -> Tensor:
     """Decode whole blocks of an int codec: ``q`` (rows × bytes per block,) uint8 and ``scale`` (rows,) into
-    ``y`` (rows, block) fp32; ``cbuf`` and ``scratch`` are uint8 buffers of at least ``y.numel()``.
-    ``check=False`` skips the code range check, for codes a caller has checked already (`codes_in_range`)."""
+    ``y`` (rows, block) fp32; ``cbuf`` and ``scratch`` are uint8 buffers of at least ``y.numel()``."""
     bits, L = _INT[codec]
     codes = cbuf[: y.numel()]
     _unpack(q, codes, bits, scratch)
-    if check and int(codes.max()) > 2 * L:
+    if int(codes.max()) > 2 * L:
         raise ValueError(f"{codec} codes out of range (> {2 * L}) in these {y.shape[0]} blocks")
     # Back to two's complement in uint8 arithmetic (mod 256), then one int8 -> fp32 cast and one multiply.
     signed = codes.sub_(L).view(torch.int8).view_as(y)

@@ -50,7 +50,7 @@ from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerState
 from ddiloco.store.base import NotFound, Store, StoreError
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
-from ddiloco.syncer.intake import Intake, UpdateValidator
+from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.lease import Lease
 from ddiloco.syncer.retention import Retention
 from ddiloco.syncer.roster import Roster
@@ -113,8 +113,8 @@ class Syncer:
         self.layout = read_layout(store)
         self.P = self.layout.num_fragments
         self.threads = threads or 1
-        if threads is not None:  # the merge's element-wise passes use them too (None: as the process has it)
-            torch.set_num_threads(threads)
+        if threads is not None:  # the merge's passes use those the intake's readers leave (None: as it is)
+            torch.set_num_threads(split_threads(threads)[1])
         self.rule = MergeRule.of(d, self.layout, robust_clip)
         self.quorum_rule = QuorumRule.of(d)
         self.grace_rule = GraceRule.of(d)

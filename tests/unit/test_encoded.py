@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ddiloco.accumulate import RoundSums
-from ddiloco.compression import codes_in_range, decode, encode
+from ddiloco.compression import BLOCK, codes_in_range, decode, encode
 from ddiloco.encoded import EncodedTensor
 from ddiloco.merge import merge_with_stats
 
@@ -32,7 +32,7 @@ def test_accumulate_adds_exactly_the_decoded_values_and_measures_their_norm(code
     acc = _x(n, seed=1)
     want = acc.clone().add_(ref, alpha=0.37)
     norm = t.accumulate(acc, 0.37)
-    assert torch.equal(acc, want)  # the same fp32 ops, chunk by chunk
+    torch.testing.assert_close(acc, want, rtol=1e-6, atol=1e-9)  # codes × (scale · alpha): rounding only
     exact = float(torch.linalg.vector_norm(ref.double()))
     assert norm == pytest.approx(exact, rel=1e-7, abs=1e-12)
     assert t.norm() == norm  # what a learner claims is what the syncer measures
@@ -125,3 +125,17 @@ def test_an_open_round_holds_one_sum_per_tensor():
     numel = sum(math.prod(s) for s in SHAPES.values())
     for method in ("rda", "mean"):
         assert RoundSums(SHAPES, method=method, embedding_names=EMB).nbytes() == 4 * numel
+
+
+@pytest.mark.parametrize("codec", INT_CODECS)
+def test_codes_in_the_padding_of_the_last_block_count_for_nothing(codec):
+    n = 1000  # 7 full blocks and 104 values of an eighth
+    parts = {k: v.clone() for k, v in encode(_x(n), codec).items()}
+    bits = {"int8": 8, "int4": 4, "int2": 2}[codec]
+    pad_bytes = (8 * BLOCK - n) * bits // 8
+    parts["q"][-pad_bytes:] = 0  # code 0 is −L: the largest magnitude, in every padded slot
+    ref = decode(parts, codec, (n,))
+    t = EncodedTensor.check(parts, codec, (n,))
+    acc = torch.zeros(n)
+    assert t.accumulate(acc, 1.0) == pytest.approx(float(ref.double().norm()), rel=1e-7)
+    torch.testing.assert_close(acc, ref, rtol=1e-6, atol=0)
