@@ -94,7 +94,9 @@ class RoundSums:
         self.directions = {n: t for n, t in views.items() if n in self.rda_names}
         self.answers: dict[str, AnswerNorms] = {}
         self.corrections = 0
-        """Answers whose claimed norms were wrong, so their direction took a second pass."""
+        """RDA tensors of answers whose claimed norm was wrong, so their direction took a second pass."""
+        self.unclaimed = 0
+        """RDA tensors of answers that claimed no usable norm, so it was measured in a pass of its own."""
         self._buf = chunk_buffer()
 
     def __len__(self) -> int:
@@ -170,7 +172,12 @@ class RoundSums:
 
     def _add_direction(self, name: str, weight: float, t: EncodedTensor, claim: float | None) -> float:
         acc = self.directions[name]
+        if t.known_norm is not None:  # measured by this syncer (its check, or an intake reader)
+            if t.known_norm > 0:
+                t.accumulate(acc, weight / t.known_norm, self._buf)
+            return t.known_norm
         if claim is None:
+            self.unclaimed += 1
             norm = t.norm(self._buf)
             if norm > 0:
                 t.accumulate(acc, weight / norm, self._buf)

@@ -25,6 +25,7 @@ Design choices:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ class EncodedTensor:
     shape: torch.Size
     parts: Mapping[str, Tensor]
     known_norm: float | None = None
-    """‖values‖ when `check` measured it (fp32/bf16); None for the int codecs."""
+    """‖values‖ when this syncer measured it already: `check` for fp32/bf16, `measured` for the int codecs
+    (the intake's readers do, so the merge's pass only adds)."""
 
     @property
     def numel(self) -> int:
@@ -86,6 +88,10 @@ class EncodedTensor:
         if not codes_in_range(q, codec):
             raise ValueError(f"{codec} codes out of range (> {2 * L})")
         return cls(codec, shape, {"q": q, "scale": scale})
+
+    def measured(self, buf: Tensor | None = None) -> EncodedTensor:
+        """This tensor with its norm measured (`known_norm`)."""
+        return self if self.known_norm is not None else dataclasses.replace(self, known_norm=self.norm(buf))
 
     def norm(self, buf: Tensor | None = None) -> float:
         """‖decoded values‖, computed exactly as `accumulate` measures it (what learners claim in `norms`)."""
@@ -131,9 +137,10 @@ class EncodedTensor:
             c = _buf(buf, k * BLOCK).view(k, BLOCK)
             c.copy_(codes.sub_(L).view(torch.int8).view(k, BLOCK))
             full = min(r1, n_full) - r0  # rows wholly inside the tensor
-            torch.linalg.vector_norm(c, dim=1, out=row_norms[r0:r1])
-            if full < k:  # the padded last block: only its first `tail` values
-                row_norms[n_full] = torch.linalg.vector_norm(c[full, :tail])
+            if self.known_norm is None:
+                torch.linalg.vector_norm(c, dim=1, out=row_norms[r0:r1])
+                if full < k:  # the padded last block: only its first `tail` values
+                    row_norms[n_full] = torch.linalg.vector_norm(c[full, :tail])
             if flat is None:
                 continue
             if full > 0:
@@ -141,6 +148,8 @@ class EncodedTensor:
                 rows_of.addcmul_(c[:full], coef[r0 : r0 + full, None])
             if full < k:
                 flat[n_full * BLOCK :].add_(c[full, :tail] * scale[n_full], alpha=alpha)
+        if self.known_norm is not None:
+            return self.known_norm
         total = (
             float(torch.linalg.vector_norm(row_norms.mul_(scale), dtype=torch.float64)) ** 2
             if n_blocks

@@ -201,8 +201,8 @@ def register(sub: Any) -> None:
         "--threads",
         type=int,
         default=None,
-        help="threads that read and decode answers and run the merge (default: OMP_NUM_THREADS if set, "
-        "else the CPUs this process may use, at most 8)",
+        help="CPU threads: half read, verify and measure answers ahead, the rest run the merge (default: "
+        "OMP_NUM_THREADS if set, else the CPUs this process may use, at most 8)",
     )
     add_metrics_args(p)
     p.set_defaults(func=cmd_syncer)

@@ -3,7 +3,9 @@
 Design choices:
 - `Intake.collect` reads each new object of an open round once; what `UpdateValidator` accepts is checked
   whole and kept encoded (`ddiloco.encoded`): the syncer decodes it chunk by chunk into the round's running
-  sums. Workers fetch and verify the next answers while the loop adds the previous one to the sums. The rules and reasons live in
+  sums. Readers (`split_threads`) fetch, verify and check the next answers and measure their norms while
+  the loop adds the previous one to the sums; on one thread reads run inline and the merge's pass measures
+  the norms itself (against the learner's claim, `ddiloco.encoded`). The rules and reasons live in
   `ddiloco.protocol.validation`; the validator adds the checks that need the syncer's fragments (the
   newest version, how far behind it a base is, when a base was published). A too-stale answer is
   rejected before anything else is checked. The base itself is never read: the merge takes the learner's δ
@@ -26,6 +28,7 @@ import hashlib
 import itertools
 import logging
 import struct
+import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +38,7 @@ import torch
 
 from ddiloco import keys
 from ddiloco.config import RunConfig
+from ddiloco.encoded import chunk_buffer
 from ddiloco.globalmodel import Layout
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol import validation, wire
@@ -173,6 +177,7 @@ class Intake:
         self.workers, _ = split_threads(threads)
         self.accept = accept
         self.pool = ThreadPoolExecutor(self.workers, "intake") if self.workers > 0 else None
+        self._buffers = threading.local()  # a decode buffer per reader
         self.clock, self.wall, self.on_notice = clock, wall, on_notice
         self.rejected: Counter[str] = Counter(rejected or {})
         self.notices: deque[Rejection] = deque(maxlen=MAX_NOTICES)
@@ -229,6 +234,9 @@ class Intake:
             ans = self.validator.answer(rnd, name, blob)
         except wire.PayloadError as e:
             return _Read(digest or hashlib.sha256(blob).hexdigest(), error=e)
+        if self.pool is not None and ans.encoded is not None:  # a reader: measure the norms here, so the
+            buf = self._buffers.__dict__.setdefault("buf", chunk_buffer())  # merge's pass only adds
+            ans.encoded = {n: t.measured(buf) for n, t in ans.encoded.items()}
         return _Read(accepted_digest(blob), answer=ans)
 
     def _file(self, rnd: Round, key: str, name: str, read: _Read, now: float) -> None:

@@ -18,13 +18,18 @@ from ddiloco.syncer.rounds import Answer
 from tests._harness import drive, tiny_config
 
 
-@pytest.mark.parametrize(("robust_clip", "threads"), [(None, None), (1.05, None), (1.05, 3)])
-def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip, threads):
+@pytest.mark.parametrize(
+    ("robust_clip", "threads", "codec"), [(None, None, "fp32"), (1.05, None, "int4"), (1.05, 3, "int4")]
+)
+def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip, threads, codec):
     """With robust_clip 1.05 most rounds of two or more answers clip one (the largest norm is above 1.05 ×
     the median), so the clipped answers' second read is exercised. With 3 threads the intake reads and
-    decodes answers in parallel (each pass adds what it read in listing order)."""
+    checks answers ahead while the loop adds them (in listing order). int4 answers are added straight from
+    their codes with the norms the learners claim."""
     store = open_store(f"memory://stream-{robust_clip}-{threads}")
-    cfg = tiny_config("stream", "diloco.learners=3", "diloco.quorum=2", "diloco.token_budget=60000")
+    cfg = tiny_config(
+        "stream", "diloco.learners=3", "diloco.quorum=2", "diloco.token_budget=60000", f"diloco.codec={codec}"
+    )
     prepare(store, cfg)
     torch_threads = torch.get_num_threads()
     syncer = Syncer(store, poll_s=0, robust_clip=robust_clip, threads=threads)
@@ -36,7 +41,11 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
 
     def checked_merge(rnd, now):
         assert rnd.sums is not None and set(rnd.sums.answers) == set(rnd.answers)
-        assert all(a.delta is None for a in rnd.answers.values()), "a round keeps no decoded answer"
+        assert all(a.delta is None and a.encoded is None for a in rnd.answers.values()), (
+            "a round keeps no answer"
+        )
+        # learners claim the norms the syncer measures: one pass per answer, no correction
+        assert (rnd.sums.unclaimed, rnd.sums.corrections) == (0, 0)
         frag = syncer.fragments[rnd.fragment_id]
         batch_answers = {
             c: dataclasses.replace(a, delta=syncer.intake.reread(rnd, c)) for c, a in rnd.answers.items()

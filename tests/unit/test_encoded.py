@@ -139,3 +139,14 @@ def test_codes_in_the_padding_of_the_last_block_count_for_nothing(codec):
     acc = torch.zeros(n)
     assert t.accumulate(acc, 1.0) == pytest.approx(float(ref.double().norm()), rel=1e-7)
     torch.testing.assert_close(acc, ref, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("codec", INT_CODECS)
+def test_a_tensor_measured_by_a_reader_adds_the_same_without_measuring_again(codec):
+    n = 3000
+    t = EncodedTensor.check(encode(_x(n), codec), codec, (n,))
+    m = t.measured()
+    assert t.known_norm is None and m.known_norm == t.norm() and m.measured() is m
+    a, b = torch.zeros(n), torch.zeros(n)
+    assert m.accumulate(a, 0.5) == t.accumulate(b, 0.5)
+    assert torch.equal(a, b)
