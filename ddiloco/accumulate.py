@@ -96,7 +96,8 @@ class RoundSums:
         self.corrections = 0
         """RDA tensors of answers whose claimed norm was wrong, so their direction took a second pass."""
         self.unclaimed = 0
-        """RDA tensors of answers that claimed no usable norm, so it was measured in a pass of its own."""
+        """RDA tensors of answers that claimed no usable norm (none, or one outside what the scales allow),
+        so it was measured in a pass of its own."""
         self._buf = chunk_buffer()
 
     def __len__(self) -> int:
@@ -176,7 +177,7 @@ class RoundSums:
             if t.known_norm > 0:
                 t.accumulate(acc, weight / t.known_norm, self._buf)
             return t.known_norm
-        if claim is None:
+        if claim is None or not t.plausible(claim):
             self.unclaimed += 1
             norm = t.norm(self._buf)
             if norm > 0:

@@ -51,6 +51,8 @@ class EncodedTensor:
     codec: str
     shape: torch.Size
     parts: Mapping[str, Tensor]
+    bound: float = math.inf
+    """An upper bound on ‖values‖ from the scales alone (int codecs: L·√BLOCK·‖scale‖)."""
     known_norm: float | None = None
     """‖values‖ when this syncer measured it already: `check` for fp32/bf16, `measured` for the int codecs
     (the intake's readers do, so the merge's pass only adds)."""
@@ -87,7 +89,16 @@ class EncodedTensor:
             raise ValueError(f"{codec} scales are too large (decoded values would overflow fp32)")
         if not codes_in_range(q, codec):
             raise ValueError(f"{codec} codes out of range (> {2 * L})")
-        return cls(codec, shape, {"q": q, "scale": scale})
+        return cls(codec, shape, {"q": q, "scale": scale}, bound=bound)
+
+    def plausible(self, claim: float) -> bool:
+        """Whether a claimed norm could be this tensor's. Absmax encoding decodes each block's largest value
+        to exactly L·scale, so an honest norm lies in [L·‖scale‖, L·√BLOCK·‖scale‖]; a claim in that range
+        adds at most √BLOCK times the answer's due share before the correction, so a wrong one costs a
+        second pass but never the sum's precision (a claim of 1e-30 would add 1e30 × the values)."""
+        if self.bound == math.inf:
+            return True
+        return self.bound / math.sqrt(BLOCK) * (1 - HINT_RTOL) <= claim <= self.bound * (1 + HINT_RTOL)
 
     def measured(self, buf: Tensor | None = None) -> EncodedTensor:
         """This tensor with its norm measured (`known_norm`)."""

@@ -99,7 +99,7 @@ def _encoded_answers(m, codec="int4"):
     return answers, encoded
 
 
-@pytest.mark.parametrize("claim", ["true", "none", "wrong", "junk"])
+@pytest.mark.parametrize("claim", ["true", "none", "wrong", "junk", "tiny", "huge"])
 def test_claimed_norms_give_the_batch_merge_and_a_wrong_claim_is_corrected(claim):
     answers, encoded = _encoded_answers(4)
     weights = [1.0, 2.0, 0.5, 1.5]
@@ -110,6 +110,8 @@ def test_claimed_norms_give_the_batch_merge_and_a_wrong_claim_is_corrected(claim
             "none": None,
             "wrong": {n: 2.5 * t.norm() for n, t in enc.items()},
             "junk": {n: "x" for n in enc},
+            "tiny": {n: 1e-30 for n in enc},  # would add 1e30 × the values before any correction
+            "huge": {n: 1e30 for n in enc},
         }[claim]
         sums.add_encoded(str(i), w, enc, claimed)
     done = sums.finalize(lambda k: answers[int(k)])
@@ -119,6 +121,8 @@ def test_claimed_norms_give_the_batch_merge_and_a_wrong_claim_is_corrected(claim
     assert done.stats["merged_norm"] == pytest.approx(stats["merged_norm"], rel=1e-6)
     # every RDA tensor of every answer took a second pass when (and only when) its claim was wrong
     assert sums.corrections == (4 * 2 if claim == "wrong" else 0)
+    assert sums.unclaimed == (0 if claim in ("true", "wrong") else 4 * 2)
+    assert all(bool(torch.isfinite(d).all()) for d in sums.directions.values())
 
 
 def test_an_open_round_holds_one_sum_per_tensor():
