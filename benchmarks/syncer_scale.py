@@ -10,7 +10,8 @@ Each measured round drives the syncer's own parts on synthetic answers of the re
 2. timed: `Intake.collect` (list, get, unpack, verify and check each answer on `--threads` workers, then
    decode it chunk by chunk into the round's running sums, `ddiloco.encoded` + `ddiloco.accumulate`;
    workers read ahead while the sums grow), `GlobalFragment.propose` (finalise the sums,
-   Nesterov step), `SyncerFiles.publish` (momentum, round record, global + pointer) and
+   Nesterov step), `SyncerFiles.publish` (momentum, round record, the download delta against the
+   previous version as `--download-codec`, global + pointer) and
    `GlobalFragment.commit`; then M plain `copy_`s of one answer's fp32 worth into one fragment-sized buffer,
    the memory-bandwidth yardstick;
 3. everything of fragment p is dropped before the next round. Unless `--no-resident`, the other fragments'
@@ -52,6 +53,8 @@ from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
 from ddiloco.compression import CODECS, encoded_nbytes
+from ddiloco.config import DilocoConfig
+from ddiloco.downlink import DOWNLOAD_CODECS
 from ddiloco.fragments import imbalance, partition
 from ddiloco.globalmodel import Layout, make_layout, publish_global
 from ddiloco.learner.accel import HostSnapshot
@@ -91,7 +94,7 @@ def layout_of(preset: str, vocab: int, block: int, P: int, whole: bool) -> Layou
 def one_round(
     s: int, p: int, args: argparse.Namespace, cfg, layout: Layout, store, g: torch.Generator
 ) -> dict[str, float]:
-    files = SyncerFiles(store, cfg.run_id, layout, None, args.global_dtype)
+    files = SyncerFiles(store, cfg.run_id, layout, None, args.global_dtype, args.download_codec)
     rule = MergeRule.of(cfg.diloco, layout, None)
     names = layout.fragments[p].names
     theta = {n: torch.randn(layout.shapes[n], generator=g).mul_(0.02) for n in names}
@@ -221,6 +224,12 @@ def main() -> None:
     ap.add_argument("--learners", type=int, default=16, help="M, answers merged per round")
     ap.add_argument("--codec", choices=CODECS, default="int4")
     ap.add_argument("--global-dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument(
+        "--download-codec",
+        choices=DOWNLOAD_CODECS,
+        default=DilocoConfig().download_codec,
+        help="what publishing writes besides the full version (default: the config's)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--store", choices=("memory", "file"), default="memory")
@@ -273,6 +282,7 @@ def main() -> None:
         "learners": args.learners,
         "codec": args.codec,
         "global_dtype": args.global_dtype,
+        "download_codec": args.download_codec,
         "threads": args.threads,
         "store": args.store,
         "layout": "whole_tensors" if args.whole_tensors else "row_pieces",

@@ -71,8 +71,11 @@ def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def _raw(t: torch.Tensor) -> bytes:
-    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+def _raw(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes without a copy (a CPU tensor's own memory, a contiguous copy otherwise): what
+    hashing and `pack`'s single join read. A fragment of the 1b preset is 193 MB, and every copy of it into
+    fresh memory costs ~0.1 s of page faults."""
+    return memoryview(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
 
 
 def data_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
@@ -87,7 +90,7 @@ def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, key: b
     """Serialise tensors + JSON header as a safetensors file. The header carries the SHA-256 of the data
     region and of the tensor table, and, with a run `key`, an HMAC over all of it (see `ddiloco.protocol.signing`)."""
     entries: dict[str, Any] = {}
-    chunks: list[bytes] = []
+    chunks: list[memoryview] = []
     offset = 0
     for name in sorted(tensors):
         t = tensors[name].detach()
@@ -101,10 +104,12 @@ def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, key: b
         }
         chunks.append(raw)
         offset += len(raw)
-    data = b"".join(chunks)
+    data_hash = hashlib.sha256()
+    for raw in chunks:
+        data_hash.update(raw)
     full_meta = {k: v for k, v in meta.items() if k not in (signing.MAC_FIELD, signing.KEY_ID_FIELD)}
     full_meta["format"] = FORMAT_VERSION
-    full_meta["sha256"] = hashlib.sha256(data).hexdigest()
+    full_meta["sha256"] = data_hash.hexdigest()
     full_meta["tensors_sha256"] = hashlib.sha256(_canonical(entries)).hexdigest()
     if key is not None:
         full_meta[signing.KEY_ID_FIELD] = signing.key_id(key)
@@ -113,7 +118,7 @@ def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, key: b
     header["__metadata__"] = {"ddiloco": json.dumps(full_meta, sort_keys=True)}
     hbytes = json.dumps(header, separators=(",", ":")).encode()
     hbytes += b" " * (-len(hbytes) % 8)  # safetensors aligns the data region to 8 bytes
-    return struct.pack("<Q", len(hbytes)) + hbytes + data
+    return b"".join([struct.pack("<Q", len(hbytes)), hbytes, *chunks])  # the one copy of the data
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
