@@ -81,7 +81,8 @@ def encode_step(
         base = held[name].detach().float()
         enc = compression.encode(theta[name].detach().float() - base, codec)
         deq = compression.decode(enc, codec, list(base.shape))
-        values[name] = apply_delta(base, deq, dtype)
+        values[name] = round_to(deq.add_(base), dtype)  # = apply_delta(base, deq), without a third copy
+        del deq
         for part, t in enc.items():
             parts[f"{name}/{part}"] = t
     return DeltaStep(parts, values)
