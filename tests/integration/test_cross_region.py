@@ -90,8 +90,10 @@ def test_two_sites_both_contribute_merged_tokens(tmp_path):
     """Site a: `ddiloco run`'s learners (LocalRun) over file://; site b: a learner joined with `--join` from
     another path resolving to the same run (a symlink, as a second mount or prefix would), with its own
     environment and its own (fast: at tiny step times a slow link makes every answer late) link."""
+    # 300k tokens: the run must outlast the joiner's start (a new process importing torch, ~5-10 s on a
+    # loaded 2-core machine); at 100k site a finished first under load and site b merged nothing.
     cfg = tiny_config(
-        "tworeg", "diloco.token_budget=100000", "diloco.learners=2", "sft=null", "train.checkpoint_every_s=5"
+        "tworeg", "diloco.token_budget=300000", "diloco.learners=2", "sft=null", "train.checkpoint_every_s=5"
     )
     run = LocalRun(cfg, tmp_path / "a", extra_env={"DDILOCO_SITE": "a"}, metrics_base_port=-1)
     (tmp_path / "b").mkdir()
