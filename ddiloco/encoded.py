@@ -121,7 +121,8 @@ class EncodedTensor:
                 c = data[i : i + MERGE_CHUNK]
                 if self.codec == "bf16":
                     c = _buf(buf, c.numel()).copy_(c)
-                total += _sumsq(c)
+                if self.known_norm is None:
+                    total += _sumsq(c)
                 if flat is not None:
                     flat[i : i + c.numel()].add_(c, alpha=alpha)
             return self.known_norm if self.known_norm is not None else math.sqrt(total)
