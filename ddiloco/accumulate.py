@@ -2,7 +2,7 @@
 
 `ddiloco.merge.merge_with_stats` takes the M outer gradients of a round at once, so a round holds M decoded
 fp32 copies of its fragment until quorum + grace. `RoundSums` keeps, per tensor, the sums the merge needs and
-per answer only a few floats, so an open round costs two fragment-sized fp32 buffers whatever M is, plus the
+per answer only a few floats, so an open round costs one fragment-sized fp32 buffer whatever M is, plus the
 one answer being added.
 
 Design choices:
@@ -15,8 +15,8 @@ Design choices:
 - Answers arrive encoded (`ddiloco.encoded`): checked whole before anything is added, so a bad answer
   never leaves a partial sum behind, then decoded chunk by chunk into the sum (`add_encoded`), with the
   norm RDA divides by claimed by the learner and measured in the same pass (a wrong claim is corrected by
-  a second pass). Norms are fp64 sums of chunk dot products: a single fp32 reduction over a 48M-value
-  tensor was measured 0.6% low.
+  a second pass). Norms are fp64 sums of per-row fp32 norms (`ddiloco.encoded`): a single fp32
+  reduction over a 48M-value tensor was measured 0.6% low.
 - Robust clipping (scale answers whose global norm exceeds factor × the round's median norm, as
   `validation.clip_outliers`) needs the median, known only once the round closes. It is applied at
   finalisation: the norms are known, so the radius uses the clipped norms; a positive scale does not change
