@@ -35,10 +35,12 @@ from typing import Any
 import torch
 
 from ddiloco import keys
+from ddiloco.compression import PACKING
 from ddiloco.downlink import DOWNLOAD_CODECS, DeltaStep, decode_delta
 from ddiloco.fragments import Fragment, Piece, balanced
 from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
 from ddiloco.protocol import wire
+from ddiloco.protocol.validation import packing
 from ddiloco.store.base import ObjectTooLarge, Store
 
 log = logging.getLogger(__name__)
@@ -312,6 +314,7 @@ def pack_global_delta(
         "version": version,
         "base_version": version - 1,
         "codec": codec,
+        "packing": PACKING,
         "dtype": dtype,
         "base_sha256": base_digest,
         "values_sha256": digest,
@@ -341,6 +344,7 @@ def read_global_delta(
         raise wire.PayloadError(
             "malformed", f"delta of fragment {p} v{version} has codec {str(codec)[:20]!r}"
         )
+    packing(meta, f"delta of fragment {p} v{version}")
     if meta.get("dtype") not in _DTYPES:
         raise wire.PayloadError("wrong_dtype", f"delta of fragment {p} v{version} names no global dtype")
     if not all(isinstance(meta.get(f), str) for f in ("base_sha256", "values_sha256")):

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ddiloco import keys
-from ddiloco.compression import encode
+from ddiloco.compression import PACKING, encode
 from ddiloco.encoded import EncodedTensor
 from ddiloco.hostname import host_name
 from ddiloco.learner.accel import HostCopier, HostSnapshot
@@ -234,7 +234,7 @@ def pack_update(snap: HostSnapshot, codec: str, header: dict, key: bytes | None)
             norms[name] = EncodedTensor(codec, d.shape, parts).norm()
             for part, t in parts.items():
                 tensors[f"{name}/{part}"] = t
-        return wire.pack(tensors, {**header, "norms": norms}, key=key)
+        return wire.pack(tensors, {**header, "norms": norms, "packing": PACKING}, key=key)
     finally:
         snap.release()
 

@@ -14,7 +14,8 @@ Rejection reasons (counted by the syncer, in metrics, the status object and the 
                                                   after its round merged it. As the signed header must name
                                                   the round it is filed under, and a round merges once, a
                                                   (learner, incarnation, round) is merged at most once.
-  bad_codec                                       codec differs from the run's `diloco.codec`
+  bad_codec                                       codec differs from the run's `diloco.codec`, or int4/int2
+                                                  codes packed otherwise than this version (`packing`)
   bad_counters                                    c_steps < 1, c_tokens ≤ 0 or above c_steps × batch tokens
   bad_base                                        base version not published (or unreadable)
   too_stale                                       base more than `diloco.max_staleness` versions behind
@@ -53,7 +54,7 @@ from typing import Any
 
 import torch
 
-from ddiloco.compression import BLOCK, CODECS, decode, encoded_nbytes
+from ddiloco.compression import BLOCK, CODECS, PACKING, decode, encoded_nbytes
 from ddiloco.encoded import EncodedTensor
 from ddiloco.protocol.wire import PayloadError
 
@@ -96,9 +97,22 @@ def identity(meta: Mapping[str, Any], named: tuple[int, int], round_: int) -> No
         raise PayloadError("replay", f"update of round {meta['round']} filed under round {round_}")
 
 
+def packing(meta: Mapping[str, Any], what: str) -> None:
+    """int4/int2 codes must be packed as this version packs them (`compression.PACKING`): a payload of
+    another layout would decode to valid-looking wrong values, so it is refused by name (`bad_codec`)."""
+    codec = meta.get("codec")
+    if codec in ("int4", "int2") and meta.get("packing") != PACKING:
+        raise PayloadError(
+            "bad_codec",
+            f"{what}: {codec} codes packed {str(meta.get('packing', 'interleaved (an older ddiloco)'))[:40]}"
+            f", this ddiloco reads {PACKING!r}; run learners and syncer of the same ddiloco version",
+        )
+
+
 def counters(meta: Mapping[str, Any], *, codec: str, tokens_per_step: int, latest_version: int) -> None:
     if meta["codec"] != codec:
         raise PayloadError("bad_codec", f"codec {meta['codec'][:20]!r}, the run uses {codec!r}")
+    packing(meta, "update")
     steps, tokens = meta["c_steps"], meta["c_tokens"]
     if not (steps >= 1 and 0 < tokens <= steps * tokens_per_step):
         raise PayloadError(

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from ddiloco.compression import BLOCK, CODECS, decode, encode, encoded_nbytes
+from ddiloco.compression import BLOCK, CODECS, PACKING, decode, encode, encoded_nbytes
 
 INT_CODECS = ("int8", "int4", "int2")
 
@@ -63,13 +63,16 @@ def test_fp32_exact_bf16_within_epsilon() -> None:
 
 
 def test_wire_layout_is_stable() -> None:
-    """Offset-binary codes (code + L), low bits first; a change here breaks learners of another version."""
+    """Offset-binary codes (code + L), block-planar (byte j: codes j, j + BLOCK / per byte, ..., low bits
+    first); a change here breaks learners of another version, so it also changes `PACKING`."""
+    assert PACKING == "block-planar"
     x = torch.zeros(BLOCK)
     x[:4] = torch.tensor([1.0, -1.0, 0.3, 0.0])
-    p4 = encode(x, "int4")  # scale 1/7: codes 7, -7, 2, 0 -> stored 14, 0, 9, 7
-    assert p4["q"][:3].tolist() == [14 | 0 << 4, 9 | 7 << 4, 7 | 7 << 4]
-    p2 = encode(x, "int2")  # scale 1: codes 1, -1, 0, 0 -> stored 2, 0, 1, 1
-    assert p2["q"][:2].tolist() == [2 | 0 << 2 | 1 << 4 | 1 << 6, 0b01010101]
+    x[64] = -1.0
+    p4 = encode(x, "int4")  # scale 1/7: codes 7, -7, 2, 0 -> stored 14, 0, 9, 7; code 64 stored 0, rest 7
+    assert p4["q"][:4].tolist() == [14 | 0 << 4, 0 | 7 << 4, 9 | 7 << 4, 7 | 7 << 4]
+    p2 = encode(x, "int2")  # scale 1: codes 1, -1, 0, 0 -> stored 2, 0, 1, 1; code 64 stored 0, rest 1
+    assert p2["q"][:3].tolist() == [2 | 1 << 2 | 0 << 4 | 1 << 6, 0 | 1 << 2 | 1 << 4 | 1 << 6, 0b01010101]
     p8 = encode(x, "int8")  # scale 1/127: codes 127, -127, 38, 0
     assert p8["q"][:4].tolist() == [254, 0, 127 + 38, 127]
     assert p8["scale"].tolist() == pytest.approx([1 / 127])

@@ -12,6 +12,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
+from ddiloco.compression import PACKING
 from ddiloco.config import DilocoConfig
 from ddiloco.downlink import apply_delta, digest, encode_step
 from ddiloco.fragments import Fragment
@@ -235,6 +236,27 @@ def test_a_forged_delta_is_refused_and_the_full_version_fetched(forge, reason):
     assert f.rejected_globals == {reason: 1} and f.fetched == {"full": 1}
     full = read_global_full(store, RUN, LAYOUT, 0, 1, key=KEY)
     assert got.digest == full.digest and all(torch.equal(got.tensors[n], full.tensors[n]) for n in SHAPES)
+
+
+@pytest.mark.parametrize("packing", [None, "interleaved"])
+def test_an_int4_delta_of_another_packing_is_refused_by_name_and_the_full_version_fetched(packing):
+    """int4 codes of another layout decode to plausible wrong values: the header names the packing and a
+    reader refuses any other (`validation.packing`), whatever the signature says."""
+    store, _ = last(syncer_run("fp32", "int4", 2))
+    payload = wire.unpack(store.get(keys.global_delta_key(0, 1)), key=KEY)
+    assert payload.meta["packing"] == PACKING
+    meta = {k: v for k, v in payload.meta.items() if k != "packing"}
+    if packing is not None:
+        meta["packing"] = packing
+    store.put(keys.global_delta_key(0, 1), wire.pack(payload.tensors, meta, key=KEY))
+    with pytest.raises(wire.PayloadError, match="int4 codes packed .*same ddiloco version"):
+        read_global_delta(store, RUN, LAYOUT, 0, 1, key=KEY)
+    f = feed(store, "int4")
+    f.overwrite(0, f.first(0, 0), 0.0)
+    [(_, got)] = fetch(f, 1)
+    assert f.rejected_globals == {"delta_bad_codec": 1} and f.fetched == {"full": 1}
+    full = read_global_full(store, RUN, LAYOUT, 0, 1, key=KEY)
+    assert got.digest == full.digest
 
 
 def test_download_codec_none_publishes_no_delta_and_the_rounded_master():

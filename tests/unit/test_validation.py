@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from ddiloco.compression import PACKING
 from ddiloco.protocol import validation
 from ddiloco.protocol.wire import PayloadError
 
@@ -54,6 +55,20 @@ def test_counters(over, why):
     assert (
         reason(validation.counters, meta(**over), codec="fp32", tokens_per_step=128, latest_version=2) == why
     )
+
+
+@pytest.mark.parametrize("codec", ["int4", "int2"])
+def test_int4_and_int2_updates_must_name_this_versions_packing(codec):
+    """Codes packed another way (an older learner's interleaved pairs) are in range and decode to wrong
+    values without error, so the header's `packing` is checked, not guessed (fails without the check)."""
+    check = lambda **over: reason(  # noqa: E731
+        validation.counters, meta(codec=codec, **over), codec=codec, tokens_per_step=128, latest_version=2
+    )
+    assert check(packing=PACKING) is None
+    assert check() == "bad_codec"
+    assert check(packing="interleaved") == "bad_codec"
+    with pytest.raises(PayloadError, match="same ddiloco version"):
+        validation.counters(meta(codec=codec), codec=codec, tokens_per_step=128, latest_version=2)
 
 
 @pytest.mark.parametrize("base, cap, why", [(2, 0, None), (1, 1, None), (0, 1, "too_stale"), (0, None, None)])
