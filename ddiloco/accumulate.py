@@ -222,7 +222,7 @@ class RoundSums:
                         merged[n].add_(t, alpha=-(1.0 - s) * w)
         for mean in merged.values():
             mean.div_(total)
-        cancelled = []
+        cancelled, norms = [], {}
         for name in self.rda_names:
             radius = sum(a.weight * scales.get(k, 1.0) * a.norms[name] for k, a in active.items()) / total
             length = norm64(self.directions[name]) / total
@@ -230,11 +230,12 @@ class RoundSums:
                 cancelled.append(name)
             else:
                 merged[name] = torch.mul(self.directions[name], radius / (length * total), out=out[name])
+                norms[name] = radius  # ‖D · radius / ‖D‖‖, without another pass over the result
         if cancelled:
             for name, mean in self._means(cancelled, active, scales, total, reread).items():
                 merged[name] = out[name].copy_(mean)
             fallbacks = len(cancelled)
-        return self._finish(merged, active, total, scales, fallbacks, flat if self.pool else None)
+        return self._finish(merged, active, total, scales, fallbacks, flat if self.pool else None, norms)
 
     def _means(
         self,
@@ -260,11 +261,14 @@ class RoundSums:
         scales: Mapping[str, float],
         fallbacks: int,
         flat: Tensor | None = None,
+        norms: Mapping[str, float] | None = None,
     ) -> Finalized:
+        """`norms`: tensors of `merged` whose norm is known already (RDA's radius)."""
         mean_delta_norm = (
             sum(a.weight * scales.get(k, 1.0) * a.global_norm for k, a in active.items()) / total
         )
-        merged_norm = math.sqrt(sum(norm64(t) ** 2 for t in merged.values()))
+        known = norms or {}
+        merged_norm = math.sqrt(sum((known[n] if n in known else norm64(t)) ** 2 for n, t in merged.items()))
         stats = {
             "merged_norm": merged_norm,
             "mean_delta_norm": mean_delta_norm,

@@ -67,22 +67,42 @@ def apply_delta(held: torch.Tensor, deq: torch.Tensor, dtype: str) -> torch.Tens
 
 
 def encode_step(
-    held: Mapping[str, torch.Tensor], theta: Mapping[str, torch.Tensor], codec: str, dtype: str
+    held: Mapping[str, torch.Tensor],
+    theta: Mapping[str, torch.Tensor],
+    codec: str,
+    dtype: str,
+    *,
+    consume_held: bool = False,
+    scratch: torch.Tensor | None = None,
 ) -> DeltaStep:
     """Quantize Θ_v − L_{v−1} with `codec` and return the parts and L_v (module docstring).
 
     `held`: L_{v−1}; `theta`: the fp32 master Θ_v (same names and shapes). `deq` is decoded from the
-    parts themselves, so the syncer gets exactly what a learner decodes."""
+    parts themselves, so the syncer gets exactly what a learner decodes. At the 1b preset a fragment is
+    193 MB and every fresh temporary of its size costs ~0.1 s of page faults, so a caller that owns `held`
+    can give it up (`consume_held`: L_v is summed into its fp32 tensors, which are overwritten) and lend a
+    flat fp32 `scratch` of at least the largest tensor's size for the difference and its decoding (its
+    content is undefined after)."""
     if codec not in DOWNLOAD_CODECS or codec == "none":
         raise ValueError(f"download codec must be one of {', '.join(DOWNLOAD_CODECS[1:])}, got {codec!r}")
     parts: Tensors = {}
     values: Tensors = {}
     for name in sorted(theta):
-        base = held[name].detach().float()
-        enc = compression.encode(theta[name].detach().float() - base, codec)
-        deq = compression.decode(enc, codec, list(base.shape))
-        values[name] = round_to(deq.add_(base), dtype)  # = apply_delta(base, deq), without a third copy
-        del deq
+        base = held[name].detach().float()  # `held` itself when it is fp32
+        target = theta[name].detach().float()
+        borrowed = scratch is not None and scratch.numel() >= base.numel()
+        if borrowed:
+            diff = torch.sub(target, base, out=scratch[: base.numel()].view(base.shape))  # type: ignore[index]
+        else:
+            diff = target - base
+        enc = compression.encode(diff, codec)
+        deq = compression.decode(enc, codec, list(base.shape), out=diff)  # Θ − L is no longer needed
+        # L_v = apply_delta(base, deq) without another copy: in L_{v−1}'s memory, or in deq's own
+        if consume_held:
+            total = base.add_(deq)
+        else:
+            total = deq + base if borrowed else deq.add_(base)
+        values[name] = round_to(total, dtype)
         for part, t in enc.items():
             parts[f"{name}/{part}"] = t
     return DeltaStep(parts, values)

@@ -197,13 +197,16 @@ def pack_global(
     extra: dict | None = None,
     *,
     key: bytes | None = None,
+    digest: str | None = None,
 ) -> bytes:
-    """The payload of global version `version` of fragment p in `dtype`, its header extended by `extra`."""
+    """The payload of global version `version` of fragment p in `dtype`, its header extended by `extra`.
+    `digest`: `ddiloco.downlink.digest(tensors, dtype)` when the caller computed it already (not rehashed)."""
     tdtype = _DTYPES[dtype]
     return wire.pack(
         {n: t.detach().to(tdtype) for n, t in tensors.items()},
         {"run_id": run_id, "kind": "global", "fragment_id": p, "version": version, **(extra or {})},
         key=key,
+        data_sha256=digest,
     )
 
 

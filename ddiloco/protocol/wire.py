@@ -86,9 +86,19 @@ def data_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, key: bytes | None = None) -> bytes:
+def pack(
+    tensors: Mapping[str, torch.Tensor],
+    meta: Mapping[str, Any],
+    *,
+    key: bytes | None = None,
+    data_sha256: str | None = None,
+) -> bytes:
     """Serialise tensors + JSON header as a safetensors file. The header carries the SHA-256 of the data
-    region and of the tensor table, and, with a run `key`, an HMAC over all of it (see `ddiloco.protocol.signing`)."""
+    region and of the tensor table, and, with a run `key`, an HMAC over all of it (see `ddiloco.protocol.signing`).
+
+    `data_sha256`: the writer's own `data_sha256(tensors)`, computed already (the syncer names a version's
+    digest in its download delta before it packs the version): the data is then not hashed again. A wrong
+    one makes a payload every reader refuses (`checksum`), never one that verifies."""
     entries: dict[str, Any] = {}
     chunks: list[memoryview] = []
     offset = 0
@@ -104,12 +114,14 @@ def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, key: b
         }
         chunks.append(raw)
         offset += len(raw)
-    data_hash = hashlib.sha256()
-    for raw in chunks:
-        data_hash.update(raw)
+    if data_sha256 is None:
+        data_hash = hashlib.sha256()
+        for raw in chunks:
+            data_hash.update(raw)
+        data_sha256 = data_hash.hexdigest()
     full_meta = {k: v for k, v in meta.items() if k not in (signing.MAC_FIELD, signing.KEY_ID_FIELD)}
     full_meta["format"] = FORMAT_VERSION
-    full_meta["sha256"] = data_hash.hexdigest()
+    full_meta["sha256"] = data_sha256
     full_meta["tensors_sha256"] = hashlib.sha256(_canonical(entries)).hexdigest()
     if key is not None:
         full_meta[signing.KEY_ID_FIELD] = signing.key_id(key)

@@ -4,6 +4,7 @@ The syncer side runs through the real `GlobalFragment` + `SyncerFiles.publish` o
 learner side through the real `VersionFeed` or the payload readers it uses.
 """
 
+import math
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -18,6 +19,7 @@ from ddiloco.downlink import apply_delta, digest, encode_step
 from ddiloco.fragments import Fragment
 from ddiloco.globalmodel import (
     Layout,
+    pack_global,
     publish_global,
     read_global_delta,
     read_global_full,
@@ -236,6 +238,38 @@ def test_a_forged_delta_is_refused_and_the_full_version_fetched(forge, reason):
     assert f.rejected_globals == {reason: 1} and f.fetched == {"full": 1}
     full = read_global_full(store, RUN, LAYOUT, 0, 1, key=KEY)
     assert got.digest == full.digest and all(torch.equal(got.tensors[n], full.tensors[n]) for n in SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_the_syncers_in_place_step_equals_the_plain_one_bit_for_bit(dtype, codec):
+    """Publish gives up the L_{v−1} it read (summed into in place) and lends a pooled scratch buffer: the
+    parts and L_v must be exactly those of `encode_step` on fresh memory."""
+    thetas = walk(3)
+    held = {n: t.to(torch.bfloat16).float() if dtype == "bf16" else t.clone() for n, t in thetas[1].items()}
+    plain = encode_step(held, thetas[2], codec, dtype)
+    scratch = torch.full((sum(math.prod(s) for s in SHAPES.values()),), float("nan"))
+    own = {n: t.clone() for n, t in held.items()}
+    fast = encode_step(own, thetas[2], codec, dtype, consume_held=True, scratch=scratch)
+    assert plain.parts.keys() == fast.parts.keys()
+    assert all(torch.equal(plain.parts[k], fast.parts[k]) for k in plain.parts)
+    assert all(torch.equal(bits(plain.values[n]), bits(fast.values[n])) for n in SHAPES)
+    assert all(
+        torch.equal(held[n], thetas[1][n].to(torch.bfloat16).float() if dtype == "bf16" else thetas[1][n])
+        for n in SHAPES
+    )
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_global_packed_with_the_digest_publish_computed_is_the_same_payload(dtype):
+    """Publish hashes a version's values once (the delta names the digest) and hands it to `pack_global`:
+    the payload must be byte-identical to one hashed in `wire.pack`, and a wrong digest must not verify."""
+    values = {n: torch.randn(s, generator=torch.Generator().manual_seed(3)) for n, s in SHAPES.items()}
+    plain = pack_global(RUN, 0, 4, values, dtype, {"round": 9}, key=KEY)
+    assert pack_global(RUN, 0, 4, values, dtype, {"round": 9}, key=KEY, digest=digest(values, dtype)) == plain
+    wrong = pack_global(RUN, 0, 4, values, dtype, {"round": 9}, key=KEY, digest="0" * 64)
+    with pytest.raises(wire.PayloadError, match="checksum"):
+        wire.unpack(wrong, key=KEY)
 
 
 @pytest.mark.parametrize("packing", [None, "interleaved"])
