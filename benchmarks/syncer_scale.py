@@ -47,6 +47,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from functools import partial
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -158,7 +159,7 @@ def one_round(
             merge_s[1] += time.perf_counter() - f0
 
     rnd.sums.finalize = timed_finalize  # type: ignore[union-attr,method-assign]
-    proposal = frag.propose(rnd.answers, rule, rnd.sums, lambda c: intake.reread(rnd, c))
+    proposal = frag.propose(rnd.answers, rule, rnd.sums, partial(intake.reread, rnd))
     t2 = time.perf_counter()
     record = proposal.record(rnd, now=time.monotonic(), merged_at=time.time())
     files.publish(proposal, record)

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -43,8 +44,14 @@ from ddiloco.encoded import HINT_RTOL, EncodedTensor, chunk_buffer, norm64
 from ddiloco.merge import METHODS
 
 Tensors = Mapping[str, Tensor]
-Reread = Callable[[str], Tensors]
-"""Reads an answer's outer gradient again by the key it was added under (clipping, single answers)."""
+
+
+class Reread(Protocol):
+    """Reads an answer's outer gradient again by the key it was added under (clipping, single answers);
+    into `out` (per tensor, contiguous fp32) when given, so a single answer lands in a pooled buffer
+    instead of fresh memory (~0.1 s of page faults per 193 MB); the result may then be `out` itself."""
+
+    def __call__(self, key: str, out: Mapping[str, Tensor] | None = None) -> Tensors: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,13 +211,13 @@ class RoundSums:
             raise ValueError("all merge weights are 0 (no answering learner took a step); nothing to merge")
         total = sum(a.weight for a in active.values())
         scales = self.clip_scales(robust_clip)
+        flat = _take(self.pool, self._flat.numel())
+        out = _carve(flat, self.shapes)
         if len(active) == 1:
             [(key, answer)] = active.items()
             s = scales.get(key, 1.0)
-            merged = {n: _scaled(t, s) for n, t in reread(key).items()}
-            return self._finish(merged, active, total, scales, fallbacks=0)
-        flat = _take(self.pool, self._flat.numel())
-        out = _carve(flat, self.shapes)
+            merged = {n: _into(out[n], t, s) for n, t in reread(key, out).items()}
+            return self._finish(merged, active, total, scales, 0, flat if self.pool else None)
         merged, fallbacks = {}, 0
         for name, total_sum in self.sums.items():
             merged[name] = out[name].copy_(total_sum)
@@ -279,9 +286,11 @@ class RoundSums:
         return Finalized(merged, stats, dict(scales), flat)
 
 
-def _scaled(t: Tensor, s: float) -> Tensor:
-    """`t` in fp32 times `s`, as a fresh tensor (exactly `t` when s is 1)."""
-    return t.to(torch.float32) * s if s != 1.0 else t.to(torch.float32, copy=True)
+def _into(dst: Tensor, t: Tensor, s: float) -> Tensor:
+    """`t` times `s` in `dst` (exactly `t` when s is 1; `t` may be `dst` already)."""
+    if t.data_ptr() != dst.data_ptr():
+        dst.copy_(t)
+    return dst.mul_(s) if s != 1.0 else dst
 
 
 def _claim(claimed: Mapping[str, float] | None, name: str) -> float | None:

@@ -237,16 +237,21 @@ def check_delta(
 
 
 def decode_delta(
-    tensors: Mapping[str, torch.Tensor], codec: str, names: Sequence[str], shapes: Mapping[str, Sequence[int]]
+    tensors: Mapping[str, torch.Tensor],
+    codec: str,
+    names: Sequence[str],
+    shapes: Mapping[str, Sequence[int]],
+    out: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The fp32 delta of every tensor of the fragment, from `{name}/{part}` payload tensors."""
+    """The fp32 delta of every tensor of the fragment, from `{name}/{part}` payload tensors; decoded into
+    `out` (per name, contiguous fp32 of the tensor's shape) when given."""
     delta: dict[str, torch.Tensor] = {}
     for name, parts in _delta_parts(tensors, codec, names, shapes).items():
         for part, t in parts.items():
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise PayloadError("non_finite", f"{name}/{part} has NaN/Inf")
         try:
-            d = decode(parts, codec, shapes[name])
+            d = decode(parts, codec, shapes[name], out=None if out is None else out[name])
         except ValueError as e:
             raise PayloadError("malformed", f"{name}: {e}") from None
         if not bool(torch.isfinite(d).all()):  # e.g. a huge int8 scale overflowing on decode

@@ -193,7 +193,7 @@ class GlobalFragment:
             for ans in answers.values():
                 self.add_answer(sums, ans, rule)
 
-            def reread(c: str) -> Tensors:
+            def reread(c: str, out: Mapping[str, torch.Tensor] | None = None) -> Tensors:
                 return answers[c].delta  # type: ignore[return-value]
 
         if reread is None:

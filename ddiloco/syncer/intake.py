@@ -124,15 +124,18 @@ class UpdateValidator:
         self.step_clock.record(contributor, meta)
         return Answer(contributor, meta, None, encoded=encoded)
 
-    def decode(self, rnd: Round, blob: bytes) -> dict[str, torch.Tensor]:
-        """The fp32 δ of an update `answer` accepted before (verified again, counters not re-checked)."""
+    def decode(
+        self, rnd: Round, blob: bytes, out: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The fp32 δ of an update `answer` accepted before (verified again, counters not re-checked), into
+        `out` when given."""
         h = wire.unpack(
             blob,
             expect={"run_id": self.run_id, "kind": "update", "fragment_id": rnd.fragment_id},
             key=self.key,
         )
         names = self.layout.fragments[rnd.fragment_id].names
-        return validation.decode_delta(h.tensors, h.meta["codec"], names, self.layout.shapes)
+        return validation.decode_delta(h.tensors, h.meta["codec"], names, self.layout.shapes, out)
 
 
 def accepted_digest(blob: bytes) -> str:
@@ -269,13 +272,16 @@ class Intake:
             err.sender = keys.parse_update_name(ans.key.rsplit("/", 1)[-1])  # type: ignore[attr-defined]
             raise err from None
 
-    def reread(self, rnd: Round, contributor: str) -> dict[str, torch.Tensor]:
-        """An accepted answer's δ read and decoded again (its bytes must be the ones accepted)."""
+    def reread(
+        self, rnd: Round, contributor: str, out: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """An accepted answer's δ read and decoded again (its bytes must be the ones accepted), into `out`
+        when given (`ddiloco.accumulate.Reread`)."""
         ans = rnd.answers[contributor]
         blob = self._fetch(rnd, ans.key)
         if accepted_digest(blob) != ans.digest:
             raise wire.PayloadError("changed", f"{ans.key} changed after it was accepted")
-        return self.validator.decode(rnd, blob)
+        return self.validator.decode(rnd, blob, out)
 
     def _fetch(self, rnd: Round, key: str) -> bytes:
         try:

@@ -37,6 +37,7 @@ import logging
 import math
 import os
 import time
+from functools import partial
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -289,7 +290,7 @@ class Syncer:
         """Merge a round's answers into its fragment, persist (module docstring's order) and close it."""
         frag, dtype = self.fragments[rnd.fragment_id], self.cfg.diloco.global_dtype
         try:
-            proposal = frag.propose(rnd.answers, self.rule, rnd.sums, lambda c: self.intake.reread(rnd, c))
+            proposal = frag.propose(rnd.answers, self.rule, rnd.sums, partial(self.intake.reread, rnd))
         except (wire.PayloadError, NotFound) as e:  # a second read found other bytes, or none
             log.error("syncer: round %d (fragment %d) cannot be merged: %s", rnd.round, rnd.fragment_id, e)
             self._abandon(rnd)
