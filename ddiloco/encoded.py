@@ -36,7 +36,7 @@ from torch import Tensor
 from ddiloco.compression import _INT, BLOCK, codes_in_range, decode, unpack_parts
 
 MERGE_CHUNK = 1 << 20
-"""Values per chunk (4 MiB of fp32): the per-chunk work stays in cache and the ~15 torch calls of a chunk
+"""Values per chunk (4 MiB of fp32): the per-chunk work stays in cache and the ~8 torch calls of a chunk
 cost little next to it (512Ki-2Mi measured best at the 1b preset's fragments, 1Mi best on 1 and 2 threads)."""
 HINT_RTOL = 1e-6
 """How far a claimed norm may differ from the measured one before the sum is corrected (fp32 rounding of
