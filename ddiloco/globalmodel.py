@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ddiloco import keys
-from ddiloco.compression import PACKING
+from ddiloco.compression import PACKING, all_finite
 from ddiloco.downlink import DOWNLOAD_CODECS, DeltaStep, decode_delta
 from ddiloco.fragments import Fragment, Piece, balanced
 from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
@@ -290,7 +290,7 @@ def read_global_full(
         if t.dtype not in _DTYPES.values():
             raise wire.PayloadError("wrong_dtype", f"global tensor {name} has dtype {t.dtype}")
         out[name] = t.float()
-        if not bool(torch.isfinite(out[name]).all()):
+        if not all_finite(out[name]):
             raise wire.PayloadError("non_finite", f"global tensor {name} has NaN/Inf")
     return Received(version, out, str(payload.meta["sha256"]), len(blob))
 

@@ -34,6 +34,8 @@ from collections.abc import Container, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from ddiloco.compression import all_finite
+
 __all__ = [
     "OuterNesterov",
     "merge",
@@ -328,7 +330,7 @@ class OuterNesterov:
         for name, t in state.items():
             if not isinstance(name, str) or not isinstance(t, Tensor) or not t.is_floating_point():
                 raise ValueError(f"outer state: entry {name!r} must map a name to a floating-point tensor")
-            if t.numel() and not bool(torch.isfinite(t).all()):
+            if not all_finite(t):
                 raise ValueError(f"outer state: momentum for {name!r} holds NaN/Inf values")
             loaded[name] = t.detach().to(torch.float32).clone().contiguous()
         self._buf = loaded

@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from ddiloco.compression import BLOCK, CODECS, PACKING, decode, encoded_nbytes
+from ddiloco.compression import BLOCK, CODECS, PACKING, all_finite, decode, encoded_nbytes
 from ddiloco.encoded import EncodedTensor
 from ddiloco.protocol.wire import PayloadError
 
@@ -248,13 +248,13 @@ def decode_delta(
     delta: dict[str, torch.Tensor] = {}
     for name, parts in _delta_parts(tensors, codec, names, shapes).items():
         for part, t in parts.items():
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            if t.is_floating_point() and not all_finite(t):
                 raise PayloadError("non_finite", f"{name}/{part} has NaN/Inf")
         try:
             d = decode(parts, codec, shapes[name], out=None if out is None else out[name])
         except ValueError as e:
             raise PayloadError("malformed", f"{name}: {e}") from None
-        if not bool(torch.isfinite(d).all()):  # e.g. a huge int8 scale overflowing on decode
+        if not all_finite(d):  # e.g. a huge int8 scale overflowing on decode
             raise PayloadError("non_finite", f"{name} decodes to NaN/Inf")
         delta[name] = d
     return delta

@@ -225,7 +225,7 @@ class GlobalFragment:
         stats["merged_norm"] *= scale
         stats["ratio"] *= scale
         outer = rule.optimizer()
-        outer.load_state_dict({n: t.clone() for n, t in self.outer.state_dict().items()})
+        outer.load_state_dict(self.outer.state_dict())  # load_state_dict copies the buffers
         theta = _clone(self.theta)
         outer.step(theta, merged)
         sums.recycle(done)  # the step consumed the merged gradient (momentum keeps its own copy)

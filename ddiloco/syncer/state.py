@@ -38,6 +38,7 @@ import torch
 
 from ddiloco import keys
 from ddiloco.bufferpool import SYNCER_POOL
+from ddiloco.compression import all_finite
 from ddiloco.downlink import digest, encode_step
 from ddiloco.globalmodel import (
     Layout,
@@ -201,7 +202,7 @@ class SyncerFiles:
                 raise wire.PayloadError("wrong_shape", "master does not match the fragment layout")
             if any(t.dtype != torch.float32 for t in payload.tensors.values()):
                 raise wire.PayloadError("wrong_dtype", "master is not fp32")
-            if not all(bool(torch.isfinite(t).all()) for t in payload.tensors.values()):
+            if not all(all_finite(t) for t in payload.tensors.values()):
                 raise wire.PayloadError("non_finite", "master holds NaN/Inf values")
         except (wire.PayloadError, NotFound, ObjectTooLarge) as e:
             log.error(

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from ddiloco.compression import BLOCK, CODECS, PACKING, decode, encode, encoded_nbytes
+from ddiloco.compression import BLOCK, CODECS, PACKING, all_finite, decode, encode, encoded_nbytes
 
 INT_CODECS = ("int8", "int4", "int2")
 
@@ -189,3 +189,17 @@ def test_decode_rejects_bad_out_and_non_mapping() -> None:
         decode(parts, "int8", [10], out=torch.empty(11))
     with pytest.raises(ValueError, match="mapping"):
         decode([parts["q"], parts["scale"]], "int8", [10])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_all_finite_is_exact_without_a_tensor_sized_mask(dtype) -> None:
+    """One sum decides the common case; a finite tensor whose sum overflows must still be finite (a false
+    alarm would refuse a valid global), and NaN/Inf anywhere, even in the last chunk, must be found."""
+    x = torch.ones(3 * (1 << 19) + 5, dtype=dtype)
+    assert all_finite(x) and all_finite(x[:0])
+    big = torch.full((1000,), 3e38, dtype=dtype)  # sum overflows to inf, every value finite
+    assert not bool(torch.isfinite(big.sum())) and all_finite(big)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[-1] = bad
+        assert not all_finite(y)
