@@ -38,13 +38,13 @@ from torch import Tensor
 
 __all__ = [
     "BLOCK",
+    "all_finite",
     "CODECS",
     "PACKING",
     "codes_in_range",
     "decode",
     "decode_rows",
     "encode",
-    "all_finite",
     "encoded_nbytes",
     "unpack_parts",
 ]

@@ -72,7 +72,6 @@ def encode_step(
     codec: str,
     dtype: str,
     *,
-    consume_held: bool = False,
     scratch: torch.Tensor | None = None,
 ) -> DeltaStep:
     """Quantize Θ_v − L_{v−1} with `codec` and return the parts and L_v (module docstring).
@@ -80,9 +79,9 @@ def encode_step(
     `held`: L_{v−1}; `theta`: the fp32 master Θ_v (same names and shapes). `deq` is decoded from the
     parts themselves, so the syncer gets exactly what a learner decodes. At the 1b preset a fragment is
     193 MB and every fresh temporary of its size costs ~0.1 s of page faults, so a caller that owns `held`
-    can give it up (`consume_held`: L_v is summed into its fp32 tensors, which are overwritten) and lend a
-    flat fp32 `scratch` of at least the largest tensor's size for the difference and its decoding (its
-    content is undefined after)."""
+    can lend a flat fp32 `scratch` of at least the fragment's size: Θ_v − L_{v−1} and its decoding go
+    there, and L_v is summed into `held`'s fp32 tensors, which are overwritten (scratch's content is
+    undefined after)."""
     if codec not in DOWNLOAD_CODECS or codec == "none":
         raise ValueError(f"download codec must be one of {', '.join(DOWNLOAD_CODECS[1:])}, got {codec!r}")
     parts: Tensors = {}
@@ -90,19 +89,14 @@ def encode_step(
     for name in sorted(theta):
         base = held[name].detach().float()  # `held` itself when it is fp32
         target = theta[name].detach().float()
-        borrowed = scratch is not None and scratch.numel() >= base.numel()
-        if borrowed:
-            diff = torch.sub(target, base, out=scratch[: base.numel()].view(base.shape))  # type: ignore[index]
+        if scratch is not None:
+            diff = torch.sub(target, base, out=scratch[: base.numel()].view(base.shape))
         else:
             diff = target - base
         enc = compression.encode(diff, codec)
         deq = compression.decode(enc, codec, list(base.shape), out=diff)  # Θ − L is no longer needed
         # L_v = apply_delta(base, deq) without another copy: in L_{v−1}'s memory, or in deq's own
-        if consume_held:
-            total = base.add_(deq)
-        else:
-            total = deq + base if borrowed else deq.add_(base)
-        values[name] = round_to(total, dtype)
+        values[name] = round_to(base.add_(deq) if scratch is not None else deq.add_(base), dtype)
         for part, t in enc.items():
             parts[f"{name}/{part}"] = t
     return DeltaStep(parts, values)

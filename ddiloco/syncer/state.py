@@ -126,8 +126,8 @@ class SyncerFiles:
         self.store, self.run_id, self.layout, self.key, self.dtype = store, run_id, layout, key, dtype
         self.download_codec = download_codec
         self._digests: dict[int, tuple[int, str]] = {}
-        """Fragment -> (version, SHA-256 of its published values) last read or published: a publish names
-        its base's digest in the delta, and hashing a 193 MB fragment again costs ~0.1 s."""
+        """Fragment -> (version, SHA-256 of its published values) as last read and verified: a publish reads
+        its base back and names the base's digest in the delta; hashing a 193 MB fragment again costs ~0.1 s."""
 
     @property
     def keeps_master(self) -> bool:
@@ -261,9 +261,7 @@ class SyncerFiles:
             base_digest = self._digest_of(p, version - 1, held)
             scratch = SYNCER_POOL.take(sum(t.numel() for t in proposal.theta.values()))
             try:
-                step = encode_step(
-                    held, proposal.theta, self.download_codec, self.dtype, consume_held=True, scratch=scratch
-                )
+                step = encode_step(held, proposal.theta, self.download_codec, self.dtype, scratch=scratch)
             finally:
                 SYNCER_POOL.give(scratch)
             del held
@@ -290,8 +288,6 @@ class SyncerFiles:
         )
         if not self.store.create(keys.global_key(p, version), blob):
             raise Fenced(f"global version {version} of fragment {p} was published by another syncer")
-        if values_digest is not None:
-            self._digests[p] = (version, values_digest)
         put_latest(self.store, p, version)
         return written + len(blob)
 
