@@ -26,6 +26,10 @@ Design choices:
 - One answer with positive weight gives back exactly its Δ in the batch merge, and w·Δ/w can round, so that
   case rereads the answer and returns it as it is.
 - `finalize` leaves the sums untouched: a merge whose persisting fails is finalised again later.
+- Passes over the fragment are what a round costs (`benchmarks/syncer_scale.py`), so none is spent on
+  bookkeeping: the sums' buffer (reused from closed rounds) is not zeroed, a tensor's first answer
+  overwrites it (``acc = w·Δ``, which also skips reading it); and `finalize` writes the result in one
+  pass with the caller's factor folded in (the syncer's −discount: Δ = −merge(δ), damped when stale).
 """
 
 from __future__ import annotations
@@ -68,8 +72,10 @@ class AnswerNorms:
 @dataclass(frozen=True, slots=True)
 class Finalized:
     merged: dict[str, Tensor]
+    """The merge times the scale `RoundSums.finalize` was given."""
     stats: dict[str, float]
-    """As `merge_with_stats`: merged_norm, mean_delta_norm, ratio, fallbacks, learners."""
+    """As `merge_with_stats`: merged_norm, mean_delta_norm, ratio, fallbacks, learners (merged_norm and
+    ratio of the scaled merge)."""
     clipped: dict[str, float]
     """Answer key -> the scale robust clipping applied to it (clipped answers only)."""
     flat: Tensor | None = None
@@ -95,7 +101,10 @@ class RoundSums:
         self.shapes = {n: torch.Size(s) for n, s in shapes.items()}
         self.rda_names = frozenset(n for n in self.shapes if method == "rda" and n not in embedding_names)
         self.pool = pool
-        self._flat = _take(pool, sum(s.numel() for s in self.shapes.values())).zero_()
+        self._flat = _take(pool, sum(s.numel() for s in self.shapes.values()))
+        self._unwritten = set(self.shapes)
+        """Tensors no answer has written yet: their sum is 0 whatever the buffer holds (the first answer
+        overwrites it, so the buffer is never zeroed: a pass over the fragment saved per round)."""
         views = _carve(self._flat, self.shapes)
         self.sums = {n: t for n, t in views.items() if n not in self.rda_names}
         self.directions = {n: t for n, t in views.items() if n in self.rda_names}
@@ -167,7 +176,8 @@ class RoundSums:
             if weight == 0:
                 norms[name] = t.norm(self._buf)
             elif name not in self.rda_names:
-                norms[name] = t.accumulate(self.sums[name], weight, self._buf)
+                norms[name] = t.accumulate(self.sums[name], weight, self._buf, overwrite=self._first(name))
+                self._unwritten.discard(name)
             else:
                 norms[name] = self._add_direction(name, weight, t, _claim(claimed, name))
         self.answers[key] = answer = AnswerNorms(float(weight), norms)
@@ -178,19 +188,26 @@ class RoundSums:
             missing, extra = sorted(set(self.shapes) - set(delta)), sorted(set(delta) - set(self.shapes))
             raise ValueError(f"answer {key!r} lacks tensors {missing} and has unknown {extra}")
 
+    def _first(self, name: str) -> bool:
+        """Whether the next add to `name` is its first (`_unwritten`), so it overwrites the buffer."""
+        return name in self._unwritten
+
     def _add_direction(self, name: str, weight: float, t: EncodedTensor, claim: float | None) -> float:
-        acc = self.directions[name]
+        acc, first = self.directions[name], self._first(name)
         if t.known_norm is not None:  # measured by this syncer (its check, or an intake reader)
             if t.known_norm > 0:
-                t.accumulate(acc, weight / t.known_norm, self._buf)
+                t.accumulate(acc, weight / t.known_norm, self._buf, overwrite=first)
+                self._unwritten.discard(name)
             return t.known_norm
         if claim is None or not t.plausible(claim):
             self.unclaimed += 1
             norm = t.norm(self._buf)
             if norm > 0:
-                t.accumulate(acc, weight / norm, self._buf)
+                t.accumulate(acc, weight / norm, self._buf, overwrite=first)
+                self._unwritten.discard(name)
             return norm
-        norm = t.accumulate(acc, weight / claim, self._buf)
+        norm = t.accumulate(acc, weight / claim, self._buf, overwrite=first)
+        self._unwritten.discard(name)
         if abs(norm - claim) > HINT_RTOL * claim:  # the claim was wrong: add the difference of coefficients
             self.corrections += 1
             t.accumulate(acc, (weight / norm if norm > 0 else 0.0) - weight / claim, self._buf)
@@ -204,31 +221,38 @@ class RoundSums:
         bound = factor * statistics.median(norms.values())
         return {k: bound / n for k, n in norms.items() if n > bound and n > 0}
 
-    def finalize(self, reread: Reread, robust_clip: float | None = None) -> Finalized:
-        """The merged outer gradient of the answers added so far (fp32, fresh tensors) and its stats."""
+    def finalize(self, reread: Reread, robust_clip: float | None = None, scale: float = 1.0) -> Finalized:
+        """`scale` times the merged outer gradient of the answers added so far (fp32, in a buffer of the
+        pool when there is one) and its stats, norms taken of the scaled result. The scale is applied in
+        the pass that writes the result, so a caller's sign flip or damping costs no pass of its own."""
         active = {k: a for k, a in self.answers.items() if a.weight > 0}
         if not active:
             raise ValueError("all merge weights are 0 (no answering learner took a step); nothing to merge")
+        for name in self._unwritten:  # no answer wrote it (zero weights or norms): its sum is 0
+            {**self.sums, **self.directions}[name].zero_()
+        self._unwritten.clear()
         total = sum(a.weight for a in active.values())
         scales = self.clip_scales(robust_clip)
         flat = _take(self.pool, self._flat.numel())
         out = _carve(flat, self.shapes)
         if len(active) == 1:
             [(key, answer)] = active.items()
-            s = scales.get(key, 1.0)
+            s = scales.get(key, 1.0) * scale
             merged = {n: _into(out[n], t, s) for n, t in reread(key, out).items()}
             return self._finish(merged, active, total, scales, 0, flat if self.pool else None)
         merged, fallbacks = {}, 0
-        for name, total_sum in self.sums.items():
-            merged[name] = out[name].copy_(total_sum)
-        for key, s in scales.items():
-            w = self.answers[key].weight
-            if w > 0 and self.sums:
+        corrected = [(k, s) for k, s in scales.items() if self.sums and self.answers[k].weight > 0]
+        if corrected:  # S_t - (1 - s_m) w_m Δ_mt for each clipped answer m, then the mean
+            merged = {n: out[n].copy_(t) for n, t in self.sums.items()}
+            for key, s in corrected:
                 for n, t in reread(key).items():
-                    if n in self.sums:
-                        merged[n].add_(t, alpha=-(1.0 - s) * w)
-        for mean in merged.values():
-            mean.div_(total)
+                    if n in merged:
+                        merged[n].add_(t, alpha=-(1.0 - s) * self.answers[key].weight)
+        for name, total_sum in self.sums.items():
+            if corrected:
+                merged[name].mul_(scale / total)
+            else:
+                merged[name] = torch.mul(total_sum, scale / total, out=out[name])
         cancelled, norms = [], {}
         for name in self.rda_names:
             radius = sum(a.weight * scales.get(k, 1.0) * a.norms[name] for k, a in active.items()) / total
@@ -236,11 +260,12 @@ class RoundSums:
             if length < self.eps:  # directions cancel: the mean is the honest answer (and ~0)
                 cancelled.append(name)
             else:
-                merged[name] = torch.mul(self.directions[name], radius / (length * total), out=out[name])
-                norms[name] = radius  # ‖D · radius / ‖D‖‖, without another pass over the result
+                coef = scale * radius / (length * total)
+                merged[name] = torch.mul(self.directions[name], coef, out=out[name])
+                norms[name] = abs(scale) * radius  # ‖D · coef‖, without another pass over the result
         if cancelled:
             for name, mean in self._means(cancelled, active, scales, total, reread).items():
-                merged[name] = out[name].copy_(mean)
+                merged[name] = torch.mul(mean, scale, out=out[name])
             fallbacks = len(cancelled)
         return self._finish(merged, active, total, scales, fallbacks, flat if self.pool else None, norms)
 
@@ -287,10 +312,10 @@ class RoundSums:
 
 
 def _into(dst: Tensor, t: Tensor, s: float) -> Tensor:
-    """`t` times `s` in `dst` (exactly `t` when s is 1; `t` may be `dst` already)."""
-    if t.data_ptr() != dst.data_ptr():
-        dst.copy_(t)
-    return dst.mul_(s) if s != 1.0 else dst
+    """`t` times `s` in `dst`, in one pass (exactly `t` when s is 1, -t when s is -1; `t` may be `dst`)."""
+    if t.data_ptr() == dst.data_ptr():
+        return dst.mul_(s) if s != 1.0 else dst
+    return dst.copy_(t) if s == 1.0 else torch.mul(t, s, out=dst)
 
 
 def _claim(claimed: Mapping[str, float] | None, name: str) -> float | None:

@@ -108,12 +108,15 @@ class EncodedTensor:
         """‖decoded values‖, computed exactly as `accumulate` measures it (what learners claim in `norms`)."""
         return self.accumulate(None, 0.0, buf)
 
-    def accumulate(self, acc: Tensor | None, alpha: float, buf: Tensor | None = None) -> float:
+    def accumulate(
+        self, acc: Tensor | None, alpha: float, buf: Tensor | None = None, *, overwrite: bool = False
+    ) -> float:
         """``acc += alpha * values`` (acc: contiguous fp32 of this shape; None: only measure) in one pass
-        over the encoded data; returns ‖values‖."""
-        if self.known_norm is not None and (acc is None or alpha == 0.0):
+        over the encoded data; returns ‖values‖. `overwrite`: ``acc = alpha * values`` instead (what acc
+        held is never read, so a sum's first answer needs no zeroed buffer and no read of it)."""
+        if self.known_norm is not None and (acc is None or (alpha == 0.0 and not overwrite)):
             return self.known_norm
-        flat = acc.view(-1) if acc is not None and alpha != 0.0 else None
+        flat = acc.view(-1) if acc is not None and (alpha != 0.0 or overwrite) else None
         if self.codec in ("fp32", "bf16"):
             total = 0.0
             data = self.parts["data"]
@@ -123,15 +126,20 @@ class EncodedTensor:
                     c = _buf(buf, c.numel()).copy_(c)
                 if self.known_norm is None:
                     total += _sumsq(c)
-                if flat is not None:
+                if flat is None:
+                    continue
+                if overwrite:
+                    torch.mul(c, alpha, out=flat[i : i + c.numel()])
+                else:
                     flat[i : i + c.numel()].add_(c, alpha=alpha)
             return self.known_norm if self.known_norm is not None else math.sqrt(total)
-        return self._accumulate_int(flat, alpha, buf)
+        return self._accumulate_int(flat, alpha, buf, overwrite)
 
-    def _accumulate_int(self, flat: Tensor | None, alpha: float, buf: Tensor | None) -> float:
+    def _accumulate_int(self, flat: Tensor | None, alpha: float, buf: Tensor | None, overwrite: bool) -> float:
         """Per chunk of blocks: unpack the codes to integer-valued fp32 rows c (in cache); the norm is
         Σ_rows (‖c_row‖ · scale_row)² (exact integer sums of squares, fp64 over rows); the add is one fused
-        ``acc_row += c_row · (scale_row · alpha)`` per row. The padded last block counts only its values.
+        ``acc_row += c_row · (scale_row · alpha)`` per row (``acc_row = ...`` when overwriting). The padded
+        last block counts only its values.
         Views are made once per tensor, so a chunk costs ~8 torch calls (their dispatch is ~10% of a
         chunk's time)."""
         bits, L = _INT[self.codec]
@@ -169,9 +177,17 @@ class EncodedTensor:
             if flat is None:
                 continue
             if full > 0:
-                acc_rows[r0 : r0 + full].addcmul_(ck if full == k else ck[:full], coef[r0 : r0 + full])
-            if full < k:
-                flat[n_full * BLOCK :].add_(ck[full, :tail] * scale[n_full], alpha=alpha)
+                rows_c, rows_coef = (ck if full == k else ck[:full]), coef[r0 : r0 + full]
+                if overwrite:
+                    torch.mul(rows_c, rows_coef, out=acc_rows[r0 : r0 + full])
+                else:
+                    acc_rows[r0 : r0 + full].addcmul_(rows_c, rows_coef)
+            if full < k:  # the padded last block: only its first `tail` values
+                last, tail_acc = ck[full, :tail], flat[n_full * BLOCK :]
+                if overwrite:
+                    torch.mul(last, coef[n_full], out=tail_acc)
+                else:
+                    tail_acc.addcmul_(last, coef[n_full])
         if not measure:
             return self.known_norm  # type: ignore[return-value]
         return float(torch.linalg.vector_norm(row_norms.mul_(scale), dtype=torch.float64))

@@ -214,16 +214,10 @@ class GlobalFragment:
                 w,
                 discount,
             )
-        # δ_m = θ_m − Θ_base, so Δ_m = −δ_m; RDA, the mean and clipping commute with the sign flip
-        done = sums.finalize(reread, rule.robust_clip)
+        # δ_m = θ_m − Θ_base, so Δ_m = −δ_m; RDA, the mean and clipping commute with the sign flip, which
+        # finalize applies with the freshest answer's discount (1.0 when any answer is fresh) in its pass
+        done = sums.finalize(reread, rule.robust_clip, scale=-max(discounts))
         merged, stats = done.merged, dict(done.stats)
-        scale = max(discounts)  # the freshest answer's discount: 1.0 when any answer is fresh
-        for t in merged.values():  # Δ = −merge(δ)
-            t.neg_()
-            if scale != 1.0:
-                t.mul_(scale)
-        stats["merged_norm"] *= scale
-        stats["ratio"] *= scale
         outer = rule.optimizer()
         outer.load_state_dict(self.outer.state_dict())  # load_state_dict copies the buffers
         theta = _clone(self.theta)

@@ -135,6 +135,42 @@ def test_finalize_leaves_the_sums_as_they_were():
         assert torch.equal(first.merged[n], again.merged[n])
 
 
+@pytest.mark.parametrize("method", ["rda", "mean"])
+@pytest.mark.parametrize("clip", [None, 2.0])
+def test_finalize_applies_the_callers_scale_in_its_pass(method, clip):
+    # The syncer passes -discount (Δ = -merge(δ), damped for stale rounds); norms are of the scaled merge.
+    answers = _answers(5, seed=6, scale=[1.0, 1.0, 30.0, 1.0, 1.0])
+    weights = [1.0, 2.0, 1.0, 1.0, 0.5]
+    sums = RoundSums(SHAPES, method=method, embedding_names=EMB)
+    for i, (a, w) in enumerate(zip(answers, weights, strict=True)):
+        sums.add(str(i), w, a)
+    plain = sums.finalize(lambda k, out=None: answers[int(k)], clip)
+    scaled = sums.finalize(lambda k, out=None: answers[int(k)], clip, scale=-0.5)
+    for n, t in plain.merged.items():
+        torch.testing.assert_close(scaled.merged[n], -0.5 * t, rtol=1e-6, atol=1e-9)
+    assert scaled.stats["merged_norm"] == pytest.approx(0.5 * plain.stats["merged_norm"], rel=1e-6)
+    assert scaled.stats["ratio"] == pytest.approx(0.5 * plain.stats["ratio"], rel=1e-6)
+    assert scaled.stats["mean_delta_norm"] == plain.stats["mean_delta_norm"]
+
+
+def test_a_reused_buffer_is_never_read_before_an_answer_wrote_it():
+    # Sums come from a pool without zeroing: the first answer overwrites; a tensor no answer wrote (here
+    # one whose delta is exactly 0 in every answer, and a zero-weight answer) must still merge as 0.
+    numel = sum(math.prod(s) for s in SHAPES.values())
+    pool = BufferPool(keep=2)
+    pool.give(torch.full((numel,), float("nan")))
+    answers = _answers(3, seed=7)
+    for a in answers:
+        a["ln.g"].zero_()
+    sums = RoundSums(SHAPES, embedding_names=EMB, pool=pool)
+    weights = [0.0, 1.0, 3.0]
+    for i, (a, w) in enumerate(zip(answers, weights, strict=True)):
+        sums.add(str(i), w, a)
+    done = sums.finalize(lambda k, out=None: answers[int(k)])
+    assert torch.equal(done.merged["ln.g"], torch.zeros(SHAPES["ln.g"]))
+    _assert_same(done, _batch(answers, weights))
+
+
 def test_memory_is_two_fragments_whatever_the_number_of_answers():
     sums = RoundSums(SHAPES, embedding_names=EMB)
     fragment = sum(torch.Size(s).numel() * 4 for s in SHAPES.values())

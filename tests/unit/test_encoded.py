@@ -39,6 +39,18 @@ def test_accumulate_adds_exactly_the_decoded_values_and_measures_their_norm(code
     assert torch.equal(t.decode(), ref)
 
 
+@pytest.mark.parametrize("codec", ["fp32", "bf16", *INT_CODECS])
+@pytest.mark.parametrize("n", [127, 1000, (1 << 20) + 77])  # a padded last block, and two chunks
+def test_overwrite_writes_the_decoded_values_whatever_the_buffer_held(codec, n):
+    parts = encode(_x(n), codec)
+    t = EncodedTensor.check(parts, codec, (n,))
+    added = torch.zeros(n)
+    t.accumulate(added, 0.37)
+    acc = torch.full((n,), float("nan"))  # a pooled buffer of a closed round: anything, NaN included
+    assert t.accumulate(acc, 0.37, overwrite=True) == t.norm()
+    assert torch.equal(acc, added)  # the same products, with nothing of the old contents left
+
+
 def test_norms_of_large_tensors_are_fp64_exact():
     # A single fp32 reduction is off by ~9e-5 at 4M values (0.6% at 48M, a 1b fragment); RDA divides by it.
     n = 4 << 20
