@@ -46,9 +46,10 @@ def test_overwrite_writes_the_decoded_values_whatever_the_buffer_held(codec, n):
     t = EncodedTensor.check(parts, codec, (n,))
     added = torch.zeros(n)
     t.accumulate(added, 0.37)
-    acc = torch.full((n,), float("nan"))  # a pooled buffer of a closed round: anything, NaN included
-    assert t.accumulate(acc, 0.37, overwrite=True) == t.norm()
-    assert torch.equal(acc, added)  # the same products, with nothing of the old contents left
+    for src in (t, t.measured()):  # measuring in the same pass, and a norm a reader measured before
+        acc = torch.full((n,), float("nan"))  # a pooled buffer of a closed round: anything, NaN included
+        assert src.accumulate(acc, 0.37, overwrite=True) == t.norm()
+        assert torch.equal(acc, added)  # the same products, with nothing of the old contents left
 
 
 def test_norms_of_large_tensors_are_fp64_exact():
