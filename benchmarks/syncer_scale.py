@@ -12,8 +12,12 @@ Each measured round drives the syncer's own parts on synthetic answers of the re
    workers read ahead while the sums grow), `GlobalFragment.propose` (finalise the sums,
    Nesterov step), `SyncerFiles.publish` (momentum, round record, the download delta against the
    previous version as `--download-codec`, global + pointer) and
-   `GlobalFragment.commit`; then M plain `copy_`s of one answer's fp32 worth into one fragment-sized buffer,
-   the memory-bandwidth yardstick;
+   `GlobalFragment.commit`. The memory-bandwidth yardstick is timed right after each answer's merge, on
+   the same thread: one plain `copy_` of the answer's fp32 worth between two fragment-sized buffers (M per
+   round). The machine is shared and its memory bandwidth drifts by ±20% over seconds; measured in
+   alternation, merge and copy see the same conditions (and, with readers, the same reads going on);
+   the yardstick's buffers are allocated and touched before anything else and subtracted from
+   ``peak_rss_bytes`` (``yardstick_bytes``);
 3. everything of fragment p is dropped before the next round. Unless `--no-resident`, the other fragments'
    fp32 Θ and momentum are held all along (pages touched), as a real syncer holds them, so
    `peak_rss_bytes` is the syncer's and compares with `model_bytes`.
@@ -95,8 +99,33 @@ def layout_of(preset: str, vocab: int, block: int, P: int, whole: bool) -> Layou
     return layout
 
 
+class Yardstick:
+    """Two touched fp32 buffers of the largest fragment's size: `copy(numel)` times one plain copy."""
+
+    def __init__(self, numel: int) -> None:
+        self.src = torch.full((numel,), 1e-3)
+        self.dst = torch.empty(numel).copy_(self.src)  # pages faulted in before anything is timed
+        self.seconds = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * self.src.numel()
+
+    def copy(self, numel: int) -> None:
+        c0 = time.perf_counter()
+        self.dst[:numel].copy_(self.src[:numel])
+        self.seconds += time.perf_counter() - c0
+
+
 def one_round(
-    s: int, p: int, args: argparse.Namespace, cfg, layout: Layout, store, g: torch.Generator
+    s: int,
+    p: int,
+    args: argparse.Namespace,
+    cfg,
+    layout: Layout,
+    store,
+    g: torch.Generator,
+    yardstick: Yardstick,
 ) -> dict[str, float]:
     files = SyncerFiles(store, cfg.run_id, layout, None, args.global_dtype, args.download_codec)
     rule = MergeRule.of(cfg.diloco, layout, None)
@@ -129,10 +158,13 @@ def one_round(
         del delta
     merge_s = [0.0, 0.0]  # accept (decode + add), finalize
 
+    yardstick.seconds = 0.0
+
     def timed_accept(rnd: Round, ans) -> None:  # the merge proper: decode + add to the running sums
         a0 = time.perf_counter()
         frag.accept(rnd, ans, rule)
         merge_s[0] += time.perf_counter() - a0
+        yardstick.copy(layout.fragments[p].numel)  # the same bytes, plainly copied, right after
 
     validator = UpdateValidator(cfg, layout, {p: frag}, key=None, wall=time.time)  # type: ignore[arg-type]
     metrics = SyncerMetrics(CollectorRegistry(), dict)
@@ -173,17 +205,6 @@ def one_round(
     if len(rnd.answers) != args.learners or intake.rejected:
         raise SystemExit(f"round {s}: {len(rnd.answers)} answers accepted, rejected {dict(intake.rejected)}")
 
-    # The yardstick: M plain copies of one decoded answer's worth of fp32 into one fragment-sized buffer.
-    src = {n: torch.full(layout.shapes[n], 1e-3) for n in names}
-    dst = {n: torch.empty(layout.shapes[n]) for n in names}
-    for n in names:
-        dst[n].copy_(src[n])  # fault the destination pages in
-    c0 = time.perf_counter()
-    for _ in range(args.learners):
-        for n in names:
-            dst[n].copy_(src[n])
-    copy_s = time.perf_counter() - c0
-    del src, dst
     for prefix in (
         keys.fragment_updates_prefix(p),
         keys.global_prefix(p),
@@ -193,14 +214,14 @@ def one_round(
         for key in store.list(prefix):
             store.delete(key)
     return {
-        "intake": t1 - t0,
+        "intake": t1 - t0 - yardstick.seconds,  # the copies ran inside collect, after each accept
         "propose": t2 - t1,
         "publish": t3 - t2,
         "commit": t4 - t3,
         "merge": merge_s[0] + merge_s[1],
         "accept": merge_s[0],
         "finalize": merge_s[1],
-        "copy": copy_s,
+        "copy": yardstick.seconds,
     }
 
 
@@ -254,13 +275,14 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="syncer-scale-") if args.store == "file" else None
     store = open_store(f"file://{tmp}" if tmp else f"memory://syncer-scale-{time.time_ns()}")
     order = sorted(range(args.fragments), key=lambda p: (-layout.fragments[p].numel, p))
+    yardstick = Yardstick(layout.fragments[order[0]].numel)  # first: resident throughout, subtracted exactly
     resident = resident_state(layout, order[0]) if args.resident else []
     g = torch.Generator().manual_seed(0)
     rounds = []
     try:
         for s in range(args.rounds):
             p = order[s % len(order)]
-            t = one_round(s, p, args, cfg, layout, store, g)
+            t = one_round(s, p, args, cfg, layout, store, g, yardstick)
             numel = layout.fragments[p].numel
             total = sum(v for k, v in t.items() if k not in ("copy", "merge", "accept", "finalize"))
             rounds.append({"fragment": p, "numel": numel, "seconds": total, **t})
@@ -316,7 +338,8 @@ def main() -> None:
         "merge_gbps": _sig(gbps("merge")),
         "round_gbps": _sig(gbps("seconds")),
         "memcpy_gbps": _sig(gbps("copy")),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - yardstick.nbytes,
+        "yardstick_bytes": yardstick.nbytes,
         "per_round": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()} for r in rounds],
     }
     print(json.dumps(out))

@@ -135,7 +135,9 @@ class EncodedTensor:
             return self.known_norm if self.known_norm is not None else math.sqrt(total)
         return self._accumulate_int(flat, alpha, buf, overwrite)
 
-    def _accumulate_int(self, flat: Tensor | None, alpha: float, buf: Tensor | None, overwrite: bool) -> float:
+    def _accumulate_int(
+        self, flat: Tensor | None, alpha: float, buf: Tensor | None, overwrite: bool
+    ) -> float:
         """Per chunk of blocks: unpack the codes to integer-valued fp32 rows c (in cache); the norm is
         Σ_rows (‖c_row‖ · scale_row)² (exact integer sums of squares, fp64 over rows); the add is one fused
         ``acc_row += c_row · (scale_row · alpha)`` per row (``acc_row = ...`` when overwriting). The padded
