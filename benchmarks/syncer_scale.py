@@ -17,7 +17,8 @@ Each measured round drives the syncer's own parts on synthetic answers of the re
    round). The machine is shared and its memory bandwidth drifts by ±20% over seconds; measured in
    alternation, merge and copy see the same conditions (and, with readers, the same reads going on);
    the yardstick's buffers are allocated and touched before anything else and subtracted from
-   ``peak_rss_bytes`` (``yardstick_bytes``);
+   ``peak_rss_bytes`` (``yardstick_bytes``). After the round the same M copies run back to back
+   (``memcpy_block_gbps``, the yardstick as it was measured before 2026-11-25, for comparison);
 3. everything of fragment p is dropped before the next round. Unless `--no-resident`, the other fragments'
    fp32 Θ and momentum are held all along (pages touched), as a real syncer holds them, so
    `peak_rss_bytes` is the syncer's and compares with `model_bytes`.
@@ -159,12 +160,13 @@ def one_round(
     merge_s = [0.0, 0.0]  # accept (decode + add), finalize
 
     yardstick.seconds = 0.0
+    numel = layout.fragments[p].numel
 
     def timed_accept(rnd: Round, ans) -> None:  # the merge proper: decode + add to the running sums
         a0 = time.perf_counter()
         frag.accept(rnd, ans, rule)
         merge_s[0] += time.perf_counter() - a0
-        yardstick.copy(layout.fragments[p].numel)  # the same bytes, plainly copied, right after
+        yardstick.copy(numel)  # the same bytes, plainly copied, right after
 
     validator = UpdateValidator(cfg, layout, {p: frag}, key=None, wall=time.time)  # type: ignore[arg-type]
     metrics = SyncerMetrics(CollectorRegistry(), dict)
@@ -213,15 +215,19 @@ def one_round(
     ):
         for key in store.list(prefix):
             store.delete(key)
+    interleaved = yardstick.seconds
+    for _ in range(args.learners):  # the former yardstick: M copies back to back, after the round
+        yardstick.copy(numel)
     return {
-        "intake": t1 - t0 - yardstick.seconds,  # the copies ran inside collect, after each accept
+        "intake": t1 - t0 - interleaved,  # the copies ran inside collect, after each accept
         "propose": t2 - t1,
         "publish": t3 - t2,
         "commit": t4 - t3,
         "merge": merge_s[0] + merge_s[1],
         "accept": merge_s[0],
         "finalize": merge_s[1],
-        "copy": yardstick.seconds,
+        "copy": interleaved,
+        "copy_block": yardstick.seconds - interleaved,
     }
 
 
@@ -284,7 +290,9 @@ def main() -> None:
             p = order[s % len(order)]
             t = one_round(s, p, args, cfg, layout, store, g, yardstick)
             numel = layout.fragments[p].numel
-            total = sum(v for k, v in t.items() if k not in ("copy", "merge", "accept", "finalize"))
+            total = sum(
+                v for k, v in t.items() if k not in ("copy", "copy_block", "merge", "accept", "finalize")
+            )
             rounds.append({"fragment": p, "numel": numel, "seconds": total, **t})
             mb = args.learners * 4 * numel / 1e6
             print(
@@ -338,6 +346,7 @@ def main() -> None:
         "merge_gbps": _sig(gbps("merge")),
         "round_gbps": _sig(gbps("seconds")),
         "memcpy_gbps": _sig(gbps("copy")),
+        "memcpy_block_gbps": _sig(gbps("copy_block")),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - yardstick.nbytes,
         "yardstick_bytes": yardstick.nbytes,
         "per_round": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()} for r in rounds],

@@ -34,7 +34,7 @@ def test_syncer_scale_tiny_prints_its_json_with_the_first_round_apart() -> None:
     assert out["steady_rounds"] == 1  # the first round (fresh memory) is reported apart from the medians
     assert out["per_round"][1]["seconds"] == out["round_seconds"]
     assert out["first_round"]["seconds"] == out["per_round"][0]["seconds"]
-    assert out["first_round"]["merge_gbps"] > 0
+    assert out["first_round"]["merge_gbps"] > 0 and out["memcpy_block_gbps"] > 0
     assert out["layout"] == "row_pieces" and out["pieces"] > 0  # tiny at P = 12 splits its large tensors
     assert 1 <= out["fragment_bytes_max_over_ideal"] <= 4 / 3
     assert out["round_seconds"] > 0 and out["merge_gbps"] > 0 and out["memcpy_gbps"] > 0
