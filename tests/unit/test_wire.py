@@ -22,6 +22,32 @@ def test_round_trip_preserves_tensors_and_header():
         assert torch.equal(p.tensors[k], t)
 
 
+def test_unpacked_tensors_are_aligned_writable_copies_of_every_dtype_and_shape():
+    # Odd-sized byte tensors put the next tensor's data at an offset no fp32/int64 value may start at;
+    # each tensor is its own aligned, writable allocation, and writing it leaves the payload as it was.
+    tensors = {
+        "a/q": torch.arange(7, dtype=torch.uint8),
+        "b": torch.randn(3, 5),
+        "c": torch.arange(-3, 2, dtype=torch.int8),
+        "d": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        "e": torch.randn(4).to(torch.bfloat16),
+        "f": torch.tensor(2.5),
+        "g": torch.empty(0, 4),
+        "h": torch.arange(3, dtype=torch.int32),
+        "i": torch.randn(2).half(),
+    }
+    blob = wire.pack(tensors, {"run_id": "r1", "kind": "update"})
+    before = bytes(blob)
+    got = wire.unpack(blob).tensors
+    for name, t in tensors.items():
+        u = got[name]
+        assert u.dtype == t.dtype and u.shape == t.shape and torch.equal(u, t), name
+        assert u.data_ptr() % u.element_size() == 0 and u.is_contiguous(), name
+        u.zero_()
+    assert blob == before
+    assert torch.equal(wire.unpack(blob).tensors["b"], tensors["b"])
+
+
 def test_payload_is_a_plain_safetensors_file():
     from safetensors.torch import load
 
