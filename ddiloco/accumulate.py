@@ -105,9 +105,9 @@ class RoundSums:
         self._unwritten = set(self.shapes)
         """Tensors no answer has written yet: their sum is 0 whatever the buffer holds (the first answer
         overwrites it, so the buffer is never zeroed: a pass over the fragment saved per round)."""
-        views = _carve(self._flat, self.shapes)
-        self.sums = {n: t for n, t in views.items() if n not in self.rda_names}
-        self.directions = {n: t for n, t in views.items() if n in self.rda_names}
+        self._views = _carve(self._flat, self.shapes)
+        self.sums = {n: t for n, t in self._views.items() if n not in self.rda_names}
+        self.directions = {n: t for n, t in self._views.items() if n in self.rda_names}
         self.answers: dict[str, AnswerNorms] = {}
         self.corrections = 0
         """RDA tensors of answers whose claimed norm was wrong, so their direction took a second pass."""
@@ -124,7 +124,7 @@ class RoundSums:
         if self.pool is not None and self._flat.numel():
             self.pool.give(self._flat)
         self._flat = torch.empty(0)
-        self.sums, self.directions = {}, {}
+        self._views, self.sums, self.directions = {}, {}, {}
 
     def recycle(self, done: Finalized) -> None:
         """`done.merged` is no longer used (the outer step consumed it): its buffer goes back to the pool."""
@@ -176,8 +176,7 @@ class RoundSums:
             if weight == 0:
                 norms[name] = t.norm(self._buf)
             elif name not in self.rda_names:
-                norms[name] = t.accumulate(self.sums[name], weight, self._buf, overwrite=self._first(name))
-                self._unwritten.discard(name)
+                norms[name] = self._write(name, t, weight)
             else:
                 norms[name] = self._add_direction(name, weight, t, _claim(claimed, name))
         self.answers[key] = answer = AnswerNorms(float(weight), norms)
@@ -188,29 +187,29 @@ class RoundSums:
             missing, extra = sorted(set(self.shapes) - set(delta)), sorted(set(delta) - set(self.shapes))
             raise ValueError(f"answer {key!r} lacks tensors {missing} and has unknown {extra}")
 
-    def _first(self, name: str) -> bool:
-        """Whether the next add to `name` is its first (`_unwritten`), so it overwrites the buffer."""
-        return name in self._unwritten
+    def _write(self, name: str, t: EncodedTensor, alpha: float) -> float:
+        """Add alpha·t to `name`'s sum, overwriting it if no answer wrote it yet; returns ‖t‖."""
+        norm = t.accumulate(self._views[name], alpha, self._buf, overwrite=name in self._unwritten)
+        self._unwritten.discard(name)
+        return norm
 
     def _add_direction(self, name: str, weight: float, t: EncodedTensor, claim: float | None) -> float:
-        acc, first = self.directions[name], self._first(name)
         if t.known_norm is not None:  # measured by this syncer (its check, or an intake reader)
             if t.known_norm > 0:
-                t.accumulate(acc, weight / t.known_norm, self._buf, overwrite=first)
-                self._unwritten.discard(name)
+                self._write(name, t, weight / t.known_norm)
             return t.known_norm
         if claim is None or not t.plausible(claim):
             self.unclaimed += 1
             norm = t.norm(self._buf)
             if norm > 0:
-                t.accumulate(acc, weight / norm, self._buf, overwrite=first)
-                self._unwritten.discard(name)
+                self._write(name, t, weight / norm)
             return norm
-        norm = t.accumulate(acc, weight / claim, self._buf, overwrite=first)
-        self._unwritten.discard(name)
+        norm = self._write(name, t, weight / claim)
         if abs(norm - claim) > HINT_RTOL * claim:  # the claim was wrong: add the difference of coefficients
             self.corrections += 1
-            t.accumulate(acc, (weight / norm if norm > 0 else 0.0) - weight / claim, self._buf)
+            t.accumulate(
+                self.directions[name], (weight / norm if norm > 0 else 0.0) - weight / claim, self._buf
+            )
         return norm
 
     def clip_scales(self, factor: float | None) -> dict[str, float]:
@@ -229,7 +228,7 @@ class RoundSums:
         if not active:
             raise ValueError("all merge weights are 0 (no answering learner took a step); nothing to merge")
         for name in self._unwritten:  # no answer wrote it (zero weights or norms): its sum is 0
-            {**self.sums, **self.directions}[name].zero_()
+            self._views[name].zero_()
         self._unwritten.clear()
         total = sum(a.weight for a in active.values())
         scales = self.clip_scales(robust_clip)
@@ -240,19 +239,18 @@ class RoundSums:
             s = scales.get(key, 1.0) * scale
             merged = {n: _into(out[n], t, s) for n, t in reread(key, out).items()}
             return self._finish(merged, active, total, scales, 0, flat if self.pool else None)
-        merged, fallbacks = {}, 0
-        corrected = [(k, s) for k, s in scales.items() if self.sums and self.answers[k].weight > 0]
+        fallbacks = 0
+        corrected = [(k, s) for k, s in scales.items() if self.answers[k].weight > 0] if self.sums else []
         if corrected:  # S_t - (1 - s_m) w_m Δ_mt for each clipped answer m, then the mean
             merged = {n: out[n].copy_(t) for n, t in self.sums.items()}
             for key, s in corrected:
                 for n, t in reread(key).items():
                     if n in merged:
                         merged[n].add_(t, alpha=-(1.0 - s) * self.answers[key].weight)
-        for name, total_sum in self.sums.items():
-            if corrected:
-                merged[name].mul_(scale / total)
-            else:
-                merged[name] = torch.mul(total_sum, scale / total, out=out[name])
+            for mean in merged.values():
+                mean.mul_(scale / total)
+        else:
+            merged = {n: torch.mul(t, scale / total, out=out[n]) for n, t in self.sums.items()}
         cancelled, norms = [], {}
         for name in self.rda_names:
             radius = sum(a.weight * scales.get(k, 1.0) * a.norms[name] for k, a in active.items()) / total

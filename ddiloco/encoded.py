@@ -171,16 +171,15 @@ class EncodedTensor:
             else:
                 unpack_parts(packed[r0 : r0 + k], parts if whole else [p[:k] for p in parts], bits)
                 (codes if whole else codes[:k]).sub_(L)
+            full = min(k, n_full - r0)  # rows wholly inside the tensor
             if measure:  # the norm needs fp32 codes in cache; the add alone takes the int8 codes as they are
                 ck = c if whole else c[:k]
                 ck.copy_(signed if whole else signed[:k])
-            else:
-                ck = signed if whole else signed[:k]
-            full = min(k, n_full - r0)  # rows wholly inside the tensor
-            if measure:
                 torch.linalg.vector_norm(ck, dim=1, out=row_norms[r0 : r0 + k])
                 if full < k:  # the padded last block: only its first `tail` values
                     row_norms[n_full] = torch.linalg.vector_norm(ck[full, :tail])
+            else:
+                ck = signed if whole else signed[:k]
             if flat is None:
                 continue
             if full > 0:
