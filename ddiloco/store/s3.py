@@ -9,6 +9,15 @@ Design choices:
   max_bytes + 1 bytes when the length is absent), so a hostile object costs one round trip, not a download.
 - The bucket is checked once, lazily, on first use (shared with child stores): a missing bucket or rejected
   credentials become StoreConfigError saying what to set, instead of a NotFound on every key.
+- The client always knows its region, so minio never asks the bucket for it (GetBucketLocation): a Kubeflow
+  profile's store key (KFP 2.17's profile controller, sync.py) may touch only objects under its namespace's
+  prefixes, and SeaweedFS refuses that bucket-level read with AccessDenied, which failed every step's first
+  call. The region is DDILOCO_S3_REGION (or AWS_REGION / AWS_DEFAULT_REGION); unset, it is us-east-1
+  (SeaweedFS ignores it, MinIO's default) except on AWS hosts, where minio takes it from the host name or asks
+  the bucket as before; `DDILOCO_S3_REGION=auto` asks the bucket anywhere. Every call made here (HEAD bucket,
+  single PUT, conditional PUT, GET, HEAD object, ListObjectsV2 under the store's prefix, DELETE,
+  DeleteObjects) is one the profile's user and bucket policy grant inside its prefixes
+  (tests/integration/test_s3_profile_identity.py).
 - Transient: connection errors, timeouts, truncated bodies, HTTP 5xx (but 501 Not Implemented)/429 and the
   SlowDown/RequestTimeout/InternalError/ConditionalRequestConflict family. Everything else fails at once.
 - `create` (write-once, `If-None-Match: *`, probed once per connection) lives in s3_create.py.
@@ -72,6 +81,10 @@ _AUTH_CODES = frozenset(
     }
 )
 _DELETE_BATCH = 1000  # DeleteObjects limit
+REGION_VARS = ("DDILOCO_S3_REGION", "AWS_REGION", "AWS_DEFAULT_REGION")
+DEFAULT_REGION = "us-east-1"
+AUTO_REGION = "auto"
+"""DDILOCO_S3_REGION=auto: let minio ask the bucket (GetBucketLocation, a bucket-level read)."""
 
 
 def _truthy(value: str | None) -> bool:
@@ -89,6 +102,7 @@ class S3Settings:
     session_token: str | None = dataclasses.field(default=None, repr=False)
     secure: bool = False
     region: str | None = None
+    """The signing region; None: us-east-1, or on an AWS host what minio finds; "auto": ask the bucket."""
     ca_bundle: str | None = None
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
@@ -98,6 +112,16 @@ class S3Settings:
     @property
     def endpoint_url(self) -> str:
         return f"{'https' if self.secure else 'http'}://{self.endpoint}"
+
+    @property
+    def client_region(self) -> str | None:
+        """The region the minio client is given; None only where it must find it itself."""
+        if self.region == AUTO_REGION:
+            return None
+        if self.region:
+            return self.region
+        host = urlsplit(f"//{self.endpoint}").hostname or ""
+        return None if host.endswith((".amazonaws.com", ".amazonaws.com.cn")) else DEFAULT_REGION
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:
@@ -134,7 +158,7 @@ class S3Settings:
             secret_key=secret,
             session_token=env.get("AWS_SESSION_TOKEN") or None,
             secure=secure,
-            region=env.get("DDILOCO_S3_REGION") or env.get("AWS_REGION") or None,
+            region=next((env[v].strip() for v in REGION_VARS if env.get(v, "").strip()), None),
             ca_bundle=ca_bundle,
             credentials_from=access_var,
         )
@@ -236,7 +260,7 @@ class S3Store(S3CreateMixin, Store):
                 secret_key=settings.secret_key,
                 session_token=settings.session_token,
                 secure=settings.secure,
-                region=settings.region,
+                region=settings.client_region,
                 http_client=http,
             )
         except ValueError as exc:
@@ -300,12 +324,18 @@ class S3Store(S3CreateMixin, Store):
         bucket = self._conn.bucket
         if exc.code == "NoSuchBucket":
             return self._missing_bucket()
+        if exc.code == "AuthorizationHeaderMalformed":
+            return StoreConfigError(
+                f"S3 {self._endpoint} refused {what} on bucket '{bucket}': {exc.message} Set "
+                f"DDILOCO_S3_REGION to the bucket's region (or to '{AUTO_REGION}' to ask the bucket)"
+            )
         if exc.code in _AUTH_CODES:
             source = self._conn.settings.credentials_from
             return StoreConfigError(
                 f"S3 {self._endpoint} refused {what} on bucket '{bucket}' ({exc.code}) with the key from "
                 f"{source}: set DDILOCO_S3_ACCESS_KEY / DDILOCO_S3_SECRET_KEY to a key with read/write "
-                f"access to the bucket"
+                f"access to the bucket under the store's prefix (a Kubeflow profile's key may use only its "
+                f"namespace's prefixes, e.g. s3://mlpipeline/private/<namespace>/...)"
             )
         return StoreError(f"S3 {what} on {self._endpoint}/{bucket} failed: {exc.code}: {exc.message}")
 
