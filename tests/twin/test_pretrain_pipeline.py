@@ -62,12 +62,15 @@ def compiled(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pretrain_run(s3_server, compiled, tmp_path_factory):
-    twin, args = twin_and_args(compiled, s3_server, tmp_path_factory.mktemp("twin-pretrain"), 600_000)
-    return twin.run(args), s3_server
+def pretrain_run(profile_s3, compiled, tmp_path_factory):
+    """The run with namespace team-a's own store key (tests/_kfp_profile.py: the user and bucket policy KFP
+    2.17's profile controller writes), not the server's admin key."""
+    assert profile_s3.namespace == NAMESPACE
+    twin, args = twin_and_args(compiled, profile_s3, tmp_path_factory.mktemp("twin-pretrain"), 600_000)
+    return twin.run(args), profile_s3
 
 
-def test_the_pipeline_runs_end_to_end_and_writes_where_the_profile_may(pretrain_run):
+def test_the_pipeline_runs_end_to_end_under_the_profile_identity(pretrain_run):
     run, s3 = pretrain_run
     assert run.phase == "Succeeded", run.explain()
     for name in ("prepare", "syncer", "chaos", "evaluate", "sft", "evaluate-2", "report"):  # task keys
