@@ -116,7 +116,7 @@ class S3Settings:
     @property
     def client_region(self) -> str | None:
         """The region the minio client is given; None only where it must find it itself."""
-        if self.region == AUTO_REGION:
+        if (self.region or "").lower() == AUTO_REGION:
             return None
         if self.region:
             return self.region
