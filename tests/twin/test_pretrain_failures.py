@@ -27,7 +27,7 @@ ROUNDS = (  # (learner 0, learner 1, syncer): every role meets every kind once
     ("evict", "preempt", "admission"),
     ("admission", "oom", "evict"),
 )
-TOKEN_BUDGET = 600_000
+TOKEN_BUDGET = 300_000  # ends about a minute after the last round, wherever it runs
 READY = ("joined run", "joined run", "took the lease")
 """What each target's log says once its role is up: a learner incarnation joined, the syncer holds the lease."""
 
@@ -100,7 +100,8 @@ def test_learners_survive_preempt_evict_oom_admission_with_argo_retry(hit_run):
         incarnations = {
             k.split("/")[2] for k in store.list(f"learners/{lid:03d}/") if k.endswith("report.json")
         }
-        assert len(incarnations) >= len(ROUNDS) + 1, (lid, incarnations)
+        # each pod that ran came back as this learner, a new incarnation (the last one is inc-0004)
+        assert f"inc-{len(ROUNDS):04d}" in incarnations, (lid, incarnations)
     assert stragglers(run.run_id) == []
 
 
