@@ -23,9 +23,11 @@ Design choices:
 - Retries: Argo counts a backoff's `maxDuration` from the first attempt's start and cuts retried attempts at
   that deadline too (argo-workflows v4.0.5 workflow/controller/operator.go, processNodeRetries), so it is
   the run timeout, not a few minutes; the factor is an integer (Argo parses it with intstr.Int32) and 1,
-  a constant backoff: with 100 retries any growth would leave a learner waiting for hours. A deleted pod
-  (chaos, preemption) is retried by KFP 2.17's stock Argo setting (retryPolicy OnError; older KFP: apply
-  `manifests/argo-retry`); a crashed learner or syncer is restarted inside its pod (`crash_restarts`).
+  a constant backoff: with 100 retries any growth would leave a learner waiting for hours. KFP compiles no
+  retry policy, so the cluster's decides: stock KFP 2.17's (OnError) retries a deleted pod (chaos) but no
+  pod Argo marks Failed - preempted, evicted, OOM-killed, rejected at admission, drained - and no KFP
+  construct changes that; `manifests/argo-retry` (OnTransientError + a pattern) retries those too
+  (docs/cluster.md, "Retries"). A crashed learner or syncer is restarted inside its pod (`crash_restarts`).
 - Learners and the syncer name themselves by their pod name (downward API `metadata.name`): the kubelet
   truncates hostnames to 63 characters and Argo's pod names are longer.
 - No default node selector: the GPU resource request already puts learners on GPU nodes, and labels such

@@ -13,7 +13,8 @@ Layout (each module's docstring has its "Design choices" and "Rules and their so
 value formatting), ir (loading, what is refused), resolve (the driver's input resolution), launcher (executor
 input, command line, outputs), platform (KFP's pod spec patch), cluster (Kubernetes: nodes, secrets, env,
 names), argo (retry strategies and decisions, names), dag (DAGs, loops, exit handlers), attempts (a
-container task's pods), pods (processes), kubeapi (the API stand-in), engine (the controller: `Twin`),
+container task's pods), failures (how the cluster ends a pod: preemption, eviction, OOM kill, admission,
+drain), pods (processes), kubeapi (the API stand-in), engine (the controller: `Twin`),
 records (results).
 
 What it can show: inputs as the driver resolves them (whole-value `{{$.pipeline_job_uuid}}` only, channel
@@ -49,6 +50,7 @@ Typical use (the public API is `Twin`, `TwinExecution`, `TwinRun` and the cluste
     with twin.start({...}) as ex:                      # a TwinExecution
         ex.wait_until(lambda r: r.find("learner") and r.find("learner")[0].attempts)
         ex.delete_pod("kubeflow", pod, 0)              # or through the API stand-in at ex.api.url
+        ex.inject(pod, "preempt")                      # or evict, oom, admission, drain (failures.KINDS)
         ex.terminate()                                 # KFP TerminateRun
         run = ex.wait()
     assert run.phase == "Succeeded", run.explain()    # explain(): failed attempts and their log tails

@@ -18,6 +18,8 @@ Rules and their sources (besides those in launcher.py, platform.py, cluster.py, 
 - Argo executor.go monitorDeadline: at the executionDeadline (ARGO_DEADLINE) the main container is killed:
   "Step exceeded its deadline".
 - Argo operator.go podReconciliation: a pod that disappears (deleted) marks its node Error "pod deleted".
+- What the cluster does to a running pod (preemption, eviction, OOM kill, an admission error, a drain) and
+  how Argo classifies it: failures.py; `inject` applies one to a running pod.
 - Argo exec_control.go applyExecutionControl: after the workflow deadline (KFP terminate) running and pending
   non-on-exit pods get SIGTERM, SIGKILL after the grace period (pod/queue.go signalContainers, default 30 s),
   and their nodes are Failed "Step exceeded its deadline" at once.
@@ -42,6 +44,7 @@ from tests.twin.argo import (
 )
 from tests.twin.cluster import PodPending, container_env, expand, pod_hostname, schedule
 from tests.twin.dag import DEADLINE_MSG, TaskNode
+from tests.twin.failures import FAILED, KINDS, FailureKind, failure_kind, signal_exit_code
 from tests.twin.ir import TwinUnsupported
 from tests.twin.launcher import (
     LauncherError,
@@ -145,7 +148,12 @@ class ContainerMixin:
         )
         node.record.attempts.append(a)
         node.state.update(
-            step="pending", pending_since=self.now_real(), uid=str(uuid.uuid4()), proc=None, killing=None
+            step="pending",
+            pending_since=self.now_real(),
+            uid=str(uuid.uuid4()),
+            proc=None,
+            killing=None,
+            failure=None,
         )
         self.pods[pod] = (node, a)
 
@@ -198,6 +206,11 @@ class ContainerMixin:
             return
         except ValueError as e:  # the API server refuses the pod: Argo marks the node Error
             self._end(node, a, "Error", str(e))
+            return
+        if node.state.pop("admission_error", False):  # the kubelet rejects it: no container runs
+            k = KINDS["admission"]
+            a.node, a.status_reason, a.status_message = meta["node"], k.pod_reason, k.pod_message
+            self._end(node, a, FAILED, k.argo_message(None), f"rejected at admission: {k.pod_reason}")
             return
         retry_index = str(a.index) if node.state["strategy"] else "0"
         pod_env = {k: v.replace("{{retries}}", str(a.index)) for k, v in pod_env.items()}
@@ -266,7 +279,9 @@ class ContainerMixin:
                 proc.terminate(self.grace_real)
             return
         a.exit_code = rc
-        if node.state["killing"] is not None:
+        if node.state.get("failure") is not None:
+            self._end_failure(node, a, node.state["failure"], rc)
+        elif node.state["killing"] is not None:
             self._end(node, a, *node.state["killing"])
         elif rc == 0:
             try:
@@ -276,6 +291,34 @@ class ContainerMixin:
                 self._end(node, a, "Failed", "main: Error (exit code 1)", f"launcher: {e}")
         else:
             self._end(node, a, "Failed", "main: Error (exit code 1)", f"component exited with {rc}")
+
+    def inject(self, pod: str, kind: str) -> None:
+        """Apply a failure kind (failures.KINDS) to a running pod, as the cluster would. `admission`
+        force-deletes the pod and has the kubelet reject the retry's pod at admission (kubernetes#130145)."""
+        k = failure_kind(kind)
+        with self.lock:
+            node, a = self.pods.get(pod, (None, None))
+            proc = node.state.get("proc") if node is not None and node.record.attempts[-1] is a else None
+            if proc is None or proc.returncode is not None or a.done or pod in self.deleted:
+                raise ValueError(f"pod {pod!r} is not a running pod of this run")
+            if k.name == "admission":
+                node.state["admission_error"] = True
+                self.delete_pod(self.cluster.namespace, pod, 0)
+                return
+            node.state["failure"] = k
+            if k.graceful:
+                proc.terminate(self.grace_real)
+                return
+            proc.kill()
+            self._end_failure(node, a, k, proc.returncode)
+
+    def _end_failure(self, node: TaskNode, a: AttemptRecord, k: FailureKind, rc: int | None) -> None:
+        code = 137 if k.container_reason == "OOMKilled" else signal_exit_code(rc)
+        a.exit_code, a.status_reason, a.status_message = code, k.pod_reason, k.pod_message
+        node.state["failure"] = None
+        self._end(node, a, FAILED, k.argo_message(code), f"{k.name}: the cluster ended the pod")
+        if not k.pod_stays:
+            self.deleted.add(a.pod_name)
 
     def _decide(self, node: TaskNode) -> None:
         strategy, last = node.state["strategy"], node.record.attempts[-1]

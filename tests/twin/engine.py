@@ -363,7 +363,11 @@ class TwinExecution(DagMixin, ContainerMixin):
                 "serviceAccountName": self.cluster.service_account,
                 "activeDeadlineSeconds": node.state["pod"].active_deadline_seconds,
             },
-            "status": {"phase": phase},
+            "status": {
+                "phase": phase,
+                **({"reason": a.status_reason} if a.status_reason else {}),
+                **({"message": a.status_message} if a.status_message else {}),
+            },
         }
 
 

@@ -36,6 +36,9 @@ class AttemptRecord:
     launcher, would report 1 for any failure (glog.Exit)"""
     message: str = ""
     reason: str = ""
+    status_reason: str = ""
+    status_message: str = ""
+    """the pod's own status.reason / status.message (set by the kubelet: Evicted, Terminated, ...)"""
     execution_deadline_cluster: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)

@@ -5,6 +5,7 @@ schema of their own CRD, below), and the Argo retry Component merges into KFP's 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -203,7 +204,8 @@ def test_podmonitor_scrapes_the_port_the_pipeline_serves_metrics_on():
 
 
 # KFP 2.17.0's stock workflowDefaults, as shipped in manifests/kustomize/third-party/argo/base/
-# workflow-controller-configmap-patch.yaml (the facts the test holds our patch against).
+# workflow-controller-configmap-patch.yaml, and its controller's TRANSIENT_ERROR_PATTERN
+# (workflow-controller-deployment-patch.yaml): the facts the tests hold our patches against.
 KFP_217_WORKFLOW_DEFAULTS = {
     "spec": {
         "ttlStrategy": {
@@ -214,48 +216,100 @@ KFP_217_WORKFLOW_DEFAULTS = {
         "templateDefaults": {"retryStrategy": {"limit": "2", "retryPolicy": "OnError"}},
     }
 }
+KFP_217_TRANSIENT = "(?i)(imminent node shutdown|node is shutting down|preempt|evict|spot|pod deleted)"
+KFP_217_CONTROLLER = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "workflow-controller", "namespace": "kubeflow"},
+    "spec": {
+        "selector": {"matchLabels": {"app": "workflow-controller"}},
+        "template": {
+            "metadata": {"labels": {"app": "workflow-controller"}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "workflow-controller",
+                        "image": "quay.io/argoproj/workflow-controller:v4.0.5",
+                        "env": [{"name": "TRANSIENT_ERROR_PATTERN", "value": KFP_217_TRANSIENT}],
+                    }
+                ]
+            },
+        },
+    },
+}
+# What Argo v4.0.5 says for each failure the overlay must bring back (tests/twin/failures.py has the rules).
+FAILURE_MESSAGES = (
+    "pod deleted",
+    "Pod was terminated in response to imminent node shutdown.",
+    "The node was low on resource: memory. Threshold quantity: 100Mi, available: 60Mi. ",
+    "main: OOMKilled (exit code 137)",
+    "Allocate failed due to requested number of devices unavailable for nvidia.com/gpu. Requested: 1, "
+    "Available: 0, which is unexpected",
+    "main: Error (exit code 143)",
+)
 
 
 def _controller_config(tmp_path, data):
     (tmp_path / "kfp-controller-config.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "workflow-controller-configmap", "namespace": "kubeflow"}, "data": data,
-            }
+        yaml.safe_dump_all(
+            [
+                {
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "workflow-controller-configmap", "namespace": "kubeflow"}, "data": data,
+                },
+                KFP_217_CONTROLLER,
+            ]
         )
     )  # fmt: skip
     component = os.path.relpath(MANIFESTS / "argo-retry", tmp_path)
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump({"resources": ["kfp-controller-config.yaml"], "components": [component]})
     )
-    (cm,) = kustomize(tmp_path)
-    return cm
+    cm, deployment = sorted(kustomize(tmp_path), key=lambda o: o["kind"])
+    return cm, deployment
 
 
-def test_argo_retry_on_kfp_217_changes_nothing_and_keeps_the_ttl(tmp_path):
-    """Merged into KFP 2.17's stock ConfigMap: the TTL stays (workflows and pods of recurring runs are
-    collected) and deleted pods are retried (OnError), as stock 2.17 already does."""
+def test_argo_retry_on_kfp_217_retries_infrastructure_failures_and_keeps_the_ttl(tmp_path):
+    """Merged into KFP 2.17's stock ConfigMap and controller: the TTL stays (workflows and pods of recurring
+    runs are collected), the policy becomes OnTransientError, and the controller's pattern matches what Argo
+    says for a deleted, preempted, evicted, OOM-killed, admission-rejected or drained pod - not a crash."""
     stock = {
         "artifactRepository": "archiveLogs: true\n",
         "executor": "imagePullPolicy: IfNotPresent\n",
         "workflowDefaults": yaml.safe_dump(KFP_217_WORKFLOW_DEFAULTS),
     }
-    cm = _controller_config(tmp_path, stock)
+    cm, deployment = _controller_config(tmp_path, stock)
     assert set(cm["data"]) == set(stock)
     assert cm["data"]["artifactRepository"] == stock["artifactRepository"]
-    assert yaml.safe_load(cm["data"]["workflowDefaults"]) == KFP_217_WORKFLOW_DEFAULTS
-    validate_strict(cm, K8S_VERSIONS[-1])
-    # the same file is a valid merge patch for `kubectl patch --type merge --patch-file` on a running cluster
+    defaults = yaml.safe_load(cm["data"]["workflowDefaults"])
+    assert defaults["spec"]["ttlStrategy"] == KFP_217_WORKFLOW_DEFAULTS["spec"]["ttlStrategy"]
+    # Not Always: template defaults reach DAG templates and other teams' steps too (docs/cluster.md).
+    assert defaults["spec"]["templateDefaults"]["retryStrategy"] == {
+        "limit": "2",
+        "retryPolicy": "OnTransientError",
+    }
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == KFP_217_CONTROLLER["spec"]["template"]["spec"]["containers"][0]["image"]
+    (env,) = container["env"]
+    pattern = re.compile(env["value"])  # Go's RE2 syntax here is also Python's
+    assert all(pattern.search(m) for m in FAILURE_MESSAGES), env["value"]
+    # KFP 2.17's own pattern misses eviction, OOM, admission and drain (and its policy never uses it)
+    assert [m for m in FAILURE_MESSAGES if not re.search(KFP_217_TRANSIENT, m)] == list(FAILURE_MESSAGES[2:])
+    for crash in (
+        "main: Error (exit code 1)",
+        "Pod was active on the node longer than the specified deadline",
+    ):
+        assert not pattern.search(crash), crash
+    for obj in (cm, deployment):
+        validate_strict(obj, K8S_VERSIONS[-1])
+    # the same files are valid patches for `kubectl patch` on a running cluster
     patch = yaml.safe_load((MANIFESTS / "argo-retry" / "workflow-defaults.yaml").read_text())
     assert set(patch["data"]) == {"workflowDefaults"}
 
 
-def test_argo_retry_on_kfp_216_adds_what_217_ships(tmp_path):
+def test_argo_retry_on_kfp_216_adds_the_ttl_and_the_policy(tmp_path):
     """KFP <= 2.16 has no workflowDefaults: Argo's default OnFailure never retries a deleted pod (Error)."""
-    cm = _controller_config(tmp_path, {"artifactRepository": "archiveLogs: true\n"})
+    cm, _ = _controller_config(tmp_path, {"artifactRepository": "archiveLogs: true\n"})
     defaults = yaml.safe_load(cm["data"]["workflowDefaults"])
-    assert defaults == KFP_217_WORKFLOW_DEFAULTS
-    retry = defaults["spec"]["templateDefaults"]["retryStrategy"]
-    # Not Always: template defaults reach DAG templates and other teams' steps too (docs/cluster.md).
-    assert retry["retryPolicy"] == "OnError"
+    assert defaults["spec"]["ttlStrategy"] == KFP_217_WORKFLOW_DEFAULTS["spec"]["ttlStrategy"]
+    assert defaults["spec"]["templateDefaults"]["retryStrategy"]["retryPolicy"] == "OnTransientError"
