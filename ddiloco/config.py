@@ -137,6 +137,12 @@ class TrainConfig:
     """Seconds between learner heartbeats (liveness and token accounting)."""
     poll_every_s: float = 0.05
     """Seconds between the learner's polls of the syncer's status object."""
+    max_unmerged_s: float | None = None
+    """A learner none of whose answers the syncer merged for this many seconds exits with code 4, so that
+    Argo or `ddiloco run` restarts it (a bug that keeps its answers out must not let it train on unseen). The
+    time counts only while the store answers and the syncer publishes its status: a store outage, or a
+    syncer that is down or standing by, pauses it. Null: max(1800 s, 20 × sync_every × the learner's own
+    wall seconds per step) (`ddiloco.learner.health`)."""
 
     def batch_for(self, learner_id: int) -> int:
         """Batch size (sequences per inner step) of learner `learner_id`."""
@@ -161,6 +167,11 @@ class TrainConfig:
             "train.checkpoint_every_s must be ≥ 0 seconds, or null for the model size's default",
         )
         _check(self.ranks >= 1, "train.ranks must be ≥ 1 (data-parallel ranks per learner)")
+        _check(
+            self.max_unmerged_s is None or (math.isfinite(self.max_unmerged_s) and self.max_unmerged_s > 0),
+            f"train.max_unmerged_s={self.max_unmerged_s} must be > 0 seconds, or null for the default by the "
+            "run's pace (max(1800 s, 20 syncs of a fragment))",
+        )
         _choose("train.precision", self.precision, PRECISIONS)
         _choose("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check(0 <= self.lr_min_ratio <= 1, f"train.lr_min_ratio={self.lr_min_ratio} must be in [0, 1]")

@@ -67,6 +67,12 @@ class LearnerMetrics:
         self.upload_failures = Counter(
             f"{ns}_upload_failures", "Uploads that failed after retries", ["learner_id"], registry=registry
         ).labels(**lbl)
+        self.io_errors = Counter(  # kind: upload, heartbeat, checkpoint, download, record
+            f"{ns}_io_errors",
+            "Exceptions other than store errors raised in the learner's I/O threads (bugs), by kind",
+            ["learner_id", "kind"],
+            registry=registry,
+        )
         self.rejected = Counter(  # kind: global (refused here) or update (refused by the syncer)
             f"{ns}_rejected",
             "Objects rejected, by kind and reason",
@@ -215,6 +221,7 @@ METRIC_NAMES = frozenset(
             "uploaded_bytes",
             "downloaded_bytes",
             "upload_failures",
+            "io_errors",
             "merged_tokens",
             "discarded_tokens",
         )

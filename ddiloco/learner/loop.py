@@ -17,6 +17,9 @@ Design choices:
   shard of its own shares one, with a warning), and every report names it (`data`).
 - A learner never publishes from a random init: it waits for global version 0 and overwrites its params
   with the current globals before its first step (after restoring its own checkpoint, if any).
+- Health (`ddiloco.learner.health`): what the I/O threads raise is logged and counted, never dropped;
+  heartbeats have a thread of their own; a learner none of whose answers is merged for
+  `train.max_unmerged_s` while the store and the syncer are up stops (`Unmerged`) so that it is restarted.
 - Trust (`ddiloco.protocol.signing`): uploads and checkpoints are signed, every global, shard and checkpoint
   read is verified; a global version that fails is skipped and training goes on until the next one.
 - Devices (`ddiloco.learner.accel`, `ddiloco.learner.ddp`): on CUDA, bf16 autocast, fused AdamW, answers and
@@ -31,6 +34,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +63,7 @@ from ddiloco.learner.accel import (
 from ddiloco.learner.checkpoint import checkpoint_every_s, load_learner_checkpoint
 from ddiloco.learner.ddp import Group, rank_seed
 from ddiloco.learner.exchange import Exchange
+from ddiloco.learner.health import IoErrors, MergeBound
 from ddiloco.learner.io import (
     CheckpointWriter,
     IoSchedule,
@@ -157,9 +162,10 @@ class Learner:
         registry: CollectorRegistry | None = None,
         site: str = "local",
         group: Group | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`site`: where it runs; `group`: the learner's data-parallel ranks when this is rank 0 of several
-        (`ddiloco.learner.ddp`)."""
+        (`ddiloco.learner.ddp`); `clock`: the merge bound's (`ddiloco.learner.health.MergeBound`)."""
         cfg, t = opened.cfg, opened.cfg.train
         _check_ranks(cfg, group)
         self.store, self.site, self.learner_id, self.cfg = store, site, learner_id, cfg
@@ -195,20 +201,33 @@ class Learner:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation))
-        self.checkpoints = CheckpointWriter(store, learner_id, self.key)
+        self.errors = IoErrors(self.metrics, learner_id)  # what the I/O threads raise: logged and counted
+        self.bound = MergeBound(
+            learner_id, t.max_unmerged_s, cfg.diloco.sync_every, cfg.diloco.fragments, clock
+        )
+        self.checkpoints = CheckpointWriter(store, learner_id, self.key, self.errors)
         every = checkpoint_every_s(t.checkpoint_every_s, sum(f.numel for f in self.layout.fragments))
         self.io_schedule = IoSchedule(t.heartbeat_every_s, every)  # checkpoint cadence by the state's size
         self._stop = threading.Event()
         self.poller = StatusPoller(store, t.poll_every_s, self._stop)
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"learner{learner_id}-io")
+        # Heartbeats on a thread of their own: never queued behind uploads, downloads or checkpoints.
+        self.heartbeats = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"learner{learner_id}-hb")
         self._report_future: Future | None = None
         self.ledger = FragmentLedger(self.layout.num_fragments)
-        ident = {"run_id": self.run_id, "learner_id": learner_id, "key": self.key}
+        ident = {"run_id": self.run_id, "learner_id": learner_id, "key": self.key, "errors": self.errors}
         self.feed = VersionFeed(
             store, self.layout, self.params, self.copier, self.metrics, cfg.diloco, **ident
         )
         self.exchange = Exchange(
-            store, self.ledger, self.feed, self.reports, self.metrics, self.incarnation, cfg.diloco
+            store,
+            self.ledger,
+            self.feed,
+            self.reports,
+            self.metrics,
+            self.incarnation,
+            cfg.diloco,
+            self.errors,
         )
 
     # --- start-up -------------------------------------------------------------------------------------------
@@ -258,6 +277,7 @@ class Learner:
         )
         self._put_report()
         self.io_schedule.begin()
+        self.bound.begin()
 
     # --- reports and checkpoints ------------------------------------------------------------------------------
     def _report(self, final: bool = False, reason: str | None = None) -> LearnerReport:
@@ -305,9 +325,16 @@ class Learner:
             log.warning("learner %d: report not written (%s)", self.learner_id, e)
 
     def _report_async(self) -> None:
+        """A heartbeat on the heartbeat thread, unless the last one is still being written; the last one's
+        store error is logged here (its bugs were logged and counted by the thread: `IoErrors`)."""
         self.metrics.store_retries.set(self.store.stats.retries)
-        if self._report_future is None or self._report_future.done():
-            self._report_future = self.pool.submit(self.reports.write, self._report().to_json())
+        last = self._report_future
+        if last is not None and not last.done():
+            return
+        if last is not None and isinstance(last.exception(), StoreError):
+            log.warning("learner %d: heartbeat not written (%s)", self.learner_id, last.exception())
+        write = self.errors.guarded("heartbeat", self.reports.write)
+        self._report_future = self.heartbeats.submit(write, self._report().to_json())
 
     def _checkpoint_async(self) -> None:
         """Snapshot at this step boundary into host buffers (asynchronous on CUDA); an I/O thread writes it."""
@@ -372,6 +399,8 @@ class Learner:
                 return False
             self.exchange.sync(self.pool, status)
             self._answer_rounds(status)
+        own = sum(b.merged_tokens for b in self.ledger)  # `Unmerged` past the bound:
+        self.bound.check(status, own, self.errors.store_errors + self.poller.errors, self.cadence.ema)
         if self.group is not None:  # the other ranks step too, after receiving the fragments overwritten here
             self.group.lead_step(self.inner_step, self.exchange.overwritten, self.layout, self.params, merged)
         self.exchange.overwritten.clear()
@@ -415,6 +444,7 @@ class Learner:
                 pass
             self.exchange.settle_final(self.poller.latest or {})
         self.pool.shutdown(wait=True)
+        self.heartbeats.shutdown(wait=True)
         self.cadence.finish()
         self._put_report(final=True, reason=reason)
         log.info(
