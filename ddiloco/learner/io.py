@@ -211,16 +211,22 @@ class StatusPoller(threading.Thread):
             self.first_seen = {s: seen.get(s, now) for s in rounds}
             self.latest = status
 
+    def poll(self, delay: float) -> float:
+        """One pass of the thread: poll, counting and logging a store error (`errors`); returns the delay
+        before the next pass (`delay`, the last one, doubled after a failure, up to 5 s)."""
+        try:
+            self.poll_once()
+            return self.every
+        except StoreError as e:
+            self.errors += 1
+            delay = min(5.0, max(delay * 2, 0.2))
+            log.warning("status poll failed (%s); retrying in %.1fs, training continues", e, delay)
+            return delay
+
     def run(self) -> None:
         delay = self.every
         while not self.stop.is_set():
-            try:
-                self.poll_once()
-                delay = self.every
-            except StoreError as e:
-                self.errors += 1
-                delay = min(5.0, max(delay * 2, 0.2))
-                log.warning("status poll failed (%s); retrying in %.1fs, training continues", e, delay)
+            delay = self.poll(delay)
             self.stop.wait(delay)
 
 
