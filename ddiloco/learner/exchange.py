@@ -30,7 +30,7 @@ from ddiloco import keys
 from ddiloco.config import DilocoConfig
 from ddiloco.globalmodel import Received
 from ddiloco.learner.accel import HostSnapshot
-from ddiloco.learner.health import IoErrors, guard
+from ddiloco.learner.health import guard
 from ddiloco.learner.io import ReportWriter, RoundRecords, pack_update
 from ddiloco.learner.ledger import FragmentLedger, Settled
 from ddiloco.learner.versions import VersionFeed
@@ -58,15 +58,14 @@ class Exchange:
         metrics: LearnerMetrics,
         incarnation: int,
         diloco: DilocoConfig,
-        errors: IoErrors | None = None,
     ) -> None:
-        """`diloco`: the run's outer settings, read when used (`mixing`, the upload `codec`); `errors`: where
-        the I/O threads' store errors and bugs are counted (`ddiloco.learner.health`)."""
+        """`diloco`: the run's outer settings, read when used (`mixing`, the upload `codec`). The I/O threads'
+        store errors and bugs are counted where the feed's are (`feed.errors`, `ddiloco.learner.health`)."""
         self.store, self.ledger, self.feed, self.reports, self.metrics = store, ledger, feed, reports, metrics
-        self.incarnation, self.diloco, self.errors = incarnation, diloco, errors
+        self.incarnation, self.diloco, self.errors = incarnation, diloco, feed.errors
         self.layout, self.learner_id = feed.layout, feed.learner_id
         self.key, self.run_id = feed.key, feed.run_id
-        self.rounds = RoundRecords(store, errors)  # the syncer's word on rounds of pending answers
+        self.rounds = RoundRecords(store, feed.errors)  # the syncer's word on rounds of pending answers
         self.uploads: list[Future] = []
         self.overwritten: list[int] = []
         self.rounds_answered = 0

@@ -31,12 +31,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ddiloco.config import DilocoConfig
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.store.base import StoreError
 
-__all__ = ["IoErrors", "MergeBound", "UNMERGED_EXIT", "Unmerged", "guard"]
+__all__ = ["Heartbeats", "IoErrors", "MergeBound", "UNMERGED_EXIT", "Unmerged", "guard"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,29 @@ def guard(errors: IoErrors | None, kind: str, fn: Callable[..., T]) -> Callable[
     return fn if errors is None else errors.guarded(kind, fn)
 
 
+class Heartbeats:
+    """Writes heartbeat reports on a thread of its own, one at a time (module docstring)."""
+
+    def __init__(self, write: Callable[[dict[str, Any]], Any], errors: IoErrors) -> None:
+        """`write`: the learner's `ReportWriter.write`."""
+        self.write, self.errors = errors.guarded("heartbeat", write), errors
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"learner{errors.learner_id}-hb")
+        self.last: Future | None = None
+
+    def beat(self, build: Callable[[], dict[str, Any]]) -> None:
+        """Write the report `build()` makes now, unless the last heartbeat is still being written; the last
+        one's store error is logged here (a bug was logged and counted by its thread)."""
+        last = self.last
+        if last is not None and not last.done():
+            return
+        if last is not None and isinstance(last.exception(), StoreError):
+            log.warning("learner %d: heartbeat not written (%s)", self.errors.learner_id, last.exception())
+        self.last = self.pool.submit(self.write, build())
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
 class MergeBound:
     """The time a learner trained without a merge, counted while the run could have merged it."""
 
@@ -123,13 +148,12 @@ class MergeBound:
         self,
         learner_id: int,
         configured_s: float | None,
-        sync_every: int,
-        fragments: int,
+        diloco: DilocoConfig,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`configured_s`: `train.max_unmerged_s` (None: by the pace); `sync_every`, `fragments`: H and P."""
+        """`configured_s`: `train.max_unmerged_s` (None: by the pace); `diloco`: H and P of the run."""
         self.learner_id, self.configured_s = learner_id, configured_s
-        self.sync_every, self.fragments, self.clock = sync_every, fragments, clock
+        self.sync_every, self.fragments, self.clock = diloco.sync_every, diloco.fragments, clock
         self.unmerged_s = 0.0
         """Seconds counted since the last merge (or the start)."""
         self._last = self._changed_at = clock()

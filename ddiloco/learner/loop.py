@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,7 @@ from ddiloco.learner.accel import (
 from ddiloco.learner.checkpoint import checkpoint_every_s, load_learner_checkpoint
 from ddiloco.learner.ddp import Group, rank_seed
 from ddiloco.learner.exchange import Exchange
-from ddiloco.learner.health import IoErrors, MergeBound
+from ddiloco.learner.health import Heartbeats, IoErrors, MergeBound
 from ddiloco.learner.io import (
     CheckpointWriter,
     IoSchedule,
@@ -202,32 +202,21 @@ class Learner:
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation))
         self.errors = IoErrors(self.metrics, learner_id)  # what the I/O threads raise: logged and counted
-        self.bound = MergeBound(
-            learner_id, t.max_unmerged_s, cfg.diloco.sync_every, cfg.diloco.fragments, clock
-        )
+        self.bound = MergeBound(learner_id, t.max_unmerged_s, cfg.diloco, clock)  # ends it if never merged
         self.checkpoints = CheckpointWriter(store, learner_id, self.key, self.errors)
         every = checkpoint_every_s(t.checkpoint_every_s, sum(f.numel for f in self.layout.fragments))
         self.io_schedule = IoSchedule(t.heartbeat_every_s, every)  # checkpoint cadence by the state's size
         self._stop = threading.Event()
         self.poller = StatusPoller(store, t.poll_every_s, self._stop)
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"learner{learner_id}-io")
-        # Heartbeats on a thread of their own: never queued behind uploads, downloads or checkpoints.
-        self.heartbeats = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"learner{learner_id}-hb")
-        self._report_future: Future | None = None
+        self.heartbeats = Heartbeats(self.reports.write, self.errors)  # never behind uploads on the pool
         self.ledger = FragmentLedger(self.layout.num_fragments)
         ident = {"run_id": self.run_id, "learner_id": learner_id, "key": self.key, "errors": self.errors}
         self.feed = VersionFeed(
             store, self.layout, self.params, self.copier, self.metrics, cfg.diloco, **ident
         )
         self.exchange = Exchange(
-            store,
-            self.ledger,
-            self.feed,
-            self.reports,
-            self.metrics,
-            self.incarnation,
-            cfg.diloco,
-            self.errors,
+            store, self.ledger, self.feed, self.reports, self.metrics, self.incarnation, cfg.diloco
         )
 
     # --- start-up -------------------------------------------------------------------------------------------
@@ -267,14 +256,8 @@ class Learner:
         self.poller.start()
         self.joined_at = time.time()
         self.cadence.begin()
-        log.info(
-            "learner %d incarnation %d joined run %s at versions %s (device %s)",
-            self.learner_id,
-            self.incarnation,
-            self.run_id,
-            versions,
-            self.device,
-        )
+        msg = "learner %d incarnation %d joined run %s at versions %s (device %s)"
+        log.info(msg, self.learner_id, self.incarnation, self.run_id, versions, self.device)
         self._put_report()
         self.io_schedule.begin()
         self.bound.begin()
@@ -325,16 +308,8 @@ class Learner:
             log.warning("learner %d: report not written (%s)", self.learner_id, e)
 
     def _report_async(self) -> None:
-        """A heartbeat on the heartbeat thread, unless the last one is still being written; the last one's
-        store error is logged here (its bugs were logged and counted by the thread: `IoErrors`)."""
         self.metrics.store_retries.set(self.store.stats.retries)
-        last = self._report_future
-        if last is not None and not last.done():
-            return
-        if last is not None and isinstance(last.exception(), StoreError):
-            log.warning("learner %d: heartbeat not written (%s)", self.learner_id, last.exception())
-        write = self.errors.guarded("heartbeat", self.reports.write)
-        self._report_future = self.heartbeats.submit(write, self._report().to_json())
+        self.heartbeats.beat(lambda: self._report().to_json())
 
     def _checkpoint_async(self) -> None:
         """Snapshot at this step boundary into host buffers (asynchronous on CUDA); an I/O thread writes it."""
@@ -444,15 +419,9 @@ class Learner:
                 pass
             self.exchange.settle_final(self.poller.latest or {})
         self.pool.shutdown(wait=True)
-        self.heartbeats.shutdown(wait=True)
+        self.heartbeats.shutdown()
         self.cadence.finish()
         self._put_report(final=True, reason=reason)
-        log.info(
-            "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens; downloads %s",
-            self.learner_id,
-            self.incarnation,
-            reason,
-            self.inner_step,
-            self.ledger.tokens_processed,
-            dict(self.feed.fetched),
-        )
+        books = (self.inner_step, self.ledger.tokens_processed, dict(self.feed.fetched))
+        msg = "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens; downloads %s"
+        log.info(msg, self.learner_id, self.incarnation, reason, *books)

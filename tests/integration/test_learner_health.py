@@ -86,7 +86,7 @@ def test_a_heartbeat_raising_a_bug_is_logged_at_error_and_counted(monkeypatch, c
     monkeypatch.setattr(store, "put_json", put_json_with_a_bug)
     for _ in range(3):
         learner.tick()
-        wait([learner._report_future])
+        wait([learner.heartbeats.last])
     assert _io_errors(learner, "heartbeat") == 3
     assert _bug_logged(caplog, "heartbeat")
     monkeypatch.undo()
@@ -210,3 +210,30 @@ def test_no_stop_during_a_store_outage_or_while_the_syncer_is_down(monkeypatch):
     _run(None, learner, clock, 600)
     assert learner.bound.unmerged_s - counted <= 120 + 10, "a silent syncer pauses the count"
     learner._finish("max_steps")
+
+
+def test_ddiloco_learner_exits_4_when_its_answers_never_merge(monkeypatch, caplog):
+    """The command a pod runs: the bound ends it with exit code 4 (Argo's retry or `ddiloco run`'s restart
+    policy starts a new incarnation), with one ERROR line that says why."""
+    from ddiloco.cli.main import main
+
+    store = _prepared("health-cli", "train.max_unmerged_s=1", "diloco.round_timeout_s=0.05")
+    syncer, stop = Syncer(store, poll_s=0), threading.Event()
+
+    def syncer_passes() -> None:
+        while not stop.is_set():
+            syncer.step()
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=syncer_passes, daemon=True)
+    monkeypatch.setattr("ddiloco.learner.io.encode", _raise)
+    thread.start()
+    try:
+        code = main(["learner", "--store", "memory://health-cli", "--learner-id", "0", "--max-steps", "600"])
+    finally:
+        stop.set()
+        thread.join()
+    assert code == 4
+    assert any(r.levelno == logging.ERROR and "none of its answers was merged" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    assert store.get_json(keys.report_key(0, 0))["final"], "its last report says it left"
