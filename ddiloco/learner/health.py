@@ -183,16 +183,15 @@ class MergeBound:
         restart the count on a new merge (`merged_tokens` grew); `Unmerged` once the count reaches the bound."""
         now = self.clock()
         dt, self._last = now - self._last, now
-        if merged_tokens > self._merged:
-            self._merged, self.unmerged_s = merged_tokens, 0.0
-            return
         mark = None if status is None else (status.get("epoch"), status.get("time"), status.get("next_round"))
         if mark != self._mark:
             self._mark, self._changed_at = mark, now
         silent = self.silent_s(step_s)
         up = status is not None and store_errors == self._errors and now - self._changed_at <= silent
         self._errors = store_errors
-        if up:
+        if merged_tokens > self._merged:
+            self._merged, self.unmerged_s = merged_tokens, 0.0
+        elif up:
             self.unmerged_s += min(dt, silent)
         bound = self.bound_s(step_s)
         if self.unmerged_s >= bound:
