@@ -106,6 +106,25 @@ def test_a_checkpoint_raising_a_bug_is_logged_at_error_and_counted(monkeypatch, 
     learner._finish("max_steps")
 
 
+def test_a_download_thread_raising_a_bug_is_logged_counted_and_ends_the_learner(monkeypatch, caplog):
+    """A learner that cannot take new globals would train on stale parameters: the bug is raised at the
+    step boundary that collects the download, after its thread logged and counted it."""
+    store = _prepared("health-download")
+    syncer = Syncer(store, poll_s=0)
+    learner = _started(store)
+    monkeypatch.setattr("ddiloco.learner.versions.read_global_full", _raise)
+    monkeypatch.setattr("ddiloco.learner.versions.read_global_delta", _raise)
+    with pytest.raises(ValueError, match=BUG):
+        for _ in range(500):
+            syncer.step()
+            learner.poller.poll_once()
+            learner.tick()
+            wait(list(learner.feed.downloads.values()))
+    assert _io_errors(learner, "download") >= 1
+    assert _bug_logged(caplog, "download")
+    learner._finish("error")
+
+
 class BlockedUpdates(DelegatingStore):
     """Puts of update objects wait until `gate` is set (an upload of a 1b fragment over a slow link)."""
 
