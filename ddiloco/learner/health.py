@@ -22,7 +22,11 @@ Design choices:
   it. The time counts only while the run could merge it: the status was read and changed recently (the
   syncer is alive and holds the lease: a syncer that is down, resuming or only standing by publishes
   nothing) and no store error was seen since the last check. A store outage or a syncer outage pauses the
-  count, never restarts it, so a learner rides them out and keeps training.
+  count, never restarts it, so a learner rides them out and keeps training. A learner whose answers are
+  always too late (a straggler under K < M without a grace window) never merges either and is restarted
+  every bound: it loses nothing the run would have kept; raise the bound where that is expected.
+- Cost at 1b with P = 24: one more thread per learner (heartbeats), at most one report in flight (~35 KB of
+  JSON: 24 fragment books and a 400-point history), a sum over P books per step; nothing per tensor.
 """
 
 from __future__ import annotations
