@@ -137,6 +137,9 @@ class TrainConfig:
     """Seconds between learner heartbeats (liveness and token accounting)."""
     poll_every_s: float = 0.05
     """Seconds between the learner's polls of the syncer's status object."""
+    max_unmerged_s: float | None = None
+    """Seconds a learner trains with none of its answers merged, the store and the syncer up, before it exits
+    (code 4) to be restarted; null: max(1800, 20 × sync_every × its step seconds) (`ddiloco.learner.health`)."""
 
     def batch_for(self, learner_id: int) -> int:
         """Batch size (sequences per inner step) of learner `learner_id`."""
@@ -161,6 +164,8 @@ class TrainConfig:
             "train.checkpoint_every_s must be ≥ 0 seconds, or null for the model size's default",
         )
         _check(self.ranks >= 1, "train.ranks must be ≥ 1 (data-parallel ranks per learner)")
+        u = self.max_unmerged_s
+        _check(u is None or 0 < u < math.inf, "train.max_unmerged_s must be > 0 s or null (by the pace)")
         _choose("train.precision", self.precision, PRECISIONS)
         _choose("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check(0 <= self.lr_min_ratio <= 1, f"train.lr_min_ratio={self.lr_min_ratio} must be in [0, 1]")
@@ -442,12 +447,9 @@ class RunConfig:
         self.model.validate()
         self.data.validate()
         self.eval.validate()
-        if self.sft is not None:
-            self.sft.validate()
-        if self.link is not None:
-            self.link.validate()
-        if self.retention is not None:
-            self.retention.validate()
+        for optional in (self.sft, self.link, self.retention):  # null: the feature is off
+            if optional is not None:
+                optional.validate()
         self.restart.validate()
         self.lease.validate()
         if self.chaos is not None:

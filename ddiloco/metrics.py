@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 QUORUM_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+IO_KINDS = ("upload", "heartbeat", "checkpoint", "download", "record")
+"""What a learner's I/O threads do (`ddiloco.learner.health`): the `kind` of `ddiloco_learner_io_errors_total`."""
 
 
 class LearnerMetrics:
@@ -67,6 +69,14 @@ class LearnerMetrics:
         self.upload_failures = Counter(
             f"{ns}_upload_failures", "Uploads that failed after retries", ["learner_id"], registry=registry
         ).labels(**lbl)
+        self.io_errors = Counter(
+            f"{ns}_io_errors",
+            "Exceptions other than store errors raised in the learner's I/O threads (bugs), by kind",
+            ["learner_id", "kind"],
+            registry=registry,
+        )
+        for kind in IO_KINDS:  # exported from 0, so that an alert on any increase sees the first one
+            self.io_errors.labels(learner_id=str(learner_id), kind=kind)
         self.rejected = Counter(  # kind: global (refused here) or update (refused by the syncer)
             f"{ns}_rejected",
             "Objects rejected, by kind and reason",
@@ -215,6 +225,7 @@ METRIC_NAMES = frozenset(
             "uploaded_bytes",
             "downloaded_bytes",
             "upload_failures",
+            "io_errors",
             "merged_tokens",
             "discarded_tokens",
         )

@@ -11,6 +11,9 @@ Design choices:
   same run (an Argo retry while the first still runs) stands by and takes over when the first stops
   renewing. A syncer that finds a newer epoch than its own exits with `FENCED_EXIT` (3); one that ends (done,
   `--max-seconds`, a crash) releases the lease so that a standby need not wait it out.
+- A learner none of whose answers was merged for `train.max_unmerged_s` while the store and the syncer were
+  up exits with 4 (`ddiloco.learner.health`): a restart (Argo's retry, `ddiloco run`'s restart policy) is
+  the cure for a learner stuck that way.
 - torch-heavy modules are imported inside the handlers, so `ddiloco --help` and the cheap commands start
   fast.
 """
@@ -98,7 +101,9 @@ def cmd_learner(args: argparse.Namespace) -> int:
 
 
 def run_learner(args: argparse.Namespace, group: Any) -> int:
-    """Rank 0's part of `ddiloco learner`: join the run (or take the given id) and train until it is done."""
+    """Rank 0's part of `ddiloco learner`: join the run (or take the given id) and train until it is done;
+    `UNMERGED_EXIT` (4) when none of its answers was merged for the bound (`ddiloco.learner.health`)."""
+    from ddiloco.learner.health import UNMERGED_EXIT, Unmerged
     from ddiloco.learner.loop import Learner
 
     secret = signing.key_from_env()
@@ -113,7 +118,11 @@ def run_learner(args: argparse.Namespace, group: Any) -> int:
     )
     logship.bind(url, ident=lid, incarnation=learner.incarnation)
     serve(learner.registry, args.metrics_port, args.metrics_host)
-    learner.run(max_steps=args.max_steps, wait_timeout=args.wait_timeout)
+    try:
+        learner.run(max_steps=args.max_steps, wait_timeout=args.wait_timeout)
+    except Unmerged as e:
+        log.error("%s (exit %d)", e, UNMERGED_EXIT)
+        return UNMERGED_EXIT
     return 0
 
 

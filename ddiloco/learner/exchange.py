@@ -30,6 +30,7 @@ from ddiloco import keys
 from ddiloco.config import DilocoConfig
 from ddiloco.globalmodel import Received
 from ddiloco.learner.accel import HostSnapshot
+from ddiloco.learner.health import guard
 from ddiloco.learner.io import ReportWriter, RoundRecords, pack_update
 from ddiloco.learner.ledger import FragmentLedger, Settled
 from ddiloco.learner.versions import VersionFeed
@@ -58,12 +59,13 @@ class Exchange:
         incarnation: int,
         diloco: DilocoConfig,
     ) -> None:
-        """`diloco`: the run's outer settings, read when used (`mixing`, the upload `codec`)."""
+        """`diloco`: the run's outer settings, read when used (`mixing`, the upload `codec`). The I/O threads'
+        store errors and bugs are counted where the feed's are (`feed.errors`, `ddiloco.learner.health`)."""
         self.store, self.ledger, self.feed, self.reports, self.metrics = store, ledger, feed, reports, metrics
-        self.incarnation, self.diloco = incarnation, diloco
+        self.incarnation, self.diloco, self.errors = incarnation, diloco, feed.errors
         self.layout, self.learner_id = feed.layout, feed.learner_id
         self.key, self.run_id = feed.key, feed.run_id
-        self.rounds = RoundRecords(store)  # the syncer's word on rounds of pending answers
+        self.rounds = RoundRecords(store, feed.errors)  # the syncer's word on rounds of pending answers
         self.uploads: list[Future] = []
         self.overwritten: list[int] = []
         self.rounds_answered = 0
@@ -188,7 +190,8 @@ class Exchange:
             header = self._header(p, s, inner_step)
             header["wait_s"] = round(max(0.0, now - (seen_at or {}).get(s, now)), 6)
             self.ledger.answer_sent(p, s)
-            self.uploads.append(pool.submit(self._upload, p, s, snap, header, report()))
+            upload = guard(self.errors, "upload", self._upload)  # a bug: logged, counted, tokens outstanding
+            self.uploads.append(pool.submit(upload, p, s, snap, header, report()))
             self.rounds_answered += 1
             self.metrics.rounds_answered.inc()
 
@@ -227,6 +230,8 @@ class Exchange:
             with self._lock:
                 self.upload_failures += 1
             self.metrics.upload_failures.inc()
+            if self.errors is not None:
+                self.errors.store_error()
             log.warning(
                 "learner %d: upload for round %d failed (%s); the tokens stay outstanding",
                 self.learner_id,
@@ -244,11 +249,21 @@ class Exchange:
             return self.bytes_up, self.feed.bytes_down, self.upload_failures
 
     def wait_uploads(self, timeout: float = 30) -> None:
+        """Wait for the uploads in flight (each at most `timeout` seconds), reading how each ended."""
         for fut in self.uploads:
             try:
                 fut.result(timeout=timeout)
-            except Exception as e:  # the upload thread already logged its own store errors
+            except Exception as e:  # the upload thread logged and counted it (`guard`)
                 log.debug("upload ended with %s", e)
+        self.uploads = []
 
     def forget_finished_uploads(self) -> None:
-        self.uploads = [f for f in self.uploads if not f.done()]
+        """Drop the finished uploads, reading each one's end: the thread logged and counted what it raised
+        (`ddiloco.learner.health`); anything that still got through is logged here, never dropped."""
+        running = []
+        for fut in self.uploads:
+            if not fut.done():
+                running.append(fut)
+            elif fut.exception() is not None:
+                log.error("learner %d: upload ended with %r", self.learner_id, fut.exception())
+        self.uploads = running

@@ -34,6 +34,7 @@ from ddiloco.encoded import EncodedTensor
 from ddiloco.hostname import host_name
 from ddiloco.learner.accel import HostCopier, HostSnapshot
 from ddiloco.learner.checkpoint import optimizer_tensors, write_checkpoint
+from ddiloco.learner.health import IoErrors, guard
 from ddiloco.protocol import wire
 from ddiloco.store.base import Store, StoreError
 
@@ -123,10 +124,11 @@ class ReportWriter:
 class RoundRecords:
     """The syncer's merges of rounds this learner has pending answers to: the status's recent `merged` list,
     and round records read from the store for closed rounds the status no longer lists. Used by the loop
-    thread only; the I/O pool just fetches."""
+    thread only; the I/O pool just fetches (`errors`: where its bugs are counted; one is raised again when
+    its read is collected)."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, errors: IoErrors | None = None) -> None:
+        self.store, self.errors = store, errors
         self.known: dict[int, dict[str, Any]] = {}  # round -> its merge, as the status lists one
         self._reads: dict[int, Future] = {}
 
@@ -172,7 +174,7 @@ class RoundRecords:
                 continue
             fut = self._reads.get(s)
             if fut is None:
-                self._reads[s] = pool.submit(self._fetch, s)
+                self._reads[s] = pool.submit(guard(self.errors, "record", self._fetch), s)
                 continue
             if not fut.done():
                 continue
@@ -209,16 +211,22 @@ class StatusPoller(threading.Thread):
             self.first_seen = {s: seen.get(s, now) for s in rounds}
             self.latest = status
 
+    def poll(self, delay: float) -> float:
+        """One pass of the thread: poll, counting and logging a store error (`errors`); returns the delay
+        before the next pass (`delay`, the last one, doubled after a failure, up to 5 s)."""
+        try:
+            self.poll_once()
+            return self.every
+        except StoreError as e:
+            self.errors += 1
+            delay = min(5.0, max(delay * 2, 0.2))
+            log.warning("status poll failed (%s); retrying in %.1fs, training continues", e, delay)
+            return delay
+
     def run(self) -> None:
         delay = self.every
         while not self.stop.is_set():
-            try:
-                self.poll_once()
-                delay = self.every
-            except StoreError as e:
-                self.errors += 1
-                delay = min(5.0, max(delay * 2, 0.2))
-                log.warning("status poll failed (%s); retrying in %.1fs, training continues", e, delay)
+            delay = self.poll(delay)
             self.stop.wait(delay)
 
 
@@ -249,10 +257,13 @@ def snapshot_checkpoint(
 class CheckpointWriter:
     """Writes checkpoint snapshots on the I/O pool one at a time, in step order. A snapshot still waiting when
     a newer one arrives is dropped for it: at most two exist (one being written, the newest waiting), so a
-    slow store never piles them up, and the newest state is always the next written."""
+    slow store never piles them up, and the newest state is always the next written. A bug in a write is
+    logged and counted (`errors`, kind `checkpoint`); the next checkpoint tries again."""
 
-    def __init__(self, store: Store, learner_id: int, key: bytes | None) -> None:
-        self.store, self.learner_id, self.key = store, learner_id, key
+    def __init__(
+        self, store: Store, learner_id: int, key: bytes | None, errors: IoErrors | None = None
+    ) -> None:
+        self.store, self.learner_id, self.key, self.errors = store, learner_id, key, errors
         self._write_lock, self._slot_lock = threading.Lock(), threading.Lock()
         self._waiting: tuple[int, HostSnapshot, dict[str, Any]] | None = None
 
@@ -260,7 +271,7 @@ class CheckpointWriter:
         with self._slot_lock:
             dropped, self._waiting = self._waiting, (step, snap, meta)
         if dropped is None:  # no writer is waiting for the slot: start one
-            pool.submit(self._drain)
+            pool.submit(guard(self.errors, "checkpoint", self._drain))
         else:  # the waiting writer takes the new snapshot instead
             dropped[1].wait()
             dropped[1].release()
@@ -271,17 +282,21 @@ class CheckpointWriter:
                 job, self._waiting = self._waiting, None
             if job is not None:
                 step, snap, meta = job
-                write_snapshot(self.store, self.learner_id, step, snap, meta, self.key)
+                written = write_snapshot(self.store, self.learner_id, step, snap, meta, self.key)
+                if not written and self.errors is not None:
+                    self.errors.store_error()
 
 
 def write_snapshot(
     store: Store, learner_id: int, step: int, snap: HostSnapshot, meta: dict[str, Any], key: bytes | None
-) -> None:
+) -> bool:
     """Write a snapshot as a learner checkpoint (`ddiloco.learner.checkpoint.write_checkpoint`); a store error
-    is logged, not raised."""
+    is logged, not raised (False)."""
     try:
         write_checkpoint(store, learner_id, step, snap.wait(), meta, key=key)
+        return True
     except StoreError as e:
         log.warning("learner %d: checkpoint at step %d failed (%s)", learner_id, step, e)
+        return False
     finally:
         snap.release()

@@ -17,6 +17,9 @@ Design choices:
   shard of its own shares one, with a warning), and every report names it (`data`).
 - A learner never publishes from a random init: it waits for global version 0 and overwrites its params
   with the current globals before its first step (after restoring its own checkpoint, if any).
+- Health (`ddiloco.learner.health`): what the I/O threads raise is logged and counted, never dropped;
+  heartbeats have a thread of their own; a learner none of whose answers is merged for
+  `train.max_unmerged_s` while the store and the syncer are up stops (`Unmerged`) so that it is restarted.
 - Trust (`ddiloco.protocol.signing`): uploads and checkpoints are signed, every global, shard and checkpoint
   read is verified; a global version that fails is skipped and training goes on until the next one.
 - Devices (`ddiloco.learner.accel`, `ddiloco.learner.ddp`): on CUDA, bf16 autocast, fused AdamW, answers and
@@ -31,7 +34,8 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +63,7 @@ from ddiloco.learner.accel import (
 from ddiloco.learner.checkpoint import checkpoint_every_s, load_learner_checkpoint
 from ddiloco.learner.ddp import Group, rank_seed
 from ddiloco.learner.exchange import Exchange
+from ddiloco.learner.health import Heartbeats, IoErrors, MergeBound
 from ddiloco.learner.io import (
     CheckpointWriter,
     IoSchedule,
@@ -157,9 +162,10 @@ class Learner:
         registry: CollectorRegistry | None = None,
         site: str = "local",
         group: Group | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`site`: where it runs; `group`: the learner's data-parallel ranks when this is rank 0 of several
-        (`ddiloco.learner.ddp`)."""
+        (`ddiloco.learner.ddp`); `clock`: the merge bound's (`ddiloco.learner.health.MergeBound`)."""
         cfg, t = opened.cfg, opened.cfg.train
         _check_ranks(cfg, group)
         self.store, self.site, self.learner_id, self.cfg = store, site, learner_id, cfg
@@ -195,15 +201,17 @@ class Learner:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation))
-        self.checkpoints = CheckpointWriter(store, learner_id, self.key)
+        self.errors = IoErrors(self.metrics, learner_id)  # what the I/O threads raise: logged and counted
+        self.bound = MergeBound(learner_id, t.max_unmerged_s, cfg.diloco, clock)  # ends it if never merged
+        self.checkpoints = CheckpointWriter(store, learner_id, self.key, self.errors)
         every = checkpoint_every_s(t.checkpoint_every_s, sum(f.numel for f in self.layout.fragments))
         self.io_schedule = IoSchedule(t.heartbeat_every_s, every)  # checkpoint cadence by the state's size
         self._stop = threading.Event()
         self.poller = StatusPoller(store, t.poll_every_s, self._stop)
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"learner{learner_id}-io")
-        self._report_future: Future | None = None
+        self.heartbeats = Heartbeats(self.reports.write, self.errors)  # never behind uploads on the pool
         self.ledger = FragmentLedger(self.layout.num_fragments)
-        ident = {"run_id": self.run_id, "learner_id": learner_id, "key": self.key}
+        ident = {"run_id": self.run_id, "learner_id": learner_id, "key": self.key, "errors": self.errors}
         self.feed = VersionFeed(
             store, self.layout, self.params, self.copier, self.metrics, cfg.diloco, **ident
         )
@@ -248,16 +256,11 @@ class Learner:
         self.poller.start()
         self.joined_at = time.time()
         self.cadence.begin()
-        log.info(
-            "learner %d incarnation %d joined run %s at versions %s (device %s)",
-            self.learner_id,
-            self.incarnation,
-            self.run_id,
-            versions,
-            self.device,
-        )
+        msg = "learner %d incarnation %d joined run %s at versions %s (device %s)"
+        log.info(msg, self.learner_id, self.incarnation, self.run_id, versions, self.device)
         self._put_report()
         self.io_schedule.begin()
+        self.bound.begin()
 
     # --- reports and checkpoints ------------------------------------------------------------------------------
     def _report(self, final: bool = False, reason: str | None = None) -> LearnerReport:
@@ -306,8 +309,7 @@ class Learner:
 
     def _report_async(self) -> None:
         self.metrics.store_retries.set(self.store.stats.retries)
-        if self._report_future is None or self._report_future.done():
-            self._report_future = self.pool.submit(self.reports.write, self._report().to_json())
+        self.heartbeats.beat(lambda: self._report().to_json())
 
     def _checkpoint_async(self) -> None:
         """Snapshot at this step boundary into host buffers (asynchronous on CUDA); an I/O thread writes it."""
@@ -372,6 +374,8 @@ class Learner:
                 return False
             self.exchange.sync(self.pool, status)
             self._answer_rounds(status)
+        own = sum(b.merged_tokens for b in self.ledger)  # `Unmerged` past the bound:
+        self.bound.check(status, own, self.errors.store_errors + self.poller.errors, self.cadence.ema)
         if self.group is not None:  # the other ranks step too, after receiving the fragments overwritten here
             self.group.lead_step(self.inner_step, self.exchange.overwritten, self.layout, self.params, merged)
         self.exchange.overwritten.clear()
@@ -415,14 +419,9 @@ class Learner:
                 pass
             self.exchange.settle_final(self.poller.latest or {})
         self.pool.shutdown(wait=True)
+        self.heartbeats.shutdown()
         self.cadence.finish()
         self._put_report(final=True, reason=reason)
-        log.info(
-            "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens; downloads %s",
-            self.learner_id,
-            self.incarnation,
-            reason,
-            self.inner_step,
-            self.ledger.tokens_processed,
-            dict(self.feed.fetched),
-        )
+        books = (self.inner_step, self.ledger.tokens_processed, dict(self.feed.fetched))
+        msg = "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens; downloads %s"
+        log.info(msg, self.learner_id, self.incarnation, reason, *books)

@@ -46,6 +46,7 @@ from ddiloco.globalmodel import (
     read_global_full,
 )
 from ddiloco.learner.accel import HostCopier, pin
+from ddiloco.learner.health import IoErrors, guard
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol import signing, wire
 from ddiloco.store.base import NotFound, Store, StoreError, StoreUnavailable
@@ -74,9 +75,11 @@ class VersionFeed:
         run_id: str,
         learner_id: int,
         key: bytes | None,
+        errors: IoErrors | None = None,
     ) -> None:
         """`diloco`: the run's `download_codec` (not none: the syncer publishes download deltas, and a fragment
-        one version behind takes one); None: none."""
+        one version behind takes one); None: none. `errors`: where the downloads' store errors and bugs are
+        counted (a bug is raised again when its download is collected: `ddiloco.learner.health`)."""
         self.store, self.layout, self.params, self.copier, self.metrics = (
             store,
             layout,
@@ -84,7 +87,7 @@ class VersionFeed:
             copier,
             metrics,
         )
-        self.run_id, self.learner_id, self.key = run_id, learner_id, key
+        self.run_id, self.learner_id, self.key, self.errors = run_id, learner_id, key, errors
         self.deltas = diloco is not None and diloco.download_codec != "none"
         self.held: dict[int, tuple[int, str]] = {}
         """p -> (version, digest) of the values in `anchors` (what a download delta must be based on)."""
@@ -149,9 +152,9 @@ class VersionFeed:
             return
         held = self.held.get(p, (-1, ""))[0]
         if self.deltas and held == version - 1 and (p, version) not in self._no_delta:
-            self.downloads[p] = pool.submit(self._download_delta, p, version)
+            self.downloads[p] = pool.submit(guard(self.errors, "download", self._download_delta), p, version)
         else:
-            self.downloads[p] = pool.submit(self._download, p, version)
+            self.downloads[p] = pool.submit(guard(self.errors, "download", self._download), p, version)
 
     def collect(self, may_overwrite: Callable[[int], bool]) -> Iterator[tuple[int, Received]]:
         """(p, version received) of finished downloads that verified, for fragments `may_overwrite` allows

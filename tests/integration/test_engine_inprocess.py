@@ -280,7 +280,7 @@ def test_an_older_heartbeat_landing_after_an_answer_cannot_hide_it_from_the_book
     learner = Learner.open(store, 0)
     learner.start()
     learner._stop.set()  # no poller thread: the test reads the status itself
-    learner.pool = pool = _ManualPool()
+    learner.pool = learner.heartbeats.pool = pool = _ManualPool()  # one queue: the test orders every write
     assert not syncer.step() and syncer.open, "the syncer opened a round"
     learner.poller.poll_once()
     learner.step()
