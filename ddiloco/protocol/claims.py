@@ -26,7 +26,8 @@ step², `ddiloco.merge.token_weight`) and the tokens the syncer credits towards 
 - The share cap (no rejection): an answer's merge weight is capped at what `SHARE_SPEEDUP` times the
   fleet's median token rate at the run's largest batch could have earned in the allowed age:
   max_tokens = SHARE_SPEEDUP × allowed age / median cadence × max tokens per step, weight ≤ max_tokens ×
-  its tokens per step. An honest learner earns at most age / its own cadence × its tokens per step, so the
+  its tokens per step. Until the fleet reported a cadence (the first rounds), the median learner's steps
+  are taken as H (`diloco.sync_every`): rounds then open before any learner made many steps. An honest learner earns at most age / its own cadence × its tokens per step, so the
   cap only touches a learner whose token rate is more than `SHARE_SPEEDUP`× the median's at the largest
   batch over the base's whole age; such a learner keeps its credit and only its say in the direction is
   capped (token weighting off: every weight is 1 and no cap applies). A liar that stays inside the steps
@@ -48,8 +49,10 @@ from typing import Any
 from ddiloco.protocol.validation import MIN_STEP_SECONDS, TIME_SLACK_FRACTION, TIME_SLACK_S
 from ddiloco.protocol.wire import PayloadError
 
-CLOCK_SKEW_S = 30.0
-"""Allowed difference between the syncer's wall clock and the host that prepared the run."""
+CLOCK_SKEW_S = 10.0
+"""Allowed difference between the syncer's wall clock and the host that prepared the run (hosts of one
+cluster keep NTP time, well within it). An honest answer refused for a larger skew is not lost: its tokens
+stay outstanding, and the 5% slack admits the next answer once the base is 20 × the excess old."""
 PEAK_FLOPS_PER_RANK = 1e16
 """FLOP/s no single accelerator reaches (about 4× a B200's dense bf16 peak): the config's physical floor."""
 FLEET_SPEEDUP = 8.0
@@ -70,13 +73,14 @@ class Pace:
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The run's constants behind the bounds: tokens per step of one rank by learner (`batch_for` ×
-    seq_len), the most ranks, the largest tokens per step, and the FLOPs floor of one step."""
+    seq_len), the most ranks, the largest tokens per step, the FLOPs floor of one step, and H."""
 
     seq_len: int
     batch_sizes: tuple[int, ...]
     default_batch: int
     ranks: int
     params: int
+    sync_every: int
 
     def per_rank(self, learner_id: int) -> int:
         b = self.batch_sizes[learner_id] if learner_id < len(self.batch_sizes) else self.default_batch
@@ -132,12 +136,12 @@ def steps(meta: Mapping[str, Any], *, age: float, tps: int, limits: Limits, pace
         )
 
 
-def max_weight(*, age: float, tps: int, limits: Limits, pace: Pace) -> float | None:
-    """The share cap on a token weight (module docstring); None until the fleet reported a cadence."""
-    if pace.fleet is None or not pace.fleet > 0:
-        return None
-    max_tokens = SHARE_SPEEDUP * age / pace.fleet * limits.max_tokens_per_step
-    return max_tokens * tps
+def max_weight(*, age: float, tps: int, limits: Limits, pace: Pace) -> float:
+    """The share cap on a token weight (module docstring): SHARE_SPEEDUP × the steps a median learner makes
+    in `age` (H steps until the fleet reported a cadence) at the largest batch, × this answer's tokens per
+    step."""
+    steps = age / pace.fleet if pace.fleet is not None and pace.fleet > 0 else limits.sync_every
+    return SHARE_SPEEDUP * steps * limits.max_tokens_per_step * tps
 
 
 def finite_positive(v: Any) -> bool:

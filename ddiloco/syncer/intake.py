@@ -95,6 +95,7 @@ class UpdateValidator:
             t.batch_size,
             t.ranks,
             sum(f.numel for f in layout.fragments),
+            cfg.diloco.sync_every,
         )
         self.token_weighting = cfg.diloco.token_weighting
         self.key, self.wall = key, wall

@@ -11,7 +11,7 @@ Design choices:
   by the summary).
 - Reports are unsigned: every number read from one is checked first (`ddiloco.protocol.reports`). An
   unusable number is treated as missing, logged at WARNING once per learner incarnation and field, and
-  counted (`ignored`, and `on_ignored` for the metric); a report whose times are not finite is ignored.
+  counted once per report (`ignored`, and `on_ignored` for the metric); a report whose times are not finite is ignored.
 - The fastest cadence each live incarnation reported is kept for the claim bounds (`pace`,
   `ddiloco.protocol.claims`).
 """
@@ -61,6 +61,7 @@ class Roster:
         """Report fields dropped as unusable, by field (`ddiloco.protocol.reports`)."""
         self.on_ignored: Callable[[str], None] = lambda field: None
         self._warned: set[tuple[str, str]] = set()
+        self._counted: dict[str, Any] = {}  # contributor -> seq of the report last counted
         self._fastest: dict[str, float] = {}
 
     def refresh(self) -> None:
@@ -98,10 +99,13 @@ class Roster:
             log.warning("syncer: ignoring malformed learner report %s", key)
             return None
         report, dropped = reports.clean(report)
-        who = keys.contributor(lid, report["incarnation"])
+        who, seq = keys.contributor(lid, report["incarnation"]), report.get("seq")
+        new = self._counted.get(who, -1) != seq  # an unchanged report is re-read, not counted again
+        self._counted[who] = seq
         for field in dropped:
-            self.ignored[field.rsplit(".", 1)[-1]] += 1
-            self.on_ignored(field.rsplit(".", 1)[-1])
+            if new:
+                self.ignored[field.rsplit(".", 1)[-1]] += 1
+                self.on_ignored(field.rsplit(".", 1)[-1])
             if (who, field) not in self._warned:
                 self._warned.add((who, field))
                 log.warning("syncer: ignoring %s of learner %s's report: not a usable number", field, who)
