@@ -9,39 +9,44 @@ step², `ddiloco.merge.token_weight`) and the tokens the syncer credits towards 
   each of its data-parallel ranks (`Learner._count_step` counts x.numel() × world size, and the loader
   always yields full batches), so c_tokens = c_steps × batch × seq_len × w with 1 ≤ w ≤ train.ranks.
 - Steps since the base (`future_steps`): a learner counts steps from when it applied its base version,
-  which it cannot have done before the version existed. `base_time` is when the syncer published it (its
-  own wall clock, `GlobalFragment.published_at`); a version this syncer did not publish (version 0, or
-  any version after a syncer restart) is bounded from the run's start (`prepared_at` of the data meta:
-  taken after version 0 was written, and learners start only once it exists), on another host's clock, so
-  it is moved `CLOCK_SKEW_S` earlier. The same age bounds `c_seconds` (`validation.StepClock`). With age = now − base_time, an answer may claim at most
-  (age × (1 + `TIME_SLACK_FRACTION`) + slack) / floor steps, where the floor of one step is the largest of:
+  which it cannot have done before the version existed. The base time is when the syncer published it
+  (its own wall clock, `GlobalFragment.published_at`); a version this syncer did not publish (version 0,
+  or any version after a syncer restart) is bounded from the run's start (`prepared_at` of the data meta:
+  taken after version 0 was written, and learners start only once it exists), taken on another host's
+  clock, so moved `CLOCK_SKEW_S` earlier. With the allowed age = (now − base time) × (1 +
+  `TIME_SLACK_FRACTION`) + `TIME_SLACK_S` (the same bound `validation.StepClock` puts on `c_seconds`), an
+  answer may claim at most age / floor steps, the floor of one step being the largest of
   `MIN_STEP_SECONDS`; the model's FLOPs (6 × parameters × tokens per step) at `PEAK_FLOPS_PER_RANK` per
   rank; and the fleet's median wall seconds per step (`Roster.measured_step`, from the live learners'
-  reports) divided by `FLEET_SPEEDUP`. The median is robust to a minority of lying reports; with no
-  reported cadence yet only the first two floors hold.
+  reports) divided by `FLEET_SPEEDUP`. The median is robust to a minority of lying reports.
 - Steps against the learner's own cadence (`future_steps`): a claim more than `OWN_SPEEDUP` times faster
   than the fastest cadence its own incarnation reported (c_steps × cadence > OWN_SPEEDUP × allowed age) is
   rejected. The fastest reported value, not the newest, so a learner that slowed down is not caught out by
   its EMA; a learner that sped up more than 3× since it last reported is the one honest case it can reject.
 - The share cap (no rejection): an answer's merge weight is capped at what `SHARE_SPEEDUP` times the
-  fleet's median token rate at the run's largest batch could have earned in the allowed age:
-  max_tokens = SHARE_SPEEDUP × allowed age / median cadence × max tokens per step, weight ≤ max_tokens ×
-  its tokens per step. Until the fleet reported a cadence (the first rounds), the median learner's steps
-  are taken as H (`diloco.sync_every`): rounds then open before any learner made many steps. An honest learner earns at most age / its own cadence × its tokens per step, so the
-  cap only touches a learner whose token rate is more than `SHARE_SPEEDUP`× the median's at the largest
-  batch over the base's whole age; such a learner keeps its credit and only its say in the direction is
-  capped (token weighting off: every weight is 1 and no cap applies). A liar that stays inside the steps
-  bound then weighs at most as much as `SHARE_SPEEDUP` median learners.
+  fleet's median token rate at the run's largest batch could have earned in the allowed age: max_tokens =
+  SHARE_SPEEDUP × age / median cadence × max tokens per step, and weight ≤ max_tokens × its own tokens per
+  step. Until the fleet reported a cadence (the first rounds) the median learner's steps are taken as H
+  (`diloco.sync_every`). An honest learner earns at most age / its own cadence × its tokens per step, so
+  the cap only touches one whose token rate is more than `SHARE_SPEEDUP`× the median's at the largest batch
+  over the base's whole age; it keeps its credit and only its say in the direction is capped (token
+  weighting off: every weight is 1, no cap). A liar inside the step bounds weighs at most as much as
+  `SHARE_SPEEDUP` median learners.
 
 Why these factors: `FLEET_SPEEDUP` = 8 covers mixed hardware and batch sizes in one run (a learner stepping
 8× the median's rate over the whole life of its base); beyond it a claim is implausible and rejected.
 `OWN_SPEEDUP` = 3 leaves room for a learner's EMA to lag a real speed-up. `SHARE_SPEEDUP` = 2 keeps a liar
-to 2/(2 + M − 1) of a round's weight with M − 1 honest median answers.
+to 2/(2 + M − 1) of a round's weight against M − 1 honest median answers.
+
+What stays open: a liar inside the bounds is still credited what it claims (up to `FLEET_SPEEDUP`× an
+honest answer's tokens: the learner's books credit the whole answer, so the syncer cannot credit part of
+it and keep the ledger balanced); before any learner reported a cadence only the 10 µs floor bounds steps
+(against the base's age); after a syncer restart the bases it did not publish are bounded from the run's
+start until their fragments publish again.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,7 +121,7 @@ def allowed_age(now: float, base_time: float) -> float:
 
 
 def steps(meta: Mapping[str, Any], *, age: float, tps: int, limits: Limits, pace: Pace, who: str) -> None:
-    """`c_steps` fit in `age` allowed seconds on the base (`future_steps` otherwise); `who`: the contributor."""
+    """`c_steps` fit in `age` allowed seconds on the base (`future_steps` otherwise); `who`: its sender."""
     n, base = meta["c_steps"], meta["base_version"]
     floor = max(MIN_STEP_SECONDS, limits.flops_floor(tps))
     if pace.fleet is not None:
@@ -125,7 +130,7 @@ def steps(meta: Mapping[str, Any], *, age: float, tps: int, limits: Limits, pace
         raise PayloadError(
             "future_steps",
             f"{n} steps on base version {base} in {age:.1f}s allowed: at most {age / floor:.0f} at "
-            f"{floor * 1e3:.3g} ms a step (the fleet's median step / {FLEET_SPEEDUP:g}, or the model's FLOPs)",
+            f"{floor * 1e3:.3g} ms a step (the fleet's median / {FLEET_SPEEDUP:g}, or the model's FLOPs)",
         )
     own = pace.own.get(who)
     if own is not None and n * own > OWN_SPEEDUP * age:
@@ -142,7 +147,3 @@ def max_weight(*, age: float, tps: int, limits: Limits, pace: Pace) -> float:
     step."""
     steps = age / pace.fleet if pace.fleet is not None and pace.fleet > 0 else limits.sync_every
     return SHARE_SPEEDUP * steps * limits.max_tokens_per_step * tps
-
-
-def finite_positive(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0

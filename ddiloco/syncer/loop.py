@@ -17,6 +17,10 @@ Design choices:
   the round. A rejected object never touches the global model; it is counted by reason
   (state, metrics, summary), and the learner it authentically came from is told through a bounded
   `rejections` list in the status object.
+- A signature proves only that an update comes from a learner of the run (every learner pod holds the run
+  key): what it claims is bounded by the config and this syncer's clocks (`ddiloco.protocol.claims`), and
+  the numbers of the unsigned learner reports are checked before they steer pacing
+  (`ddiloco.protocol.reports`).
 - With the run key every update must carry a valid signature, and everything the syncer publishes (global
   versions, outer momentum, the final model) is signed.
 - Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped

@@ -11,7 +11,8 @@ Design choices:
   by the summary).
 - Reports are unsigned: every number read from one is checked first (`ddiloco.protocol.reports`). An
   unusable number is treated as missing, logged at WARNING once per learner incarnation and field, and
-  counted once per report (`ignored`, and `on_ignored` for the metric); a report whose times are not finite is ignored.
+  counted once per report (`ignored`, and `on_ignored` for the metric); a report whose times are not
+  finite is ignored whole.
 - The fastest cadence each live incarnation reported is kept for the claim bounds (`pace`,
   `ddiloco.protocol.claims`).
 """
