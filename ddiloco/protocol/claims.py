@@ -10,10 +10,11 @@ step², `ddiloco.merge.token_weight`) and the tokens the syncer credits towards 
   always yields full batches), so c_tokens = c_steps × batch × seq_len × w with 1 ≤ w ≤ train.ranks.
 - Steps since the base (`future_steps`): a learner counts steps from when it applied its base version,
   which it cannot have done before the version existed. The base time is when the syncer published it
-  (its own wall clock, `GlobalFragment.published_at`); a version this syncer did not publish (version 0,
-  or any version after a syncer restart) is bounded from the run's start (`prepared_at` of the data meta:
-  taken after version 0 was written, and learners start only once it exists), taken on another host's
-  clock, so moved `CLOCK_SKEW_S` earlier. With the allowed age = (now − base time) × (1 +
+  (its own wall clock, `GlobalFragment.published_at`); for the newest version of a fragment an earlier
+  syncer published, the merge time its round record holds (`UpdateValidator.learn_base_times`); for any
+  other (version 0, older versions after a restart) the run's start (`prepared_at` of the data meta: taken
+  after version 0 was written, and learners start only once it exists). A time taken on another host's
+  clock is moved `CLOCK_SKEW_S` earlier. With the allowed age = (now − base time) × (1 +
   `TIME_SLACK_FRACTION`) + `TIME_SLACK_S` (the same bound `validation.StepClock` puts on `c_seconds`), an
   answer may claim at most age / floor steps, the floor of one step being the largest of
   `MIN_STEP_SECONDS`; the model's FLOPs (6 × parameters × tokens per step) at `PEAK_FLOPS_PER_RANK` per
@@ -41,8 +42,8 @@ to 2/(2 + M − 1) of a round's weight against M − 1 honest median answers.
 What stays open: a liar inside the bounds is still credited what it claims (up to `FLEET_SPEEDUP`× an
 honest answer's tokens: the learner's books credit the whole answer, so the syncer cannot credit part of
 it and keep the ledger balanced); before any learner reported a cadence only the 10 µs floor bounds steps
-(against the base's age); after a syncer restart the bases it did not publish are bounded from the run's
-start until their fragments publish again.
+(against the base's age); after a syncer restart, bases older than their fragment's newest version are
+bounded from the run's start.
 """
 
 from __future__ import annotations

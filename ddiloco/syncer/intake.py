@@ -32,10 +32,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import struct
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -47,8 +48,8 @@ from ddiloco.encoded import chunk_buffer
 from ddiloco.globalmodel import Layout
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol import claims, validation, wire
-from ddiloco.protocol.messages import Rejection
-from ddiloco.store.base import NotFound, ObjectTooLarge, Store
+from ddiloco.protocol.messages import Merged, Rejection
+from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreError
 from ddiloco.syncer.fragment import GlobalFragment
 from ddiloco.syncer.rounds import Answer, Round
 
@@ -100,15 +101,37 @@ class UpdateValidator:
         self.token_weighting = cfg.diloco.token_weighting
         self.key, self.wall = key, wall
         self.run_start = (wall() if run_start is None else run_start) - claims.CLOCK_SKEW_S
+        self.earlier: dict[tuple[int, int], float] = {}
+        """(fragment, version) -> base time of a version an earlier syncer published (`learn_base_times`)."""
         self.pace = claims.Pace()
         """The learners' cadences, replaced by the syncer after each roster refresh (`Roster.pace`)."""
         self.step_clock = validation.StepClock()
 
     def base_time(self, frag: GlobalFragment, version: int) -> float:
         """When version `version` of `frag` became available at the earliest, on this syncer's clock: its
-        publish time, or the run's start for a version this syncer did not publish (`claims`)."""
+        publish time, the merge time an earlier syncer recorded for it (`learn_base_times`), or the run's
+        start (`claims`)."""
         published = frag.published_at.get(version)
+        if published is None:
+            published = self.earlier.get((frag.fragment_id, version))
         return published if published is not None else self.run_start
+
+    def learn_base_times(self, store: Store, merged: Iterable[Merged]) -> None:
+        """Base times of the versions an earlier syncer published, for the newest version of each fragment:
+        the `merged_at` of its round record (taken before it was published, on that syncer's clock, so
+        moved `claims.CLOCK_SKEW_S` earlier). One small read per fragment; a record that cannot be read
+        leaves the run's start."""
+        newest = {(f.fragment_id, f.version) for f in self.fragments if f.version not in f.published_at}
+        for m in merged:
+            if (m.fragment_id, m.version) not in newest:
+                continue
+            try:
+                t = store.get_json(keys.round_record_key(m.round)).get("merged_at")
+            except (StoreError, AttributeError) as e:
+                log.debug("round record %d unreadable (%s)", m.round, e)
+                continue
+            if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
+                self.earlier[(m.fragment_id, m.version)] = max(t - claims.CLOCK_SKEW_S, self.run_start)
 
     def max_bytes(self, p: int) -> int:
         # An fp32 delta is the largest legitimate update: twice that (plus header room) is never honest.

@@ -153,6 +153,7 @@ class Syncer:
             retained=self.retention.keeps,
             run_start=_prepared_at(store),
         )
+        validator.learn_base_times(store, self.books.merged_recent)
         self.intake = Intake(
             store,
             validator,

@@ -116,6 +116,24 @@ def test_a_learner_with_the_run_key_claiming_a_million_steps_is_rejected(base):
     assert [(n["learner_id"], n["reason"]) for n in told] == [(0, "future_steps")]
 
 
+def test_after_a_restart_the_newest_version_is_bounded_by_its_recorded_merge_time():
+    """The run is 20 minutes old when fragment 0 gets version 1; a syncer restarted 20 s later did not
+    publish it, but its round record says when it was merged: 10⁴ steps on it are rejected (the run's age
+    alone would allow 190,000 at the fleet's pace)."""
+    store, syncer, mono, wall = start("claims-restart")
+    wall.t += 1100.0
+    publish_v1(store, syncer, mono, wall)
+    restarted = Syncer(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
+    for _ in range(50):
+        mono.t += 0.1
+        restarted.step()
+        frag0 = [s for s, rnd in restarted.open.items() if rnd.fragment_id == 0]
+        if frag0:
+            break
+    assert restarted.versions[0] == 1 and 1 not in restarted.fragments[0].published_at
+    assert verdict(store, restarted, frag0[0], 0, steps=10**4, seconds=19.0) == "future_steps"
+
+
 def test_a_claim_of_a_billion_tokens_is_rejected():
     """10⁹ tokens at the batch's exact tokens per step (7.8 million steps) on version 0."""
     store, syncer, _, _ = start("claims-billion")
