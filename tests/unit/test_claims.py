@@ -4,8 +4,10 @@
 Driven through the real syncer: its intake reads real signed updates from the store, its roster real
 report documents; the syncer's clocks are the test's."""
 
+import functools
 import logging
 import math
+import zlib
 
 import pytest
 import torch
@@ -38,14 +40,21 @@ def report(lid: int, seq: int, t: float, *, wall_ema=STEP_S, **extra) -> dict:
     }  # fmt: skip
 
 
+@functools.cache
+def prepared(overrides: tuple[str, ...]) -> dict[str, bytes]:
+    """The objects of a prepared signed run, prepared once per config (copied into each test's store)."""
+    store = open_store(f"memory://claims-prepared-{zlib.crc32(repr(overrides).encode())}")
+    extra = ("diloco.learners=3", "diloco.grace=null", "diloco.round_timeout_s=1e9")
+    prepare(store, tiny_config("claims", *extra, *overrides), secret=SECRET)
+    return {k: store.get(k) for k in store.list("")}
+
+
 def start(name: str, *overrides: str, cadences=(STEP_S, STEP_S, STEP_S)):
     """A prepared signed run, its syncer (clocks: the test's; the wall starts 100 s after the run was
     prepared) and live learners 0.. reporting `cadences`."""
     store = open_store(f"memory://{name}")
-    cfg = tiny_config(
-        name, "diloco.learners=3", "diloco.grace=null", "diloco.round_timeout_s=1e9", *overrides
-    )
-    prepare(store, cfg, secret=SECRET)
+    for k, blob in prepared(overrides).items():
+        store.put(k, blob)
     mono, wall = Clock(50.0), Clock(store.get_json(keys.DATA_META)["prepared_at"] + 100.0)
     syncer = Syncer(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
     for lid, c in enumerate(cadences):
