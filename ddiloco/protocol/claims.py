@@ -24,15 +24,15 @@ step², `ddiloco.merge.token_weight`) and the tokens the syncer credits towards 
   than the fastest cadence its own incarnation reported (c_steps × cadence > OWN_SPEEDUP × allowed age) is
   rejected. The fastest reported value, not the newest, so a learner that slowed down is not caught out by
   its EMA; a learner that sped up more than 3× since it last reported is the one honest case it can reject.
-- The share cap (no rejection): an answer's merge weight is capped at what `SHARE_SPEEDUP` times the
-  fleet's median token rate at the run's largest batch could have earned in the allowed age: max_tokens =
-  SHARE_SPEEDUP × age / median cadence × max tokens per step, and weight ≤ max_tokens × its own tokens per
-  step. Until the fleet reported a cadence (the first rounds) the median learner's steps are taken as H
-  (`diloco.sync_every`). An honest learner earns at most age / its own cadence × its tokens per step, so
-  the cap only touches one whose token rate is more than `SHARE_SPEEDUP`× the median's at the largest batch
-  over the base's whole age; it keeps its credit and only its say in the direction is capped (token
-  weighting off: every weight is 1, no cap). A liar inside the step bounds weighs at most as much as
-  `SHARE_SPEEDUP` median learners.
+- The share cap (no rejection): an answer's merge weight is capped at what `SHARE_SPEEDUP` median
+  learners at the run's largest batch could have earned on the base: max_tokens = SHARE_SPEEDUP ×
+  max(H, age / median cadence) × max tokens per step, and weight ≤ max_tokens × its own tokens per step
+  (H = `diloco.sync_every`: a round opens about H median steps after its fragment's last version, and until
+  the fleet reported a cadence H is all there is). An honest learner makes at most age / its own cadence
+  steps, so the cap only touches one that made more than 2H steps at more than `SHARE_SPEEDUP`× the
+  median's token rate over the base's whole age; it keeps its credit and only its say in the direction is
+  capped (token weighting off: every weight is 1, no cap). A liar inside the step bounds weighs at most as
+  much as `SHARE_SPEEDUP` median learners.
 
 Why these factors: `FLEET_SPEEDUP` = 8 covers mixed hardware and batch sizes in one run (a learner stepping
 8× the median's rate over the whole life of its base); beyond it a claim is implausible and rejected.
@@ -143,8 +143,9 @@ def steps(meta: Mapping[str, Any], *, age: float, tps: int, limits: Limits, pace
 
 
 def max_weight(*, age: float, tps: int, limits: Limits, pace: Pace) -> float:
-    """The share cap on a token weight (module docstring): SHARE_SPEEDUP × the steps a median learner makes
-    in `age` (H steps until the fleet reported a cadence) at the largest batch, × this answer's tokens per
-    step."""
-    steps = age / pace.fleet if pace.fleet is not None and pace.fleet > 0 else limits.sync_every
+    """The share cap on a token weight (module docstring): SHARE_SPEEDUP × the steps of a median learner
+    (H, or as many as it makes in `age` when more) at the largest batch, × this answer's tokens per step."""
+    steps = float(limits.sync_every)
+    if pace.fleet is not None and pace.fleet > 0:
+        steps = max(steps, age / pace.fleet)
     return SHARE_SPEEDUP * steps * limits.max_tokens_per_step * tps

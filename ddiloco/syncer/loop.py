@@ -144,15 +144,13 @@ class Syncer:
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
-        validator = UpdateValidator(
-            cfg,
-            self.layout,
-            self.fragments,
-            key=self.key,
-            wall=wall,
-            retained=self.retention.keeps,
-            run_start=_prepared_at(store),
-        )
+        kw = {
+            "key": self.key,
+            "wall": wall,
+            "retained": self.retention.keeps,
+            "run_start": _prepared_at(store),
+        }
+        validator = UpdateValidator(cfg, self.layout, self.fragments, **kw)
         validator.learn_base_times(store, self.books.merged_recent)
         self.intake = Intake(
             store,
