@@ -212,6 +212,12 @@ class SyncerMetrics:
         self.published = Counter(
             f"{ns}_published_bytes", "Bytes of global fragments published", registry=registry
         )
+        self.report_fields_ignored = Counter(  # unsigned learner reports: NaN, inf, negative, absurd
+            f"{ns}_report_fields_ignored",
+            "Numbers in learner reports ignored as unusable, by field",
+            ["field"],
+            registry=registry,
+        )
         registry.register(_SyncerCollector(state))
 
 

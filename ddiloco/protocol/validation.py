@@ -16,22 +16,26 @@ Rejection reasons (counted by the syncer, in metrics, the status object and the 
                                                   (learner, incarnation, round) is merged at most once.
   bad_codec                                       codec differs from the run's `diloco.codec`, or int4/int2
                                                   codes packed otherwise than this version (`packing`)
-  bad_counters                                    c_steps < 1, c_tokens ≤ 0 or above c_steps × batch tokens
+  bad_counters                                    c_steps < 1, c_tokens ≤ 0 or above c_steps × batch tokens,
+                                                  or not exactly c_steps × the learner's own tokens per
+                                                  step (`ddiloco.protocol.claims`)
   bad_base                                        base version not published (or unreadable)
   too_stale                                       base more than `diloco.max_staleness` versions behind
                                                   (the honest answer of a learner that fell far behind)
   pruned_base                                     base version older than the syncer keeps (`ddiloco.retention`:
                                                   outside the newest `retention.keep_latest` and no curve
                                                   moment): its staleness is past what the syncer accepts
-  future_steps                                    more steps than the learner could have made (below)
+  future_steps                                    more steps than the learner could have made (below,
+                                                  and `ddiloco.protocol.claims`)
   wrong_shape                                     tensor names or sizes do not match the fragment layout
   non_finite                                      NaN/Inf in the delta
 
-"Steps not in the future": three sound bounds, none of which trusts the learner's wall clock:
+"Steps not in the future": three sound bounds here, none of which trusts the learner's wall clock (the
+bounds on steps at the fleet's and the learner's own pace, and the share cap, are `ddiloco.protocol.claims`):
 - `c_steps ≤ inner_step`: steps since the anchor cannot exceed the incarnation's step counter;
-- `c_steps × MIN_STEP_SECONDS ≤ c_seconds ≤ (now − published_at(base)) × (1 + 5%) + 1 s`: a learner cannot
-  have trained on a version for longer than that version has existed on the syncer's own clock, and no
-  optimizer step takes less than 10 µs;
+- `c_steps × MIN_STEP_SECONDS ≤ c_seconds ≤ (now − base time) × (1 + 5%) + 1 s`: a learner cannot have
+  trained on a version for longer than that version has existed on the syncer's own clock, and no
+  optimizer step takes less than 10 µs (the base time: `claims`; every base has one);
 - per learner incarnation and fragment, successive accepted answers agree with its step counter: with the
   same base, c_steps grew by exactly the inner steps in between; with a newer base, c_steps is at most
   those inner steps (counters reset when a version is received). Answers of one fragment are validated in

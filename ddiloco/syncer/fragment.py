@@ -148,9 +148,14 @@ class GlobalFragment:
         `read`). Nothing of it is kept in memory (module docstring)."""
         return self.read(version)
 
-    def weigh(self, header: Mapping[str, Any], rule: MergeRule) -> tuple[float, float]:
-        """(token weight, staleness discount) of an answer merged into the current version."""
+    def weigh(
+        self, header: Mapping[str, Any], rule: MergeRule, cap: float | None = None
+    ) -> tuple[float, float]:
+        """(token weight, staleness discount) of an answer merged into the current version; `cap`: the most
+        token weight it may carry (`Answer.max_weight`)."""
         w = token_weight(header["c_tokens"], header["c_steps"]) if rule.token_weighting else 1.0
+        if cap is not None:
+            w = min(w, cap)
         return w, staleness_discount(self.version - header["base_version"], rule.staleness_exponent)
 
     def new_sums(self, rule: MergeRule) -> RoundSums:
@@ -161,7 +166,7 @@ class GlobalFragment:
     def add_answer(self, sums: RoundSums, ans: Answer, rule: MergeRule) -> None:
         """Add an answer's δ to a round's sums with its merge weight (token weight × discount). A round is
         open on one version of its fragment, so the weight is the one the merge would give it."""
-        w, discount = self.weigh(ans.header, rule)
+        w, discount = self.weigh(ans.header, rule, ans.max_weight)
         if ans.encoded is not None:
             sums.add_encoded(ans.contributor, w * discount, ans.encoded, ans.header.get("norms"))
         elif ans.delta is not None:
@@ -203,7 +208,7 @@ class GlobalFragment:
         discounts, contributors = [], {}
         for c, ans in sorted(answers.items()):
             h = ans.header
-            w, discount = self.weigh(h, rule)
+            w, discount = self.weigh(h, rule, ans.max_weight)
             discounts.append(discount)
             contributors[c] = Contribution(
                 h["c_tokens"],

@@ -10,6 +10,11 @@ Design choices:
   newest version, how far behind it a base is, when a base was published). A too-stale answer is
   rejected before anything else is checked. The base itself is never read: the merge takes the learner's δ
   as it is (Δ = −δ), so a base only has to be a version that was published and is still accepted.
+- What an answer claims is bounded by the run's config and this syncer's clocks (`ddiloco.protocol.claims`):
+  exact tokens per step, no more steps than the base's age allows at the fleet's pace or at the learner's
+  own reported cadence, and a cap on its merge weight (`Answer.max_weight`). The cadences come from the
+  roster as a snapshot (`UpdateValidator.pace`) the syncer replaces after each refresh, so reader threads
+  never read the roster while it changes.
 - An answer whose base the retention rules no longer keep is `pruned_base` (`ddiloco.syncer.retention`), decided
   from the rule, not from whether the object is still there, so the verdict never races the pruning.
 - A name whose object was rejected is re-read at most once a second, and only counted again if its bytes
@@ -27,10 +32,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import struct
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -41,9 +47,9 @@ from ddiloco.config import RunConfig
 from ddiloco.encoded import chunk_buffer
 from ddiloco.globalmodel import Layout
 from ddiloco.metrics import SyncerMetrics
-from ddiloco.protocol import validation, wire
-from ddiloco.protocol.messages import Rejection
-from ddiloco.store.base import NotFound, ObjectTooLarge, Store
+from ddiloco.protocol import claims, validation, wire
+from ddiloco.protocol.messages import Merged, Rejection
+from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreError
 from ddiloco.syncer.fragment import GlobalFragment
 from ddiloco.syncer.rounds import Answer, Round
 
@@ -74,14 +80,58 @@ class UpdateValidator:
         key: bytes | None,
         wall: Callable[[], float],
         retained: Callable[[int, int, int], bool] | None = None,
+        run_start: float | None = None,
     ) -> None:
-        """`retained(p, version, latest)`: whether the store keeps that base (`Retention.keeps`; None: all)."""
+        """`retained(p, version, latest)`: whether the store keeps that base (`Retention.keeps`; None: all).
+        `run_start`: `prepared_at` of the run (the base time of versions this syncer did not publish,
+        `ddiloco.protocol.claims`; None: the syncer's start)."""
         self.retained = retained
         self.run_id, self.codec, self.layout, self.fragments = cfg.run_id, cfg.diloco.codec, layout, fragments
         self.max_staleness = cfg.diloco.max_staleness
         self.tokens_per_step = cfg.train.max_batch() * cfg.model.seq_len
+        t = cfg.train
+        self.limits = claims.Limits(
+            cfg.model.seq_len,
+            tuple(t.learner_batch_sizes or ()),
+            t.batch_size,
+            t.ranks,
+            sum(f.numel for f in layout.fragments),
+            cfg.diloco.sync_every,
+        )
+        self.token_weighting = cfg.diloco.token_weighting
         self.key, self.wall = key, wall
+        self.run_start = (wall() if run_start is None else run_start) - claims.CLOCK_SKEW_S
+        self.earlier: dict[tuple[int, int], float] = {}
+        """(fragment, version) -> base time of a version an earlier syncer published (`learn_base_times`)."""
+        self.pace = claims.Pace()
+        """The learners' cadences, replaced by the syncer after each roster refresh (`Roster.pace`)."""
         self.step_clock = validation.StepClock()
+
+    def base_time(self, frag: GlobalFragment, version: int) -> float:
+        """When version `version` of `frag` became available at the earliest, on this syncer's clock: its
+        publish time, the merge time an earlier syncer recorded for it (`learn_base_times`), or the run's
+        start (`claims`)."""
+        published = frag.published_at.get(version)
+        if published is None:
+            published = self.earlier.get((frag.fragment_id, version))
+        return published if published is not None else self.run_start
+
+    def learn_base_times(self, store: Store, merged: Iterable[Merged]) -> None:
+        """Base times of the versions an earlier syncer published, for the newest version of each fragment:
+        the `merged_at` of its round record (taken before it was published, on that syncer's clock, so
+        moved `claims.CLOCK_SKEW_S` earlier). One small read per fragment; a record that cannot be read
+        leaves the run's start."""
+        newest = {(f.fragment_id, f.version) for f in self.fragments if f.version not in f.published_at}
+        for m in merged:
+            if (m.fragment_id, m.version) not in newest:
+                continue
+            try:
+                t = store.get_json(keys.round_record_key(m.round)).get("merged_at")
+            except (StoreError, AttributeError) as e:
+                log.debug("round record %d unreadable (%s)", m.round, e)
+                continue
+            if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
+                self.earlier[(m.fragment_id, m.version)] = max(t - claims.CLOCK_SKEW_S, self.run_start)
 
     def max_bytes(self, p: int) -> int:
         # An fp32 delta is the largest legitimate update: twice that (plus header room) is never honest.
@@ -114,15 +164,23 @@ class UpdateValidator:
                     "pruned_base",
                     f"base version {base} is older than the versions kept (latest {frag.version})",
                 )
-            published = frag.published_at.get(meta["base_version"])
-            self.step_clock.check(contributor, meta, published, self.wall())
+            now, base_time = self.wall(), self.base_time(frag, base)
+            self.step_clock.check(contributor, meta, base_time, now)
+            tps = claims.tokens_per_step(meta, self.limits)
+            age, pace = claims.allowed_age(now, base_time), self.pace
+            claims.steps(meta, age=age, tps=tps, limits=self.limits, pace=pace, who=contributor)
             names = self.layout.fragments[rnd.fragment_id].names
             encoded = validation.check_delta(h.tensors, meta["codec"], names, self.layout.shapes)
         except wire.PayloadError as e:
             e.sender = named  # type: ignore[attr-defined]
             raise
         self.step_clock.record(contributor, meta)
-        return Answer(contributor, meta, None, encoded=encoded)
+        cap = (
+            claims.max_weight(age=age, tps=tps, limits=self.limits, pace=pace)
+            if self.token_weighting
+            else None
+        )
+        return Answer(contributor, meta, None, encoded=encoded, max_weight=cap)
 
     def decode(
         self, rnd: Round, blob: bytes, out: Mapping[str, torch.Tensor] | None = None

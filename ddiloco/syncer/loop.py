@@ -17,6 +17,10 @@ Design choices:
   the round. A rejected object never touches the global model; it is counted by reason
   (state, metrics, summary), and the learner it authentically came from is told through a bounded
   `rejections` list in the status object.
+- A signature proves only that an update comes from a learner of the run (every learner pod holds the run
+  key): what it claims is bounded by the config and this syncer's clocks (`ddiloco.protocol.claims`), and
+  the numbers of the unsigned learner reports are checked before they steer pacing
+  (`ddiloco.protocol.reports`).
 - With the run key every update must carry a valid signature, and everything the syncer publishes (global
   versions, outer momentum, the final model) is signed.
 - Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped
@@ -139,11 +143,18 @@ class Syncer:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
+        self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
+        kw = {
+            "key": self.key,
+            "wall": wall,
+            "retained": self.retention.keeps,
+            "run_start": _prepared_at(store),
+        }
+        validator = UpdateValidator(cfg, self.layout, self.fragments, **kw)
+        validator.learn_base_times(store, self.books.merged_recent)
         self.intake = Intake(
             store,
-            UpdateValidator(
-                cfg, self.layout, self.fragments, key=self.key, wall=wall, retained=self.retention.keeps
-            ),
+            validator,
             self.metrics,
             clock=clock,
             wall=wall,
@@ -344,6 +355,7 @@ class Syncer:
         now = self.clock()
         if now >= self._next_refresh:
             self.roster.refresh()
+            self.intake.validator.pace = self.roster.pace()  # a snapshot the intake's readers may share
             # Until a learner reported its cadence, rounds are paced by a guess: look again soon.
             measured = self.roster.measured_step() is not None
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)
@@ -377,6 +389,13 @@ class Syncer:
             self.books.rounds_merged,
             self.versions,
         )
+
+
+def _prepared_at(store: Store) -> float | None:
+    """When the run was prepared (`prepared_at` of the data meta), the base time of versions this syncer did
+    not publish (`ddiloco.protocol.claims`); None when the meta has none."""
+    t = (store.get_json_or_none(keys.DATA_META) or {}).get("prepared_at")
+    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else None
 
 
 def observe_merge(m: SyncerMetrics, record: RoundRecord, seconds: float) -> None:

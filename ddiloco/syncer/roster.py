@@ -9,6 +9,12 @@ Design choices:
   learner's newest is read once, and only the books goodput needs are kept.
 - Joins and losses of live learner incarnations are recorded as events (saved in the syncer state, read
   by the summary).
+- Reports are unsigned: every number read from one is checked first (`ddiloco.protocol.reports`). An
+  unusable number is treated as missing, logged at WARNING once per learner incarnation and field, and
+  counted once per report (`ignored`, and `on_ignored` for the metric); a report whose times are not
+  finite is ignored whole.
+- The fastest cadence each live incarnation reported is kept for the claim bounds (`pace`,
+  `ddiloco.protocol.claims`).
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from ddiloco import chiptime, keys
-from ddiloco.protocol import validation
+from ddiloco.protocol import reports, validation
+from ddiloco.protocol.claims import Pace
 from ddiloco.protocol.messages import LearnerEvent
 from ddiloco.store.base import Store, StoreError
 
@@ -50,6 +58,12 @@ class Roster:
         """report key -> the last report of an incarnation no longer its learner's newest (for goodput)."""
         self.events: list[LearnerEvent] = list(events or [])
         self._live_prev: set[str] = set()
+        self.ignored: Counter[str] = Counter()
+        """Report fields dropped as unusable, by field (`ddiloco.protocol.reports`)."""
+        self.on_ignored: Callable[[str], None] = lambda field: None
+        self._warned: set[tuple[str, str]] = set()
+        self._counted: dict[str, Any] = {}  # contributor -> seq of the report last counted
+        self._fastest: dict[str, float] = {}
 
     def refresh(self) -> None:
         """Re-read the learners' reports and record who joined or was lost."""
@@ -82,9 +96,22 @@ class Roster:
         except StoreError as e:
             log.debug("report %s unreadable (%s)", key, e)
             return None
-        if not validation.report_ok(report, lid):
+        if not validation.report_ok(report, lid) or not reports.times_finite(report):
             log.warning("syncer: ignoring malformed learner report %s", key)
             return None
+        report, dropped = reports.clean(report)
+        who, seq = keys.contributor(lid, report["incarnation"]), report.get("seq")
+        new = self._counted.get(who, -1) != seq  # an unchanged report is re-read, not counted again
+        self._counted[who] = seq
+        for field in dropped:
+            if new:
+                self.ignored[field.rsplit(".", 1)[-1]] += 1
+                self.on_ignored(field.rsplit(".", 1)[-1])
+            if (who, field) not in self._warned:
+                self._warned.add((who, field))
+                log.warning("syncer: ignoring %s of learner %s's report: not a usable number", field, who)
+        if (t := chiptime.cadence(report)) is not None:
+            self._fastest[who] = min(t, self._fastest.get(who, t))
         return report
 
     def _read_past(self, key: str, lid: int) -> None:
@@ -114,6 +141,11 @@ class Roster:
         None until one reported its cadence."""
         times = [t for r in self.live() if (t := chiptime.cadence(r))]
         return statistics.median(times) if times else None
+
+    def pace(self) -> Pace:
+        """The cadences the claim bounds use (`ddiloco.protocol.claims.Pace`), of the live incarnations."""
+        live = self.live_names()
+        return Pace(self.measured_step(), {c: t for c, t in self._fastest.items() if c in live})
 
     def mean_loss(self) -> float:
         """Mean loss EMA of the live learners; NaN when none reported one."""

@@ -384,6 +384,51 @@ def test_a_learner_is_told_when_its_answer_is_rejected_and_its_tokens_stay_outst
     }
 
 
+LIE = 5000
+
+
+def test_a_lying_learner_with_the_run_key_is_rejected_and_the_ledger_stays_balanced():
+    """Learner 0 holds the run key and, once the syncer knows the learners' cadence, multiplies the steps and
+    tokens it claims by 5000 (its inner step counter too, so its answers agree with one another; c_seconds
+    at the 10 µs a step the old floor accepted): the measured attack, which took a round's weight and ended
+    the run early on tokens never trained. Every such answer is rejected `future_steps` (steps since its
+    base at the fleet's pace, `ddiloco.protocol.claims`), learner 0 is told and keeps its tokens
+    outstanding, the run reaches its budget on honest answers and both books agree."""
+    r = start("bad-liar", "diloco.quorum=1", "diloco.token_budget=3000")
+    liar = r.learners[0]
+    honest_header = liar.exchange._header
+
+    def inflated(p: int, round_: int, inner_step: int) -> dict:
+        h = honest_header(p, round_, inner_step)
+        h.update(c_steps=h["c_steps"] * LIE, c_tokens=h["c_tokens"] * LIE, inner_step=inner_step * LIE)
+        h["c_seconds"] = max(h["c_seconds"], h["c_steps"] * 1e-5)
+        return h
+
+    lying_from = None
+    for _ in range(1000):
+        r.now[0] += 1.0
+        if r.syncer.step():
+            break
+        tick(r)
+        if lying_from is None and liar.cadence.ema is not None:  # reported: the syncer reads it next pass
+            lying_from = r.syncer.books.next_round
+            liar.exchange._header = inflated
+    for learner in r.learners:
+        learner.poller.poll_once()
+        learner.tick()
+        learner._finish("done")
+    assert lying_from is not None, "learner 0 never measured its cadence"
+    lies = liar.exchange.rejected_updates["future_steps"]
+    assert lies > 0 and r.syncer.intake.rejected == Counter(future_steps=lies)
+    records = [r.store.get_json(keys.round_record_key(s)) for s in range(r.syncer.books.next_round)
+               if r.store.exists(keys.round_record_key(s))]  # fmt: skip
+    assert all(c["c_steps"] < LIE for rec in records for c in rec["contributors"].values())
+    assert not any("0-0" in rec["contributors"] for rec in records if rec["round"] >= lying_from)
+    summary = build_summary(r.store)
+    budget = r.syncer.cfg.diloco.token_budget
+    assert summary["ledger_balanced"] and budget <= summary["tokens_merged"] < 2 * budget
+
+
 def test_an_answer_too_far_behind_is_rejected_as_too_stale_and_one_within_reach_is_discounted():
     """Issue 17 item 5: with diloco.max_staleness=1, an (authentic, fake-learner) answer 2 versions behind is
     rejected as too_stale before its base is read, and its learner is told; one 1 version behind is merged

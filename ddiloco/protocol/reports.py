@@ -1,0 +1,70 @@
+"""Every number the syncer reads from a learner report, checked: reports are plain, unsigned JSON.
+
+A report that lacks the fields the syncer needs, or has them with unusable types, is ignored whole
+(`validation.report_ok`). Past that, each number the syncer reads (pacing, liveness, goodput, the mean
+loss, the books) must be finite, in range and of a plausible size; a number that is not (NaN, ±inf, a
+negative duration, a step of more than `MAX_STEP_S`) is dropped: `clean` treats the field as missing, as a
+report from before the field existed would have it, and names it so the caller can log and count it.
+Pacing therefore only ever sees positive, finite step times (`Roster.measured_step`), so no report can
+open a round on every pass (a negative cadence) or stop rounds from opening (NaN or a huge one).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAX_STEP_S = 3600.0
+"""Seconds per step beyond which a reported cadence is absurd (a 1b step takes about a second)."""
+MAX_COUNT = 1 << 62
+MAX_LOSS = 1e6
+
+# field -> (lowest allowed, whether the lowest is excluded, highest allowed, value when dropped)
+_TOP: dict[str, tuple[float, bool, float, Any]] = {
+    "step_wall_ema": (0.0, True, MAX_STEP_S, None),
+    "step_time_ema": (0.0, True, MAX_STEP_S, None),
+    "productive_seconds": (0.0, False, math.inf, None),
+    "busy_seconds": (0.0, False, math.inf, None),
+    "joined_at": (-math.inf, False, math.inf, None),
+    "tokens_processed": (0, False, MAX_COUNT, None),
+    "seq": (0, False, MAX_COUNT, None),
+    "loss_ema": (0.0, False, MAX_LOSS, None),
+    "loss": (0.0, False, MAX_LOSS, None),
+}
+_FRAGMENT: dict[str, tuple[float, bool, float, Any]] = {
+    "discarded_tokens": (0, False, MAX_COUNT, 0),
+    "merged_seconds": (0.0, False, math.inf, 0.0),
+}
+_REQUIRED = ("time", "started_at")
+
+
+def _usable(v: Any, low: float, open_low: bool, high: float) -> bool:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return False
+    return math.isfinite(v) and (v > low if open_low else v >= low) and v <= high
+
+
+def times_finite(report: dict[str, Any]) -> bool:
+    """The times every report must have are finite (else the report is malformed)."""
+    return all(_usable(report[k], -math.inf, False, math.inf) for k in _REQUIRED)
+
+
+def clean(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The report with every unusable number dropped (module docstring), and the names of those dropped
+    (`fragments.<p>.<field>` for a fragment's books). The report itself is not changed."""
+    out, dropped = dict(report), []
+    for k, (low, open_low, high, missing) in _TOP.items():
+        v = out.get(k)
+        if v is not None and not _usable(v, low, open_low, high):
+            out[k] = missing
+            dropped.append(k)
+    frags = {}
+    for p, books in report["fragments"].items():
+        books = dict(books)
+        for k, (low, open_low, high, missing) in _FRAGMENT.items():
+            if not _usable(books[k], low, open_low, high):
+                books[k] = missing
+                dropped.append(f"fragments.{p}.{k}")
+        frags[p] = books
+    out["fragments"] = frags
+    return out, dropped

@@ -1,0 +1,235 @@
+"""A learner holding the run key cannot claim more than the run's config and the syncer's clocks allow
+(`ddiloco.protocol.claims`), and no number in an unsigned report steers pacing (`ddiloco.protocol.reports`).
+
+Driven through the real syncer: its intake reads real signed updates from the store, its roster real
+report documents; the syncer's clocks are the test's."""
+
+import functools
+import logging
+import math
+import zlib
+
+import pytest
+import torch
+
+from ddiloco import keys
+from ddiloco.prepare import prepare
+from ddiloco.protocol import claims, reports, signing, wire
+from ddiloco.store.url import open_store
+from ddiloco.syncer.loop import Syncer
+from tests._harness import tiny_config
+
+SECRET = bytes.fromhex("3c" * 32)
+TPS = 4 * 32  # tiny_config: train.batch_size × model.seq_len
+STEP_S = 0.05  # the honest learners' wall seconds per step
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def report(lid: int, seq: int, t: float, *, wall_ema=STEP_S, **extra) -> dict:
+    return {
+        "learner_id": lid, "incarnation": 0, "seq": seq, "time": t, "started_at": 0.0, "joined_at": 0.0,
+        "step_time_ema": 0.01, "step_wall_ema": wall_ema, "productive_seconds": 0.0, "tokens_processed": 0,
+        "loss_ema": 2.0, "fragments": {}, "final": False, **extra,
+    }  # fmt: skip
+
+
+@functools.cache
+def prepared(overrides: tuple[str, ...]) -> dict[str, bytes]:
+    """The objects of a prepared signed run, prepared once per config (copied into each test's store)."""
+    store = open_store(f"memory://claims-prepared-{zlib.crc32(repr(overrides).encode())}")
+    extra = ("diloco.learners=3", "diloco.grace=null", "diloco.round_timeout_s=1e9")
+    prepare(store, tiny_config("claims", *extra, *overrides), secret=SECRET)
+    return {k: store.get(k) for k in store.list("")}
+
+
+def start(name: str, *overrides: str, cadences=(STEP_S, STEP_S, STEP_S)):
+    """A prepared signed run, its syncer (clocks: the test's; the wall starts 100 s after the run was
+    prepared) and live learners 0.. reporting `cadences`."""
+    store = open_store(f"memory://{name}")
+    for k, blob in prepared(overrides).items():
+        store.put(k, blob)
+    mono, wall = Clock(50.0), Clock(store.get_json(keys.DATA_META)["prepared_at"] + 100.0)
+    syncer = Syncer(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
+    for lid, c in enumerate(cadences):
+        store.put_json(keys.report_key(lid, 0), report(lid, 1, wall(), wall_ema=c))
+    syncer.step()  # reads the reports, opens round 0 (fragment 0)
+    assert list(syncer.open) == [0]
+    return store, syncer, mono, wall
+
+
+def update(syncer: Syncer, round_: int, lid: int, *, steps: int, seconds: float, **header) -> bytes:
+    """A well-formed update signed with the run key (what any learner pod can make)."""
+    layout, p = syncer.layout, round_ % syncer.P
+    gen = torch.Generator().manual_seed(lid)
+    tensors = {
+        f"{n}/data": 1e-3 * torch.randn(math.prod(layout.shapes[n]), generator=gen)
+        for n in layout.fragments[p].names
+    }
+    meta = {
+        "run_id": syncer.run_id, "kind": "update", "learner_id": lid, "incarnation": 0, "fragment_id": p,
+        "round": round_, "base_version": syncer.versions[p], "c_steps": steps, "c_tokens": steps * TPS,
+        "c_seconds": seconds, "inner_step": steps, "codec": "fp32", **header,
+    }  # fmt: skip
+    return wire.pack(tensors, meta, key=signing.for_run(SECRET, syncer.run_id))
+
+
+def verdict(store, syncer: Syncer, round_: int, lid: int, **claim) -> str:
+    """What the syncer's intake makes of `lid`'s update to `round_`: "accepted" or the rejection reason."""
+    store.put(keys.update_key(round_ % syncer.P, round_, lid, 0), update(syncer, round_, lid, **claim))
+    rnd = syncer.open[round_]
+    syncer.intake.collect(rnd)
+    name = keys.update_key(round_ % syncer.P, round_, lid, 0).rsplit("/", 1)[-1]
+    return rnd.rejected.get(name, "accepted" if f"{lid}-0" in rnd.answers else "unread")
+
+
+def publish_v1(store, syncer: Syncer, mono: Clock, wall: Clock) -> None:
+    """Fragment 0 gets version 1 from an honest answer to round 0; then round 2 (fragment 0) opens 20 s
+    later on the wall clock."""
+    assert verdict(store, syncer, 0, 1, steps=16, seconds=0.5) == "accepted"
+    syncer.step()  # quorum
+    syncer.step()  # merge: version 1 published now
+    assert syncer.versions[0] == 1
+    wall.t += 20.0
+    for _ in range(200):
+        mono.t += 0.1
+        syncer.step()
+        if 2 in syncer.open:
+            return
+    raise AssertionError("round 2 did not open")
+
+
+@pytest.mark.parametrize("base", ["version_0", "published"])
+def test_a_learner_with_the_run_key_claiming_a_million_steps_is_rejected(base):
+    """10⁶ steps at exactly the batch's tokens per step, in 10 s of claimed compute (10 µs a step, the old
+    floor): accepted before on any base, as the base's age was unchecked on version 0 and 20 s is more
+    than 10 s on a published one. The fleet steps at 50 ms: 20-130 s allow a few thousand steps."""
+    store, syncer, mono, wall = start(f"claims-million-{base}")
+    round_ = 0
+    if base == "published":
+        publish_v1(store, syncer, mono, wall)
+        round_ = 2
+    assert syncer.versions[0] == (1 if base == "published" else 0)
+    lie = {"steps": 10**6, "seconds": 10.0}
+    assert verdict(store, syncer, round_, 0, **lie) == "future_steps"
+    assert syncer.intake.rejected["future_steps"] == 1
+    get = syncer.registry.get_sample_value
+    assert get("ddiloco_syncer_rejected_updates_total", {"reason": "future_steps"}) == 1
+    told = store.get_json(keys.STATUS)["rejections"]
+    assert [(n["learner_id"], n["reason"]) for n in told] == [(0, "future_steps")]
+
+
+def test_after_a_restart_the_newest_version_is_bounded_by_its_recorded_merge_time():
+    """The run is 20 minutes old when fragment 0 gets version 1; a syncer restarted 20 s later did not
+    publish it, but its round record says when it was merged: 10⁴ steps on it are rejected (the run's age
+    alone would allow 190,000 at the fleet's pace)."""
+    store, syncer, mono, wall = start("claims-restart")
+    wall.t += 1100.0
+    publish_v1(store, syncer, mono, wall)
+    restarted = Syncer(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
+    for _ in range(50):
+        mono.t += 0.1
+        restarted.step()
+        frag0 = [s for s, rnd in restarted.open.items() if rnd.fragment_id == 0]
+        if frag0:
+            break
+    assert restarted.versions[0] == 1 and 1 not in restarted.fragments[0].published_at
+    assert verdict(store, restarted, frag0[0], 0, steps=10**4, seconds=19.0) == "future_steps"
+
+
+def test_a_claim_of_a_billion_tokens_is_rejected():
+    """10⁹ tokens at the batch's exact tokens per step (7.8 million steps) on version 0."""
+    store, syncer, _, _ = start("claims-billion")
+    steps = 10**9 // TPS
+    assert verdict(store, syncer, 0, 0, steps=steps, seconds=steps * 1e-5) == "future_steps"
+
+
+def test_tokens_per_step_must_be_the_learners_own_batch():
+    """Learner 0 runs batch 4, learner 1 batch 16: learner 0 claiming learner 1's tokens per step (16²/4² =
+    16× the weight per step) is bad_counters; so is a count that is no whole number of steps."""
+    store, syncer, _, _ = start("claims-tps", "train.learner_batch_sizes=[4, 16]")
+    assert verdict(store, syncer, 0, 0, steps=8, seconds=0.4, c_tokens=8 * 16 * 32) == "bad_counters"
+    assert verdict(store, syncer, 0, 2, steps=8, seconds=0.4, c_tokens=8 * TPS - 1) == "bad_counters"
+    assert verdict(store, syncer, 0, 1, steps=8, seconds=0.4, c_tokens=8 * 16 * 32) == "accepted"
+
+
+def test_a_claim_three_times_faster_than_its_own_reported_cadence_is_rejected():
+    """Learner 0 reports 1 s a step (the fleet's median is 50 ms): on a version published 20 s ago
+    (20 × 1.05 + 1 = 22 s allowed) it may claim 66 steps, not 100."""
+    store, syncer, mono, wall = start("claims-own", cadences=(1.0, STEP_S, STEP_S))
+    publish_v1(store, syncer, mono, wall)
+    assert verdict(store, syncer, 2, 0, steps=100, seconds=19.0) == "future_steps"
+    assert verdict(store, syncer, 2, 2, steps=60, seconds=19.0) == "accepted"
+
+
+def test_an_answer_within_the_bounds_weighs_at_most_two_median_learners():
+    """Learner 0 claims 1200 steps on a version published 20 s ago (22 s allowed: inside the 3520 steps the
+    fleet's pace allows and the 1320 its own does): accepted and credited, but its merge weight is capped
+    at 2 × 22 s / 50 ms = 880 steps of the largest batch, below its claimed 1200 × 128²."""
+    store, syncer, mono, wall = start("claims-share")
+    publish_v1(store, syncer, mono, wall)
+    age = claims.allowed_age(wall(), syncer.fragments[0].published_at[1])
+    assert verdict(store, syncer, 2, 0, steps=1200, seconds=19.0) == "accepted"
+    syncer.step()
+    syncer.step()
+    record = store.get_json(keys.round_record_key(2))
+    cap = claims.SHARE_SPEEDUP * age / STEP_S * TPS * TPS
+    assert record["contributors"]["0-0"]["weight"] == pytest.approx(cap) and cap < 1200 * TPS**2
+    assert record["contributors"]["0-0"]["c_tokens"] == 1200 * TPS  # credited as claimed
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, -0.05, float("inf"), 1e9])
+def test_an_unusable_step_wall_ema_does_not_steer_pacing(bad, caplog):
+    """Learner 1 reports an unusable cadence: it is ignored (logged once, counted) and rounds open every
+    (H/P) · 50 ms = 0.8 s, the honest learner's pace (a negative one opened a round on every pass, NaN
+    never opened one)."""
+    store = open_store("memory://claims-pacing")
+    prepare(store, tiny_config("pace", "diloco.sync_every=32", "diloco.fragments=2", "diloco.overlap=2"))
+    mono, wall = Clock(50.0), Clock(1_000_000.0)
+    syncer = Syncer(store, clock=mono, wall=wall)
+    store.put_json(keys.report_key(0, 0), report(0, 1, wall()))
+    store.put_json(keys.report_key(1, 0), report(1, 1, wall(), wall_ema=bad))
+    with caplog.at_level(logging.WARNING, logger="ddiloco.syncer.roster"):
+        syncer.roster.refresh()
+        store.put_json(keys.report_key(1, 0), report(1, 2, wall(), wall_ema=bad))
+        syncer.roster.refresh()
+        syncer.roster.refresh()  # the same report read again: not counted again
+    assert syncer.xi_step() == pytest.approx(STEP_S)
+    assert len([r for r in caplog.records if "step_wall_ema" in r.getMessage()]) == 1
+    assert syncer.roster.ignored["step_wall_ema"] == 2
+    get = syncer.registry.get_sample_value
+    assert get("ddiloco_syncer_report_fields_ignored_total", {"field": "step_wall_ema"}) == 2
+    assert len(syncer.roster.live()) == 2  # the rest of its report still counts: it is live
+    syncer.maybe_open_round(mono())
+    assert list(syncer.open) == [0]
+    mono.t += 0.5
+    syncer.maybe_open_round(mono())
+    assert list(syncer.open) == [0]
+    mono.t += 0.31
+    syncer.maybe_open_round(mono())
+    assert list(syncer.open) == [0, 1]
+
+
+def test_every_number_the_syncer_reads_from_a_report_is_checked():
+    good = report(3, 1, 10.0, fragments={"0": {"discarded_tokens": 5, "merged_seconds": 1.0}})
+    assert reports.clean(good) == (good, [])
+    bad = {
+        **good, "step_time_ema": float("nan"), "loss_ema": float("inf"), "tokens_processed": -4, "seq": 1e300,
+        "productive_seconds": -1.0, "joined_at": float("nan"),
+        "fragments": {"0": {"discarded_tokens": float("nan"), "merged_seconds": -2.0}},
+    }  # fmt: skip
+    cleaned, dropped = reports.clean(bad)
+    assert sorted(dropped) == sorted([
+        "step_time_ema", "loss_ema", "tokens_processed", "seq", "productive_seconds", "joined_at",
+        "fragments.0.discarded_tokens", "fragments.0.merged_seconds",
+    ])  # fmt: skip
+    assert cleaned["fragments"]["0"] == {"discarded_tokens": 0, "merged_seconds": 0.0}
+    assert cleaned["step_time_ema"] is None and cleaned["step_wall_ema"] == STEP_S
+    assert bad["step_time_ema"] != bad["step_time_ema"]  # the report read is left as it was
+    assert not reports.times_finite({**good, "time": float("nan")})
