@@ -112,8 +112,8 @@ class Resumed:
     open_rounds: list[OpenRound] = field(default_factory=list)
     rejected: dict[str, int] = field(default_factory=dict)
     late_answers: int = 0
-    quarantined: dict[str, int] = field(default_factory=dict)
     learner_events: list[LearnerEvent] = field(default_factory=list)
+    quarantined: dict[str, int] = field(default_factory=dict)
 
 
 class SyncerFiles:
@@ -362,7 +362,7 @@ class SyncerFiles:
                 put_latest(self.store, p, versions[p])
         fragments = [self.load_fragment(p, v, ledgers[p], rule) for p, v in enumerate(versions)]
         if saved is None:
-            return Resumed(books, fragments)
+            return Resumed(books, fragments, quarantined=dict(self.slots.quarantined))
         log.info(
             "syncer incarnation %d resumed run %s at round %d, versions %s",
             books.incarnation,
