@@ -9,8 +9,8 @@ Design choices:
   each contiguous version that verifies under the run key and was written by an older epoch (its round
   record credited once, its momentum and master as usual), then points `latest` at the newest. One more
   request per fragment per start when nothing is there (P = 24: 24 requests).
-- `VersionSlots.inspect` classifies the object at a version key: None (nothing there), `Written` (verifies: run id,
-  kind, fragment, version, names, shapes, finite values and, with the run key, the signature), or the
+- `VersionSlots.inspect` classifies the object at a version key: None (nothing there), `Written` (verifies:
+  run id, kind, fragment, version, names, shapes, finite values and, with the run key, the signature), or the
   `PayloadError` of one that does not. A version written by this syncer's epoch for the very round it is
   publishing is its own earlier attempt (a store error between two writes, the merge retried with the same
   proposal): the publish goes on. One written by a newer epoch, or by this epoch for another round, is
@@ -70,7 +70,7 @@ class VersionSlots:
         """Objects found at a global version key that did not verify, moved aside, by reason."""
 
     def inspect(self, p: int, version: int) -> Written | wire.PayloadError | None:
-        """What is at fragment p's version key: nothing, a version that verifies, or why the object does not."""
+        """What is at fragment p's version key: nothing, a version that verifies, or why it does not."""
         try:
             got = read_global_full(self.store, self.run_id, self.layout, p, version, key=self.key)
         except NotFound:
@@ -105,12 +105,12 @@ class VersionSlots:
         )
 
     def move_aside(self, p: int, version: int, why: wire.PayloadError, epoch: int | None) -> None:
-        """Count, log and copy the unverifiable object at p's version key to the quarantine, then delete it."""
+        """Count, log and copy the unverifiable object at p's version key aside, then delete it."""
         self.quarantined[why.reason] += 1
         key = keys.global_key(p, version)
         aside = keys.quarantine_key(key, f"e{epoch or 0}-{secrets.token_hex(4)}")
         log.error(
-            "syncer: the object at %s does not verify (%s); moving it to %s and publishing that version anyway",
+            "syncer: the object at %s does not verify (%s); moving it to %s, publishing that version anyway",
             key,
             why,
             aside,

@@ -308,9 +308,10 @@ class SyncerFiles:
         return written + len(blob)
 
     def _create(self, key: str, data: bytes, p: int, version: int, record: RoundRecord, step: str) -> None:
-        """Create a write-once object of the merge publishing version `version` of fragment p. Found taken,
-        the global version decides (`VersionSlots.ours`): none yet → the object is what a publish that died before its
-        global version left (or this publish's own earlier attempt), and is overwritten."""
+        """Create a write-once object of the merge publishing version `version` of fragment p, then pass the
+        failpoint `step`. Found taken, the global version decides (`VersionSlots.ours`): none yet or this
+        publish's own → the object is what a publish that died before its global version left (or this
+        publish's earlier attempt), and is overwritten."""
         if not self.store.create(key, data):
             self.slots.ours(record, version)
             log.warning(
@@ -333,7 +334,8 @@ class SyncerFiles:
     def resume(self, rule: MergeRule, started_wall: float, epoch: int | None = None) -> Resumed:
         """The saved state, if any, plus every version published after it (a merge whose pointer, status or
         state write did not happen: the version, its round record and its ledger entries are adopted;
-        `VersionSlots.adopt_after`). `epoch`: the lease epoch this syncer holds (None: no lease, any writer's epoch is older)."""
+        `VersionSlots.adopt_after`), the latest pointers set to what was adopted. `epoch`: the lease epoch
+        this syncer holds (None: no lease; every writer's epoch counts as older)."""
         saved = self.load_state()
         num = self.layout.num_fragments
         books = Books(started_wall, merged_recent=deque(maxlen=Books.recent_len(num)))
@@ -341,7 +343,6 @@ class SyncerFiles:
         if saved is not None:
             books = _books_of(saved, num)
             versions, ledgers, open_rounds = list(saved.versions), saved.ledger, list(saved.open_rounds)
-        if saved is not None:
             self.slots.quarantined.update(saved.quarantined)
         for p in range(num):
             try:
