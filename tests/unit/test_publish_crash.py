@@ -212,3 +212,16 @@ def test_a_version_an_older_epoch_publishes_meanwhile_is_superseded_not_overwrit
     assert store.get(keys.global_key(0, 1)) == blob
     version, adopted = new.slots.adopt_after(0, 0, 2)
     assert version == 1 and [r.round for r in adopted] == [0]
+
+
+def test_the_quarantine_count_is_exported_as_a_metric():
+    from prometheus_client import CollectorRegistry
+
+    from ddiloco.metrics import SyncerMetrics
+
+    reg = CollectorRegistry()
+    state = {"tokens_merged": 1, "tokens_discarded": 0, "token_budget": 2, "live_learners": 1}
+    state |= {"goodput": 0.5, "merged_token_share": 0.9, "versions": [0], "quarantined": {"bad_signature": 2}}
+    SyncerMetrics(reg, lambda: state)
+    name = "ddiloco_syncer_quarantined_objects_total"
+    assert reg.get_sample_value(name, {"reason": "bad_signature"}) == 2
