@@ -244,6 +244,8 @@ class Received:
     tensors: dict[str, torch.Tensor]
     digest: str
     nbytes: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The payload's verified header (a version the syncer published names its `round` and `epoch`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +294,7 @@ def read_global_full(
         out[name] = t.float()
         if not all_finite(out[name]):
             raise wire.PayloadError("non_finite", f"global tensor {name} has NaN/Inf")
-    return Received(version, out, str(payload.meta["sha256"]), len(blob))
+    return Received(version, out, str(payload.meta["sha256"]), len(blob), payload.meta)
 
 
 def pack_global_delta(

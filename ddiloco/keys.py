@@ -129,6 +129,15 @@ def master_key(p: int, version: int) -> str:
     return f"{master_prefix(p)}v{version:08d}.safetensors"
 
 
+QUARANTINE = "syncer/quarantine/"
+"""Objects found at a key the syncer writes that did not verify, moved aside (`ddiloco.syncer.adopt`)."""
+
+
+def quarantine_key(key: str, tag: str) -> str:
+    """Where the syncer moves the unverifiable object it found at `key`; `tag` tells copies apart."""
+    return f"{QUARANTINE}{key}.{tag}"
+
+
 LEASE = "syncer/lease/"
 """The syncer's lease (`ddiloco.syncer.lease`): claims of epochs, the holder's renewals, standbys."""
 

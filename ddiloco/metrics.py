@@ -160,6 +160,14 @@ class _SyncerCollector(Collector):
         for p, v in enumerate(s["versions"]):
             version.add_metric([str(p)], v)
         yield version
+        quarantined = CounterMetricFamily(
+            "ddiloco_syncer_quarantined_objects",
+            "Objects at global version keys that did not verify, moved aside, by reason",
+            labels=["reason"],
+        )
+        for reason, n in sorted(s.get("quarantined", {}).items()):
+            quarantined.add_metric([reason], n)
+        yield quarantined
 
 
 class SyncerMetrics:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ddiloco import keys, logship
+from ddiloco import failpoints, keys, logship
 from ddiloco.cli.args import add_config_args, add_metrics_args, config_for_store
 from ddiloco.join import add_learner_args, learner_id_for, resolve_args, shape_learner_store
 from ddiloco.metrics import push_task_metrics, serve
@@ -129,6 +129,7 @@ def run_learner(args: argparse.Namespace, group: Any) -> int:
 def cmd_syncer(args: argparse.Namespace) -> int:
     from ddiloco.run import RunRoot
 
+    failpoints.load_env()  # tests and the soak benchmark crash a syncer inside a publish
     secret = signing.key_from_env()
     store = role_store(args.store, "syncer")
     cfg = RunRoot.read_config(store)

@@ -280,8 +280,7 @@ class Status:
 
 @dataclass(slots=True)
 class SyncerState:
-    """syncer/state.json: what a restarted syncer continues from (with any newer version in the store).
-    `clipped`, `open_rounds` and `learner_events` may be absent (older syncers); they read empty."""
+    """syncer/state.json: what a restarted syncer continues from; fields older syncers lack read empty."""
 
     run_id: str
     incarnation: int
@@ -302,6 +301,7 @@ class SyncerState:
     learner_events: list[LearnerEvent]
     epoch: int = 0
     xi_link: float = 0.0
+    quarantined: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return plain(self) | {"open_rounds": [r.to_json("opened_wall") for r in self.open_rounds]}
@@ -332,6 +332,7 @@ class SyncerState:
             late_answers=f.integer("late_answers"),
             learner_events=f.each("learner_events", LearnerEvent.from_json, []),
             epoch=f.get("epoch", int, 0),
+            quarantined=f.mapping("quarantined", int, {}),
         )
 
 

@@ -27,8 +27,15 @@ Design choices:
   answers are still merged and counted under `clipped` (state, status, metrics, round record).
 - Persist order per merge: outer momentum → fp32 master (bf16 globals, download deltas) → round record →
   download delta → global payload + latest pointer → status → state; a restart adopts what a crash left
-  between them (`ddiloco.syncer.state`). Then the round's updates are deleted and the fragment's old
-  versions pruned (`ddiloco.syncer.retention`).
+  between them (`ddiloco.syncer.state`, `ddiloco.syncer.adopt`). A store error inside a publish leaves the
+  round open with its proposal and record kept: the next pass publishes exactly those again (no second
+  outer step), and the writes that landed are recognised as its own. A version an older epoch published
+  meanwhile (`Superseded`) is adopted and the round abandoned. Then the round's updates are deleted and
+  the fragment's old versions pruned (`ddiloco.syncer.retention`). The steps of a publish are failpoints
+  (`ddiloco.failpoints`).
+- An abandoned round (and one still open when the run finishes) has no round record: a record there is
+  what a publish that died before its global version left, and is deleted before the status says the round
+  closed, so no learner reads it as a merge (its ledger would credit tokens the syncer never merged).
 - One publishing syncer at a time (`ddiloco.syncer.lease`): the syncer publishes only while it holds the
   lease's newest epoch, checks it before each merge is persisted (and the renewal thread's finding before
   every status and state write), and names its epoch in everything it publishes. `Fenced` is not caught
@@ -46,7 +53,7 @@ from functools import partial
 import torch
 from prometheus_client import CollectorRegistry
 
-from ddiloco import keys
+from ddiloco import failpoints, keys
 from ddiloco.globalmodel import read_layout
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
@@ -54,7 +61,8 @@ from ddiloco.prepare import load_run_config
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerState
 from ddiloco.store.base import NotFound, Store, StoreError
-from ddiloco.syncer.fragment import GlobalFragment, MergeRule
+from ddiloco.syncer.adopt import Superseded
+from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.lease import Lease
 from ddiloco.syncer.retention import Retention
@@ -126,11 +134,13 @@ class Syncer:
         self.open_rule = OpenRule.of(d, self.P)
         self.ema_alpha = d.grace.ema if d.grace is not None else DEFAULT_EMA
         self.files = SyncerFiles(store, self.run_id, self.layout, self.key, d.global_dtype, d.download_codec)
-        resumed = self.files.resume(self.rule, wall())
+        resumed = self.files.resume(self.rule, wall(), self.lease.epoch)
         self.books, self.fragments = resumed.books, resumed.fragments
         self.open: dict[int, Round] = {  # resume collecting; answers are re-read from the store
             r.round: Round(r.round, r.fragment_id, clock(), r.opened_wall) for r in resumed.open_rounds
         }
+        self.unpublished: dict[int, tuple[Proposal, RoundRecord, float]] = {}
+        """Round -> (proposal, record, published_at) of a merge whose publish failed: published again as is."""
         self.last_open = -math.inf
         self._next_refresh = 0.0
         self.roster = Roster(
@@ -184,6 +194,7 @@ class Syncer:
             "goodput": self.roster.goodput(),
             "merged_token_share": min(self.tokens_merged() / processed, 1.0) if processed else 0.0,
             "versions": self.versions,
+            "quarantined": dict(self.files.slots.quarantined),
         }
 
     def _open_rounds(self) -> list[OpenRound]:
@@ -217,28 +228,7 @@ class Syncer:
         self.files.put_status(status)
 
     def save_state(self) -> None:
-        b = self.books
-        state = SyncerState(
-            run_id=self.run_id,
-            incarnation=b.incarnation,
-            versions=self.versions,
-            ledger=[f.ledger for f in self.fragments],
-            rejected=dict(self.intake.rejected),
-            clipped=dict(b.clipped),
-            next_round=b.next_round,
-            rounds_merged=b.rounds_merged,
-            rounds_abandoned=b.rounds_abandoned,
-            merged_recent=list(b.merged_recent),
-            xi_quorum=b.xi_quorum,
-            xi_sync=b.xi_sync,
-            xi_link=b.xi_link,
-            started_wall=b.started_wall,
-            open_rounds=self._open_rounds(),
-            bytes_published=b.bytes_published,
-            late_answers=self.intake.late_answers,
-            learner_events=list(self.roster.events),
-            epoch=self.lease.epoch,
-        )
+        state = state_of(self)
         self.lease.raise_if_fenced()
         self.files.save_state(state)
 
@@ -270,6 +260,9 @@ class Syncer:
         self.publish_status()
 
     def progress(self, rnd: Round, now: float) -> None:
+        if rnd.round in self.unpublished:  # its publish failed half-way: finish exactly that one
+            self.merge(rnd, now)
+            return
         self.intake.collect(rnd)
         verdict = decide(rnd, self.roster.live_names(), now, self.quorum_rule)
         if verdict is Verdict.QUORUM:
@@ -294,23 +287,36 @@ class Syncer:
         del self.open[rnd.round]
         if rnd.sums is not None:
             rnd.sums.release()
+        self.store.delete(keys.round_record_key(rnd.round))  # left by a publish that died (module docstring)
         self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
         self.publish_status()
 
     def merge(self, rnd: Round, now: float) -> None:
         """Merge a round's answers into its fragment, persist (module docstring's order) and close it."""
         frag, dtype = self.fragments[rnd.fragment_id], self.cfg.diloco.global_dtype
-        try:
-            proposal = frag.propose(rnd.answers, self.rule, rnd.sums, partial(self.intake.reread, rnd))
-        except (wire.PayloadError, NotFound) as e:  # a second read found other bytes, or none
-            log.error("syncer: round %d (fragment %d) cannot be merged: %s", rnd.round, rnd.fragment_id, e)
-            self._abandon(rnd)
-            return
-        record = proposal.record(rnd, now=now, merged_at=self.wall())
-        record.epoch = self.lease.epoch
+        if rnd.round in self.unpublished:
+            proposal, record, published_at = self.unpublished[rnd.round]
+        else:
+            try:
+                proposal = frag.propose(rnd.answers, self.rule, rnd.sums, partial(self.intake.reread, rnd))
+            except (wire.PayloadError, NotFound) as e:  # a second read found other bytes, or none
+                log.error(
+                    "syncer: round %d (fragment %d) cannot be merged: %s", rnd.round, rnd.fragment_id, e
+                )
+                self._abandon(rnd)
+                return
+            record = proposal.record(rnd, now=now, merged_at=self.wall())
+            record.epoch = self.lease.epoch
+            published_at = self.wall()  # before the write: no learner can hold this version any earlier
+            self.unpublished[rnd.round] = (proposal, record, published_at)
         self.lease.check(publish_s=self.books.xi_sync)
-        published_at = self.wall()  # before the write: no learner can hold this version any earlier
-        published = self.files.publish(proposal, record)
+        try:
+            published = self.files.publish(proposal, record)
+        except Superseded as e:
+            del self.unpublished[rnd.round]
+            adopt_superseding(self, rnd, e)
+            return
+        del self.unpublished[rnd.round]
         frag.commit(proposal, published_at=published_at, clock=self.clock(), dtype=dtype)
         self.books.bytes_published += published
         self.metrics.published.inc(published)
@@ -330,7 +336,9 @@ class Syncer:
             self.books.xi_link = ema(self.books.xi_link, link, self.ema_alpha)
         observe_merge(self.metrics, record, self.clock() - now)
         self.publish_status()
+        failpoints.hit("publish", "after_status")
         self.save_state()
+        failpoints.hit("publish", "after_state")
         self.store.delete_prefix(keys.update_prefix(frag.fragment_id, rnd.round))
         self._sweep_late(frag)
         self.retention.after_merge(frag.fragment_id, self.versions, self.books.rounds_merged)
@@ -370,8 +378,10 @@ class Syncer:
     def finish(self) -> None:
         self.lease.check(publish_s=self.books.xi_sync)
         for rnd in list(self.open.values()):
+            self.store.delete(keys.round_record_key(rnd.round))  # left by a publish that died
             self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
         self.open.clear()
+        self.unpublished.clear()
         self.store.delete_prefix(keys.UPDATES)
         self.files.write_final(self.fragments, self.tokens_merged())
         self.save_state()
@@ -396,6 +406,47 @@ def _prepared_at(store: Store) -> float | None:
     not publish (`ddiloco.protocol.claims`); None when the meta has none."""
     t = (store.get_json_or_none(keys.DATA_META) or {}).get("prepared_at")
     return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else None
+
+
+def state_of(syncer: Syncer) -> SyncerState:
+    """What `Syncer.save_state` writes: the syncer's books now."""
+    b = syncer.books
+    return SyncerState(
+        run_id=syncer.run_id,
+        incarnation=b.incarnation,
+        versions=syncer.versions,
+        ledger=[f.ledger for f in syncer.fragments],
+        rejected=dict(syncer.intake.rejected),
+        clipped=dict(b.clipped),
+        next_round=b.next_round,
+        rounds_merged=b.rounds_merged,
+        rounds_abandoned=b.rounds_abandoned,
+        merged_recent=list(b.merged_recent),
+        xi_quorum=b.xi_quorum,
+        xi_sync=b.xi_sync,
+        xi_link=b.xi_link,
+        started_wall=b.started_wall,
+        open_rounds=syncer._open_rounds(),
+        bytes_published=b.bytes_published,
+        late_answers=syncer.intake.late_answers,
+        learner_events=list(syncer.roster.events),
+        epoch=syncer.lease.epoch,
+        quarantined=dict(syncer.files.slots.quarantined),
+    )
+
+
+def adopt_superseding(syncer: Syncer, rnd: Round, e: Superseded) -> None:
+    """An older epoch published the version this round was to become (`ddiloco.syncer.adopt`): adopt it
+    and what follows it, and abandon the round (its answers were merged against the version before)."""
+    p, frag = rnd.fragment_id, syncer.fragments[rnd.fragment_id]
+    log.error("syncer: %s; adopting it and abandoning round %d", e, rnd.round)
+    version, adopted = syncer.files.slots.adopt_after(p, frag.version, syncer.lease.epoch)
+    for rec in adopted:
+        credit(frag.ledger, rec)
+        syncer.books.account(rec)
+        syncer.books.next_round = max(syncer.books.next_round, rec.round + 1)
+    syncer.fragments[p] = syncer.files.load_fragment(p, version, frag.ledger, syncer.rule)
+    syncer._abandon(rnd)
 
 
 def observe_merge(m: SyncerMetrics, record: RoundRecord, seconds: float) -> None:

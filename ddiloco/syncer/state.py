@@ -7,10 +7,15 @@ Design choices:
 - Persist order per merge: outer momentum → fp32 master (bf16 globals or download deltas) → round record
   → download delta → global payload + latest pointer (`publish`), then the caller writes the status and the
   state. All but the pointer are write-once (`Store.create`) and name the writer's lease epoch
-  (`ddiloco.syncer.lease`): a version is published by exactly one syncer, and one that finds its version
-  taken is fenced. A restarted syncer that finds a newer global than its state adopts it and its round
-  records (`resume`), so it never publishes a version twice and never loses a merged one. The latest
-  pointer is unsigned: a version is adopted only if it verifies.
+  (`ddiloco.syncer.lease`): a version is published by exactly one syncer. What a publish finds at its keys
+  is judged by the global version (`ddiloco.syncer.adopt`): none yet → the other objects are what a publish
+  that died before its global version left, and are overwritten; this publish's own earlier attempt (a
+  store error, the merge retried) → it goes on; a newer epoch's (or this one's for another round) →
+  `Fenced`; an older epoch's → `Superseded`; one that does not verify → moved aside and counted
+  (`quarantined`). A starting syncer probes past its state for versions a crash left unrecorded and adopts
+  every contiguous one that verifies and was written by an older epoch, with its round record (`resume`):
+  it never publishes a version twice and never loses a merged one. The latest pointer is unsigned and only
+  repaired from what verifies.
 - With bf16 globals the published version is the master rounded, so a restart takes Θ_p from the signed
   fp32 master of that version (`syncer/master/`, kind "master"), written before the version itself. A
   master that does not verify (or does not fit the layout) falls back to the published values, logged:
@@ -36,7 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ddiloco import keys
+from ddiloco import failpoints, keys
 from ddiloco.bufferpool import SYNCER_POOL
 from ddiloco.compression import all_finite
 from ddiloco.downlink import digest, encode_step
@@ -61,6 +66,7 @@ from ddiloco.protocol.messages import (
     SyncerState,
 )
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store
+from ddiloco.syncer import adopt
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal, Tensors
 from ddiloco.syncer.lease import Fenced
 
@@ -107,6 +113,7 @@ class Resumed:
     rejected: dict[str, int] = field(default_factory=dict)
     late_answers: int = 0
     learner_events: list[LearnerEvent] = field(default_factory=list)
+    quarantined: dict[str, int] = field(default_factory=dict)
 
 
 class SyncerFiles:
@@ -125,6 +132,8 @@ class SyncerFiles:
         `download_codec`: `diloco.download_codec` (`ddiloco.downlink`)."""
         self.store, self.run_id, self.layout, self.key, self.dtype = store, run_id, layout, key, dtype
         self.download_codec = download_codec
+        self.slots = adopt.VersionSlots(store, run_id, layout, key)
+        """What is at the global version keys: adoption, judging a taken key, the quarantine."""
         self._digests: dict[int, tuple[int, str]] = {}
         """Fragment -> (version, SHA-256 of its published values) as last read and verified: a publish reads
         its base back and names the base's digest in the delta; hashing a 193 MB fragment again costs ~0.1 s."""
@@ -247,12 +256,15 @@ class SyncerFiles:
             wire.pack(proposal.outer.state_dict(), meta, key=self.key),
             p,
             version,
+            record,
+            "after_momentum",
         )
         if self.keeps_master:  # the published version is not the master: keep the master itself
             master = wire.pack(proposal.theta, {**meta, "kind": "master"}, key=self.key)
-            self._create(keys.master_key(p, version), master, p, version)
+            self._create(keys.master_key(p, version), master, p, version, record, "after_master")
             del master
-        self._create(keys.round_record_key(record.round), _json_bytes(record.to_json()), p, version)
+        record_json = _json_bytes(record.to_json())
+        self._create(keys.round_record_key(record.round), record_json, p, version, record, "after_record")
         written, values_digest = 0, None
         if self.download_codec == "none":
             proposal.published = published_values(proposal.theta, self.dtype)
@@ -279,29 +291,34 @@ class SyncerFiles:
                 key=self.key,
             )
             del step
-            self._create(keys.global_delta_key(p, version), delta, p, version)
+            self._create(keys.global_delta_key(p, version), delta, p, version, record, "after_delta")
             written += len(delta)
             del delta
         extra = {"round": record.round, "epoch": epoch}
         blob = pack_global(
             self.run_id, p, version, proposal.published, self.dtype, extra, key=self.key, digest=values_digest
         )
-        if not self.store.create(keys.global_key(p, version), blob):
-            raise Fenced(f"global version {version} of fragment {p} was published by another syncer")
+        gkey = keys.global_key(p, version)
+        if not self.store.create(gkey, blob) and not self.slots.ours(record, version):
+            if not self.store.create(gkey, blob):  # the slot was free again: another writer raced us
+                raise Fenced(f"global version {version} of fragment {p} was published by another syncer")
+        failpoints.hit("publish", "after_global")
         put_latest(self.store, p, version)
+        failpoints.hit("publish", "after_pointer")
         return written + len(blob)
 
-    def _create(self, key: str, data: bytes, p: int, version: int) -> None:
-        """Create a write-once object of the merge publishing version `version` of fragment p. Found taken:
-        `Fenced` if that version is published (another syncer got there first), else the object is what a
-        publish that died before its global version left (its writer's epoch is older and was fenced or
-        expired before this one took the lease), and is overwritten."""
-        if self.store.create(key, data):
-            return
-        if self.store.exists(keys.global_key(p, version)):
-            raise Fenced(f"{key} exists: version {version} of fragment {p} was published by another syncer")
-        log.warning("syncer: overwriting %s, left by a publish that never reached its global version", key)
-        self.store.put(key, data)
+    def _create(self, key: str, data: bytes, p: int, version: int, record: RoundRecord, step: str) -> None:
+        """Create a write-once object of the merge publishing version `version` of fragment p, then pass the
+        failpoint `step`. Found taken, the global version decides (`VersionSlots.ours`): none yet or this
+        publish's own → the object is what a publish that died before its global version left (or this
+        publish's earlier attempt), and is overwritten."""
+        if not self.store.create(key, data):
+            self.slots.ours(record, version)
+            log.warning(
+                "syncer: overwriting %s, left by a publish that never reached its global version", key
+            )
+            self.store.put(key, data)
+        failpoints.hit("publish", step)
 
     def write_final(self, fragments: list[GlobalFragment], tokens_merged: float) -> None:
         versions = [f.version for f in fragments]
@@ -314,9 +331,11 @@ class SyncerFiles:
         )
 
     # --- restart ------------------------------------------------------------------------------------------
-    def resume(self, rule: MergeRule, started_wall: float) -> Resumed:
-        """The saved state, if any, plus every version published after it (a merge whose state write did
-        not happen: the version, its round records and their ledger entries are adopted)."""
+    def resume(self, rule: MergeRule, started_wall: float, epoch: int | None = None) -> Resumed:
+        """The saved state, if any, plus every version published after it (a merge whose pointer, status or
+        state write did not happen: the version, its round record and its ledger entries are adopted;
+        `VersionSlots.adopt_after`), the latest pointers set to what was adopted. `epoch`: the lease epoch
+        this syncer holds (None: no lease; every writer's epoch counts as older)."""
         saved = self.load_state()
         num = self.layout.num_fragments
         books = Books(started_wall, merged_recent=deque(maxlen=Books.recent_len(num)))
@@ -324,27 +343,27 @@ class SyncerFiles:
         if saved is not None:
             books = _books_of(saved, num)
             versions, ledgers, open_rounds = list(saved.versions), saved.ledger, list(saved.open_rounds)
-        records: list[RoundRecord] | None = None
+            self.slots.quarantined.update(saved.quarantined)
         for p in range(num):
-            latest = latest_version(self.store, p)
-            if latest is None:
+            try:
+                pointer = latest_version(self.store, p)
+            except wire.PayloadError as e:  # unsigned and repaired below from what verifies
+                log.error("syncer: the latest pointer of fragment %d is unusable (%s)", p, e)
+                pointer = -1
+            if pointer is None:
                 raise NotFound(f"fragment {p} has no global version 0; run `ddiloco prepare` first")
-            if latest <= versions[p] or not self._verifies(p, latest):
-                continue
-            records = self.round_records() if records is None else records
-            for rec in records:
-                if rec.fragment_id == p and versions[p] < rec.version <= latest:
-                    books.account(rec)
-                    credit(ledgers[p], rec)
-                    books.next_round = max(books.next_round, rec.round + 1)
-                    open_rounds = [r for r in open_rounds if r.round != rec.round]
-            log.warning(
-                "syncer: adopting fragment %d version %d published before the last state write", p, latest
-            )
-            versions[p] = latest
+            versions[p], adopted = self.slots.adopt_after(p, versions[p], epoch)
+            for rec in adopted:
+                books.account(rec)
+                credit(ledgers[p], rec)
+                books.next_round = max(books.next_round, rec.round + 1)
+                open_rounds = [r for r in open_rounds if r.round != rec.round]
+            if pointer != versions[p]:
+                log.warning("syncer: pointing fragment %d's latest at v%d (was %s)", p, versions[p], pointer)
+                put_latest(self.store, p, versions[p])
         fragments = [self.load_fragment(p, v, ledgers[p], rule) for p, v in enumerate(versions)]
         if saved is None:
-            return Resumed(books, fragments)
+            return Resumed(books, fragments, quarantined=dict(self.slots.quarantined))
         log.info(
             "syncer incarnation %d resumed run %s at round %d, versions %s",
             books.incarnation,
@@ -353,16 +372,14 @@ class SyncerFiles:
             versions,
         )
         return Resumed(
-            books, fragments, open_rounds, saved.rejected, saved.late_answers, saved.learner_events
+            books,
+            fragments,
+            open_rounds,
+            saved.rejected,
+            saved.late_answers,
+            saved.learner_events,
+            dict(self.slots.quarantined),
         )
-
-    def _verifies(self, p: int, version: int) -> bool:
-        try:  # the pointer is unsigned: adopt only a version that verifies
-            self.read_global(p, version)
-        except (wire.PayloadError, NotFound) as e:
-            log.error("syncer: not adopting fragment %d version %d (%s)", p, version, e)
-            return False
-        return True
 
 
 def _json_bytes(obj: object) -> bytes:

@@ -91,6 +91,7 @@ STATE = {
     "learner_events": [{"event": "joined", "learner": "0-0", "time": 1.0}],
     "epoch": 2,
     "xi_link": 0.3,
+    "quarantined": {"bad_signature": 1},
 }
 
 
@@ -121,6 +122,7 @@ def test_an_older_state_without_optional_fields_reads_them_empty():
     state = SyncerState.from_json(old)
     assert state.clipped == {} and state.open_rounds == [] and state.learner_events == []
     assert SyncerState.from_json({k: v for k, v in STATE.items() if k != "xi_link"}).xi_link == 0.0
+    assert SyncerState.from_json({k: v for k, v in STATE.items() if k != "quarantined"}).quarantined == {}
 
 
 @pytest.mark.parametrize("cls, doc", [(RoundRecord, RECORD), (Status, STATUS), (SyncerState, STATE)])

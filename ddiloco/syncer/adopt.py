@@ -1,0 +1,175 @@
+"""What the syncer finds at a global version key: a version to adopt, its own retried write, a newer
+writer's (fenced), or an object that does not verify (moved aside).
+
+Design choices:
+- A publish is a sequence of writes (`ddiloco.syncer.state`); the global version is its commit point and
+  names its writer in its signed header (`round`, `epoch`). A syncer that dies between two writes leaves a
+  prefix of them, and neither the latest pointer nor syncer/state.json may have caught up. So a starting
+  syncer does not trust them: it probes v + 1, v + 2, … of every fragment from its state's version and adopts
+  each contiguous version that verifies under the run key and was written by an older epoch (its round
+  record credited once, its momentum and master as usual), then points `latest` at the newest. One more
+  request per fragment per start when nothing is there (P = 24: 24 requests).
+- `VersionSlots.inspect` classifies the object at a version key: None (nothing there), `Written` (verifies:
+  run id, kind, fragment, version, names, shapes, finite values and, with the run key, the signature), or the
+  `PayloadError` of one that does not. A version written by this syncer's epoch for the very round it is
+  publishing is its own earlier attempt (a store error between two writes, the merge retried with the same
+  proposal): the publish goes on. One written by a newer epoch, or by this epoch for another round, is
+  another live writer's: `Fenced`. One written by an older epoch that appears while this syncer runs (the
+  old holder was still publishing when the lease changed hands) is `Superseded` (a `Fenced` to a caller that
+  does not know better): the loop adopts it and abandons its own round instead of exiting.
+- An object that does not verify (garbage, another run's, another fragment's, a wrong signature: anyone who
+  can write the run prefix can plant one) is logged at ERROR, counted by reason (`VersionSlots.quarantined`,
+  kept in syncer/state.json and exported as `ddiloco_syncer_quarantined_objects_total`), copied to
+  `syncer/quarantine/<key>.<tag>` (only if it is no larger than the fragment's largest legitimate payload)
+  and deleted; the syncer then publishes that version itself. Learners verify every version they read
+  (`ddiloco.learner.versions`), so such an object is never applied either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import Counter
+from dataclasses import dataclass
+
+from ddiloco import keys
+from ddiloco.globalmodel import Layout, read_global_full
+from ddiloco.protocol import wire
+from ddiloco.protocol.messages import RoundRecord
+from ddiloco.store.base import NotFound, ObjectTooLarge, Store
+from ddiloco.syncer.lease import Fenced
+
+log = logging.getLogger(__name__)
+
+
+class Superseded(Fenced):
+    """The version this syncer was publishing was written, and verifies, by an older epoch meanwhile."""
+
+    def __init__(self, p: int, version: int, epoch: int) -> None:
+        super().__init__(
+            f"global version {version} of fragment {p} was published by the older epoch {epoch} meanwhile"
+        )
+        self.fragment_id, self.version, self.epoch = p, version, epoch
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A global version that verifies, and who wrote it (its header's `epoch` and `round`)."""
+
+    version: int
+    epoch: int
+    round: int | None
+
+
+class VersionSlots:
+    """The global version keys of one run as a publishing syncer sees them (module docstring)."""
+
+    def __init__(self, store: Store, run_id: str, layout: Layout, key: bytes | None) -> None:
+        self.store, self.run_id, self.layout, self.key = store, run_id, layout, key
+        self.quarantined: Counter[str] = Counter()
+        """Objects found at a global version key that did not verify, moved aside, by reason."""
+
+    def inspect(self, p: int, version: int) -> Written | wire.PayloadError | None:
+        """What is at fragment p's version key: nothing, a version that verifies, or why it does not."""
+        try:
+            got = read_global_full(self.store, self.run_id, self.layout, p, version, key=self.key)
+        except NotFound:
+            return None
+        except wire.PayloadError as e:
+            return e
+        epoch, round_ = got.meta.get("epoch", 0), got.meta.get("round")
+        if not isinstance(epoch, int) or not (round_ is None or isinstance(round_, int)):
+            return wire.PayloadError(
+                "malformed", f"global v{version} of fragment {p} names no epoch or round"
+            )
+        return Written(version, epoch, round_)
+
+    def ours(self, record: RoundRecord, version: int) -> bool:
+        """Whether global `version` of the record's fragment is this publish's own earlier write (True) or
+        free (False; an object there that does not verify is moved aside first); `Superseded` if an older
+        epoch wrote it, `Fenced` if a newer one did or this epoch for another round."""
+        p, epoch = record.fragment_id, record.epoch
+        found = self.inspect(p, version)
+        if found is None:
+            return False
+        if isinstance(found, wire.PayloadError):
+            self.move_aside(p, version, found, epoch)
+            return False
+        if found.epoch == epoch and found.round == record.round:
+            return True
+        if found.epoch < epoch:
+            raise Superseded(p, version, found.epoch)
+        raise Fenced(
+            f"global version {version} of fragment {p} was published by another syncer "
+            f"(epoch {found.epoch}, round {found.round}; this is epoch {epoch}, round {record.round})"
+        )
+
+    def move_aside(self, p: int, version: int, why: wire.PayloadError, epoch: int | None) -> None:
+        """Count, log and copy the unverifiable object at p's version key aside, then delete it."""
+        self.quarantined[why.reason] += 1
+        key = keys.global_key(p, version)
+        aside = keys.quarantine_key(key, f"e{epoch or 0}-{secrets.token_hex(4)}")
+        log.error(
+            "syncer: the object at %s does not verify (%s); moving it to %s, publishing that version anyway",
+            key,
+            why,
+            aside,
+        )
+        try:
+            self.store.put(aside, self.store.get(key, max_bytes=self.layout.fragment_max_bytes(p)))
+        except ObjectTooLarge:
+            log.error("syncer: %s is larger than a fragment's payload; deleted without a copy", key)
+        except NotFound:
+            return
+        self.store.delete(key)
+
+    def adopt_after(self, p: int, version: int, epoch: int | None) -> tuple[int, list[RoundRecord]]:
+        """Fragment p's versions after `version` that verify and were written by an epoch older than `epoch`
+        (contiguous; an unverifiable object ends them and is moved aside): the newest, and the round records
+        to credit (one per version, the round its header names). `Fenced` at one written by `epoch` or a
+        newer one."""
+        adopted: list[RoundRecord] = []
+        while True:
+            found = self.inspect(p, version + 1)
+            if found is None:
+                return version, adopted
+            if isinstance(found, wire.PayloadError):
+                self.move_aside(p, version + 1, found, epoch)
+                return version, adopted
+            if epoch is not None and found.epoch >= epoch:
+                raise Fenced(
+                    f"global version {found.version} of fragment {p} was written by epoch {found.epoch}, "
+                    f"not older than this syncer's {epoch}"
+                )
+            version += 1
+            log.warning(
+                "syncer: adopting fragment %d version %d (epoch %d, round %s), published after the last "
+                "state write",
+                p,
+                version,
+                found.epoch,
+                found.round,
+            )
+            rec = self._record_of(p, found)
+            if rec is not None:
+                adopted.append(rec)
+
+    def _record_of(self, p: int, found: Written) -> RoundRecord | None:
+        """The round record of an adopted version (written before it, by the same publish); None, logged,
+        if it is missing or names another version: that version's tokens are then not credited."""
+        doc = None if found.round is None else self.store.get_json_or_none(keys.round_record_key(found.round))
+        try:
+            rec = None if doc is None else RoundRecord.from_json(doc, keys.round_record_key(found.round))
+        except ValueError as e:
+            log.error("syncer: round record %s unreadable (%s)", found.round, e)
+            return None
+        if rec is None or rec.fragment_id != p or rec.version != found.version:
+            log.error(
+                "syncer: fragment %d version %d has no round record of its round %s; its tokens are not "
+                "credited",
+                p,
+                found.version,
+                found.round,
+            )
+            return None
+        return rec
