@@ -126,10 +126,11 @@ class UpdateValidator:
             if (m.fragment_id, m.version) not in newest:
                 continue
             try:
-                t = store.get_json(keys.round_record_key(m.round)).get("merged_at")
-            except (StoreError, AttributeError) as e:
+                rec = store.get_json(keys.round_record_key(m.round))
+            except StoreError as e:
                 log.debug("round record %d unreadable (%s)", m.round, e)
                 continue
+            t = rec.get("merged_at") if isinstance(rec, dict) else None
             if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
                 self.earlier[(m.fragment_id, m.version)] = max(t - claims.CLOCK_SKEW_S, self.run_start)
 

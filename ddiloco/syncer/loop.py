@@ -154,12 +154,8 @@ class Syncer:
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
-        kw = {
-            "key": self.key,
-            "wall": wall,
-            "retained": self.retention.keeps,
-            "run_start": _prepared_at(store),
-        }
+        run_start = _prepared_at(store)
+        kw = {"key": self.key, "wall": wall, "retained": self.retention.keeps, "run_start": run_start}
         validator = UpdateValidator(cfg, self.layout, self.fragments, **kw)
         validator.learn_base_times(store, self.books.merged_recent)
         self.intake = Intake(
@@ -404,7 +400,8 @@ class Syncer:
 def _prepared_at(store: Store) -> float | None:
     """When the run was prepared (`prepared_at` of the data meta), the base time of versions this syncer did
     not publish (`ddiloco.protocol.claims`); None when the meta has none."""
-    t = (store.get_json_or_none(keys.DATA_META) or {}).get("prepared_at")
+    meta = store.get_json_or_none(keys.DATA_META)
+    t = meta.get("prepared_at") if isinstance(meta, dict) else None
     return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else None
 
 
