@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.twin.argo import expanded_name
-from tests.twin.dagretry import Retries, chain, dag_phase, dag_template_strategy, settle
+from tests.twin.dagretry import Retries, chain, dag_phase, dag_template_strategy, hook_runs, settle
 from tests.twin.ir import TwinUnsupported, is_exit_task, task_dependencies
 from tests.twin.records import TaskRecord
 from tests.twin.resolve import (
@@ -304,7 +304,7 @@ class DagMixin:
         if not all(d.record.done for d in deps):
             return
         if node.exit_task:
-            if deps[0].record.phase not in ("Succeeded", "Failed", "Error"):
+            if not hook_runs(deps[0].record.phase):
                 self._finish(
                     node, "Omitted", "", f"exit hook not run: {deps[0].record.key} is {deps[0].record.phase}"
                 )

@@ -148,6 +148,12 @@ def settle(
     return Settled("done", phase=phase, message=message, reason="; ".join(reasons))
 
 
+def hook_runs(hooked_phase: str) -> bool:
+    """exit_handler.go runOnExitNode is called only for a Completed hooked node (dag.go executeDAGTask,
+    executeDAG): Succeeded, Failed or Error; never for an Omitted or Skipped one."""
+    return hooked_phase in ("Succeeded", *FAILED_OR_ERROR)
+
+
 def branch_phases(nodes: dict[str, tuple[str, list[str], str | None]]) -> dict[str, str]:
     """name -> the phase of the branch ending at that task: its own if Completed, its driver's if the driver
     failed (`nodes[name][2]`), else (Omitted, Skipped) the first Failed/Error branch among its dependencies,
