@@ -251,6 +251,10 @@ class DagMixin:
                 return
             if s.action == "retry":
                 self._restart(node)
+                why = reason or message
+                node.record.reason = (
+                    f"{r.levels[s.level].template} retry node: a new attempt after {phase}: {why}"
+                )
                 return
             phase, message, reason = (
                 s.phase,
