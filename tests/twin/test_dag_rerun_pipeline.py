@@ -18,20 +18,24 @@ from ddiloco.store.url import open_store
 from tests.twin import stragglers
 from tests.twin.test_pretrain_pipeline import KILLS_AT_S, NAMESPACE, twin_and_args
 
-pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow]
+pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 def test_the_run_group_ends_error_is_rerun_and_the_run_succeeds_without_redoing_prepare_or_chaos(
     s3_server, tmp_path
 ):
     path = compile_pipeline("pretrain", tmp_path / "pretrain.yaml", step_retries=0)
-    twin, args = twin_and_args(path, s3_server, tmp_path / "twin", 200_000)
+    twin, args = twin_and_args(path, s3_server, tmp_path / "twin", 100_000)
     twin.timeout_s = 900  # two passes over the group: the second one prepares nothing, trains nothing
     kills = [{"kind": "kill_learner", "learner": i, "at_s": t} for i, t in enumerate(KILLS_AT_S)]
     later = {"id": "later", "kind": "kill_learner", "learner": 0, "at_s": 36000}  # keeps chaos running
     args["chaos"] = json.dumps({"events": [*kills, later]})
     with twin.start(args) as ex:
         ex.wait_until(lambda r: sum(q["method"] == "DELETE" for q in r.api_requests) == 2, 180)
+        store = open_store(
+            f"s3://{s3_server.bucket}/private/{NAMESPACE}/ddiloco/{ex.record.run_id}", env=s3_server.env()
+        )
+        ex.wait_until(lambda r: len(store.list("chaos/k8s/")) == 2, 60)  # both kills recorded
         for k in range(3):  # evict the chaos pod in each attempt of its executor DAG
             ex.wait_until(lambda r, k=k: r.task("chaos").attempts[k].phase == "Running", 120)
             ex.delete_pod(NAMESPACE, ex.record.task("chaos").attempts[k].pod_name, 0)
@@ -53,12 +57,10 @@ def test_the_run_group_ends_error_is_rerun_and_the_run_succeeds_without_redoing_
     # chaos fired each kill once, in the first attempt; no attempt after it fired anything
     deletes = [q["path"].rsplit("/", 1)[-1] for q in run.api_requests if q["method"] == "DELETE"]
     assert len(deletes) == 2 and len(set(deletes)) == 2, deletes
-    store = open_store(
-        f"s3://{s3_server.bucket}/private/{NAMESPACE}/ddiloco/{run.run_id}", env=s3_server.env()
-    )
     records = {k: store.get_json(k) for k in store.list("chaos/k8s/")}
     assert sorted(r["action"] for r in records.values()) == ["deleted pod", "deleted pod"], records
-    assert len(store.get_json("chaos-steps/k8s.json")["started_at"]) == 4  # 3 evicted + the re-run
+    starts = store.get_json("chaos-steps/k8s.json")["started_at"]  # evicted attempts may die before
+    assert 2 <= len(starts) <= 4, starts  # noting theirs: the first and the group's re-run always do
     # the report ran once, after the group's last attempt
     report = run.task("report")
     assert report.phase == "Succeeded" and len(report.attempts) == 1, run.explain()
