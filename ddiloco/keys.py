@@ -282,6 +282,12 @@ CHAOS_SELF_FIRED = "fired"
 """The `chaos_record_key` backend of the kills a learner fires at itself (`at_step`)."""
 
 
+def chaos_step_key(backend: str) -> str:
+    """When the chaos steps of a run with this backend started (`{"started_at": [epoch, ...]}`): a step that
+    finds it is a re-run (`ddiloco.chaos.runner`). Outside CHAOS: it is no event record."""
+    return f"chaos-steps/{backend}.json"
+
+
 def chaos_record_key(backend: str, event_id: str) -> str:
     """What chaos did with one event, written once: `backend` is the chaos step's (`k8s`, `local`), or
     CHAOS_SELF_FIRED; `summary.json` lists everything under CHAOS."""

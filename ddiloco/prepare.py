@@ -3,8 +3,10 @@
 One shard per learner id the run may have (`RunConfig.num_shards`: diloco.max_learners unless data.num_shards
 says otherwise), so learners added mid-run read data of their own (`ddiloco.shards`).
 
-Idempotent, so an Argo retry of the prepare step is harmless: if the run root already holds a config, it
-must be the same config (else a clear error), and nothing that exists is rewritten. The config is written
+Idempotent, so an Argo retry of the prepare step is harmless, and so is a re-run of the whole pipeline DAG
+(KFP 2.17's stock `templateDefaults.retryStrategy` re-runs a DAG that ends Error, prepare included, on a run
+that is training or done): if the run root already holds a config, it must be the same config (else a clear
+error naming the settings that differ), and a prepared root is only verified, never written. The config is written
 only after the corpus has been read and split, so a prepare that failed on its input can be rerun with a
 corrected config.
 
@@ -54,10 +56,12 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     root = RunRoot(store, cfg.run_id, key)
     existing = root.config_dict()
     if existing is not None:
-        if existing != cfg.to_dict():
+        differ = config_differences(existing, cfg.to_dict())
+        if differ:
+            shown = ", ".join(differ[:8]) + (f" and {len(differ) - 8} more" if len(differ) > 8 else "")
             raise ConfigError(
-                f"{store.url} already holds a different run config (run_id {existing.get('run_id')!r}); "
-                "use a new --run-id / store prefix, or rerun with the same config"
+                f"{store.url} already holds a different run config (run_id {existing.get('run_id')!r}; "
+                f"differs in {shown}); use a new --run-id / store prefix, or rerun with the same config"
             )
         meta = root.data_meta()
         if meta is not None and root.has_layout():
@@ -122,6 +126,16 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
         time.monotonic() - t0,
     )
     return meta
+
+
+def config_differences(stored: Any, given: Any, prefix: str = "") -> list[str]:
+    """Dotted keys where two config dicts differ (a value, or a key only one of them has)."""
+    if isinstance(stored, dict) and isinstance(given, dict):
+        out: list[str] = []
+        for k in sorted(set(stored) | set(given), key=str):
+            out += config_differences(stored.get(k), given.get(k), f"{prefix}{k}.")
+        return out
+    return [] if stored == given else [prefix.rstrip(".") or "(the whole config)"]
 
 
 def _shards_rule(cfg: RunConfig) -> str:

@@ -32,7 +32,10 @@ Design choices:
   truncates hostnames to 63 characters and Argo's pod names are longer.
 - No default node selector: the GPU resource request already puts learners on GPU nodes, and labels such
   as `nvidia.com/gpu.present` exist only where NVIDIA's GPU operator runs. `gpu_node_selector` is opt-in.
-- The report is the exit handler: failed runs, the ones people review, get a report too.
+- The report is the exit handler: failed runs, the ones people review, get a report too (all but a run
+  whose group driver failed before any step started: docs/cluster.md says why KFP cannot hook that).
+- The stock `templateDefaults.retryStrategy` re-runs any DAG that ends Error, the whole run group included:
+  prepare only verifies a prepared root, learners and syncer exit on a done run, chaos fires nothing twice.
 """
 
 # No `from __future__ import annotations`: kfp reads the pipeline signature's types at definition time.

@@ -10,6 +10,11 @@ Design choices:
 - A backend that `persist`s (the chaos step of a pipeline) writes each record once to the store under
   `chaos/{backend}/{id}.json` and skips events already recorded there, so a retried step never fires an
   event twice. The local launcher keeps its records and writes them with its restarts.
+- A re-run chaos step (Argo retries its pod, and the stock `templateDefaults.retryStrategy` re-runs the whole
+  DAG it is in when that ends Error) never fires what it missed: an event that was due before this attempt
+  started and that no earlier attempt recorded is recorded as skipped ("missed"), not fired late with all
+  the others at once. The steps' start times are kept under `keys.chaos_step_key`; a first attempt that
+  starts late still fires its overdue events (a schedule's first events are due right after prepare).
 - The step ends when `done.json` appears, or when nothing is left to fire.
 """
 
@@ -72,12 +77,19 @@ class ChaosRunner:
         self.records: list[ChaosRecord] = []
         self.pending: list[ChaosEvent] = []
         self.stalled: list[tuple[float, ChaosEvent, Callable[[], bool]]] = []
+        start = self.clock()
+        rerun = backend.persist and self._note_start(start)
         for ev in events:
             if backend.persist and store.exists(keys.chaos_record_key(backend.name, ev.id)):
                 continue  # a retried chaos step: this event was handled by an earlier attempt
             if ev.kind in backend.cannot:
-                self._record(ev, self.clock(), Outcome(backend.cannot[ev.kind]))
+                self._record(ev, start, Outcome(backend.cannot[ev.kind]))
             elif ev.kind in backend.fires and ev.at_s is not None:
+                if rerun and ev.due(t0) < start:
+                    late = f"due at {ev.at_s:g}s, this re-run of the chaos step started at {start - t0:.0f}s"
+                    self._record(ev, start, Outcome(f"skipped (missed: {late})"))
+                    log.warning("chaos: %s missed (%s)", ev.id, late)
+                    continue
                 self.pending.append(ev)
             else:
                 log.info("chaos: %s (%s) is %s", ev.id, ev.kind, SELF_FIRED)
@@ -132,6 +144,13 @@ class ChaosRunner:
             if resume():
                 self._record(ev, self.clock(), Outcome("SIGCONT (run ended)"))
         self.stalled.clear()
+
+    def _note_start(self, now: float) -> bool:
+        """Add this attempt's start to the run's chaos steps; True if an earlier attempt started before."""
+        key = keys.chaos_step_key(self.backend.name)
+        starts = list((self.store.get_json_or_none(key) or {}).get("started_at", []))
+        self.store.put_json(key, {"started_at": [*starts, now]})
+        return bool(starts)
 
     def _no_victim(self, ev: ChaosEvent) -> Outcome:
         role = ev.role()

@@ -12,15 +12,17 @@ failures, retries, names and deadlines happen, as far as those rules reach.
 Layout (each module's docstring has its "Design choices" and "Rules and their sources"): gofmt (Go/protobuf
 value formatting), ir (loading, what is refused), resolve (the driver's input resolution), launcher (executor
 input, command line, outputs), platform (KFP's pod spec patch), cluster (Kubernetes: nodes, secrets, env,
-names), argo (retry strategies and decisions, names), dag (DAGs, loops, exit handlers), attempts (a
-container task's pods), failures (how the cluster ends a pod: preemption, eviction, OOM kill, admission,
-drain), pods (processes), kubeapi (the API stand-in), engine (the controller: `Twin`),
+names), argo (retry strategies and decisions, names), dag (DAGs, loops, exit handlers), dagretry (the
+retry nodes above DAG templates, DAG phases), attempts (a container task's pods), failures (how the cluster
+ends a pod: preemption, eviction, OOM kill, admission, drain), pods (processes), kubeapi (the API
+stand-in), engine (the controller: `Twin`),
 records (results).
 
 What it can show: inputs as the driver resolves them (whole-value `{{$.pipeline_job_uuid}}` only, channel
 placeholders inside f-strings through the launcher's substring replacement, defaults, task outputs,
 ParallelFor items, trigger policies), executor input JSON, Argo retry semantics (retryPolicy incl. the
-cluster's templateDefaults, backoff, maxDuration, "would exceed max duration", execution deadlines), pod
+cluster's templateDefaults, backoff, maxDuration, "would exceed max duration", execution deadlines; DAG
+re-runs under templateDefaults, exit hooks skipped for an Omitted group), pod
 names and their 63-character hostnames, pod labels and downward-API env, secrets as env, node selectors and
 tolerations against a list of pretend nodes, activeDeadlineSeconds, exit handlers, ParallelFor parallelism,
 KFP's terminate, and chaos through a stand-in of the Kubernetes pod API.

@@ -6,8 +6,9 @@ Design choices:
   calls
   it whenever the last attempt of a task has ended and again when a backoff it asked for has passed, as
   Argo's requeueAfter does.
-- Only the executor (`system-container-impl`) template is modelled; templateDefaults also apply to KFP's
-  driver pods and DAG templates, which the twin does not run as pods.
+- The executor (`system-container-impl`) template's pods are decided here; the retry nodes templateDefaults
+  put above KFP's DAG templates are in dagretry.py. KFP's driver pods are not run (their retry node would
+  not change a deterministic driver failure: a Failed pod, which OnError does not retry).
 
 Rules and their sources:
 - KFP backend/src/v2/compiler/argocompiler/container.go getTaskRetryParametersWithValues +

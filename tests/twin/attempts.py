@@ -128,7 +128,7 @@ class ContainerMixin:
         return out
 
     def _new_attempt(self, node: TaskNode) -> None:
-        i = len(node.record.attempts)
+        i = len(node.record.attempts) - node.state.get("attempt_base", 0)  # this executor DAG attempt's
         exec_node = f"{node.argo_name}.executor"
         node_name = f"{exec_node}({i})" if node.state["strategy"] else exec_node
         pod = pod_name(self.workflow, node_name, node.state["template"])
@@ -328,7 +328,7 @@ class ContainerMixin:
             return
         views = [
             AttemptView(x.phase, x.message, x.created_cluster, x.finished_cluster or x.created_cluster)
-            for x in node.record.attempts
+            for x in node.record.attempts[node.state.get("attempt_base", 0) :]
         ]
         d = retry_decision(
             strategy,

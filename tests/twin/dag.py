@@ -23,8 +23,18 @@ Rules and their sources (KFP 2.17.0 compiler + Argo v4.0.5 controller):
   Error, not Omitted (exit_handler.go runOnExitNode, workflow_types.go Completed). Its pods are on-exit
   pods. The hook node is a child of the task, not a DAG target: the DAG waits for it, its outcome does not
   change the DAG's phase (assessDAGPhase only reads target tasks).
-- TaskNode names: `<dag node>.<task>`; a loop's iteration i runs under
-  `<loop node>.iteration-iterations(i:i).iteration-item`; an exit hook under `<hooked task node>.onExit`.
+- Retry nodes above DAG templates (dagretry.py has the rules and their sources): the root, every container
+  task's executor DAG, sub-DAG, ParallelFor iterator DAG, iteration and exit hook has a chain of them when the
+  controller sets `templateDefaults.retryStrategy` (KFP 2.17's stock OnError, limit 2): a DAG attempt that
+  ends Error runs again from scratch (every task in it, with fresh nodes and pods), the levels inside it
+  first. A re-run's tasks are recorded under `<key>(<n>)/...` (n: the re-runs so far), the first attempt's
+  under `<key>/...`.
+- TaskNode names: `<dag node>.<task>` plus `(<attempt>)` per retry node; a loop's iteration i runs under
+  `<loop node>.iteration-iterations(i:i)(<a>).iteration-item(<b>)`; an exit hook under
+  `<hooked task node>.onExit(<a>)`.
+- A sub-DAG task whose driver fails is Omitted and its branch Failed (dagretry.py): an exit hook on it (the
+  `dsl.ExitHandler` group) does not run, because Argo runs a hook only for a Completed node
+  (exit_handler.go runOnExitNode, called from dag.go executeDAGTask / executeDAG for Completed nodes only).
 - After KFP's TerminateRun (spec.activeDeadlineSeconds = 0) no new pod is created except on-exit pods
   (workflowpod.go createWorkflowPod), and nodes left without a pod are failed "Step exceeded its deadline"
   (operator.go failNodesWithoutCreatedPodsAfterDeadlineOrShutdown).
@@ -36,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.twin.argo import expanded_name
+from tests.twin.dagretry import Retries, chain, dag_phase, dag_template_strategy, hook_runs, settle
 from tests.twin.ir import TwinUnsupported, is_exit_task, task_dependencies
 from tests.twin.records import TaskRecord
 from tests.twin.resolve import (
@@ -60,9 +71,12 @@ class TaskNode:
     deps: list[str]
     exit_task: bool
     started: bool = False
+    retries: Retries | None = None
+    driver_phase: str | None = None
+    """a sub-DAG task's driver, when it did not succeed (the task is then Omitted)"""
     child: DagRun | None = None
     items: list[Any] = field(default_factory=list)
-    iterations: list[DagRun] = field(default_factory=list)
+    iterations: list[DagSlot] = field(default_factory=list)
     loop_inputs: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     """the container part's own state (engine)"""
@@ -107,6 +121,31 @@ class DagRun:
         return self.phase != "Running"
 
 
+@dataclass
+class DagSlot:
+    """The retry chain of a DagRun that is not a task's own (the root, one ParallelFor iteration) and its
+    current attempt."""
+
+    key: str
+    component: dict[str, Any]
+    inputs: dict[str, Any]
+    on_exit: bool
+    iteration: int | None
+    retries: Retries
+    dag: DagRun | None = None
+    phase: str = "Running"
+    message: str = ""
+    reason: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.phase != "Running"
+
+
+def _attempt_key(key: str, restarts: int) -> str:
+    return key if restarts == 0 else f"{key or 'root'}({restarts})"
+
+
 class DagMixin:
     """DAG progression; mixed into engine.TwinExecution."""
 
@@ -114,7 +153,50 @@ class DagMixin:
     run_ctx: Any
     record: Any
     terminated: bool
+    workflow: str
+    workflow_defaults: Any
+    transient_error_pattern: str | None
 
+    # --- retry chains (dagretry.py) ---
+    def _dag_strategy(self) -> dict[str, Any] | None:
+        return dag_template_strategy(self.workflow_defaults)
+
+    def _settle(self, r: Retries, phase: str, message: str):  # -> dagretry.Settled
+        return settle(
+            r,
+            phase,
+            message,
+            self.now_cluster(),
+            deadline_exceeded=self.terminated,
+            transient_pattern=self.transient_error_pattern,
+        )
+
+    def _new_root(self, inputs: dict[str, Any]) -> DagSlot:
+        r = chain([self.workflow, ".root"], ["entrypoint", "root"], self._dag_strategy(), self.now_cluster())
+        slot = DagSlot("", self.ir.root, inputs, False, None, r)
+        self._start_slot(slot)
+        return slot
+
+    def _start_slot(self, slot: DagSlot) -> None:
+        key = _attempt_key(slot.key, slot.retries.restarts)
+        r = slot.retries
+        slot.dag = self._new_dag(key, slot.component, slot.inputs, r.name(), slot.on_exit, slot.iteration)
+
+    def _advance_slot(self, slot: DagSlot) -> None:
+        assert slot.dag is not None
+        if slot.retries.waiting is None:
+            self._advance_dag(slot.dag)
+            if not slot.dag.done:
+                return
+        elif self.now_cluster() < slot.retries.waiting[1] and not self.terminated:
+            return
+        s = self._settle(slot.retries, slot.dag.phase, "")
+        if s.action == "retry":
+            self._start_slot(slot)
+        elif s.action == "done":
+            slot.phase, slot.message, slot.reason = s.phase, s.message, s.reason
+
+    # --- tasks ---
     def _new_dag(
         self,
         key: str,
@@ -138,7 +220,12 @@ class DagMixin:
             raise TwinUnsupported(f"exit task {name!r} depends on {deps}; only one hooked task is modelled")
         kind = "loop" if "parameterIterator" in task else "dag" if "dag" in comp else "container"
         key = f"{dag.key}/{name}" if dag.key else name
-        argo = f"{dag.argo_name}.{deps[0]}.onExit.{name}" if exit_task else f"{dag.argo_name}.{name}"
+        own = {"container": "system-container-executor", "dag": name, "loop": f"{name}-iterator"}[kind]
+        if exit_task:
+            segments, templates = [f"{dag.argo_name}.{deps[0]}.onExit", f".{name}"], ["exit-hook", own]
+        else:
+            segments, templates = [f"{dag.argo_name}.{name}"], [own]
+        retries = chain(segments, templates, self._dag_strategy(), 0.0)
         rec = TaskRecord(
             key=key,
             name=name,
@@ -148,12 +235,55 @@ class DagMixin:
             iteration=dag.iteration,
         )
         self.record.tasks[key] = rec
-        node = TaskNode(rec, task, comp, dag, argo, deps, exit_task)
+        node = TaskNode(rec, task, comp, dag, retries.name(), deps, exit_task, retries=retries)
         dag.nodes[name] = node
         return node
 
     def _finish(self, node: TaskNode, phase: str, message: str = "", reason: str = "") -> None:
+        """The task's work ended with `phase` (or, not started, it is Omitted/Failed): Argo's retry nodes
+        above it decide whether it runs again."""
+        r = node.retries
+        ran = node.started and (node.record.kind != "container" or node.record.attempts)
+        if r is not None and ran and node.driver_phase is None:
+            s = self._settle(r, phase, message)
+            if s.action == "wait":
+                node.record.reason = f"backoff of the {r.levels[s.level].template} retry node"
+                return
+            if s.action == "retry":
+                self._restart(node)
+                why = reason or message
+                node.record.reason = (
+                    f"{r.levels[s.level].template} retry node: a new attempt after {phase}: {why}"
+                )
+                return
+            phase, message, reason = (
+                s.phase,
+                s.message,
+                "; ".join(filter(None, (reason or message, s.reason))),
+            )
         node.record.phase, node.record.message, node.record.reason = phase, message, reason or message
+
+    def _restart(self, node: TaskNode) -> None:
+        """A new attempt of the task's DAG (its executor DAG, sub-DAG, iterator DAG or exit hook)."""
+        assert node.retries is not None
+        node.argo_name = node.retries.name()
+        node.record.phase = "Running"
+        n = node.retries.restarts
+        if node.record.kind == "container":
+            node.state.update(attempt_base=len(node.record.attempts), exec_deadline=None)
+            self._new_attempt(node)
+        elif node.record.kind == "dag":
+            node.child = self._new_dag(
+                f"{node.record.key}({n})",
+                node.component,
+                node.record.inputs,
+                node.argo_name,
+                node.record.on_exit,
+                node.dag.iteration,
+            )
+        else:
+            node.iterations, node.state = [], {}
+            self._start_loop(node)
 
     def _advance_dag(self, dag: DagRun) -> None:
         for name in sorted(dag.nodes):
@@ -165,19 +295,20 @@ class DagMixin:
             if node.started and not node.record.done:
                 self._advance_node(node)
         if all(n.record.done for n in dag.nodes.values()):
-            bad = [
-                n.record.phase
-                for n in dag.nodes.values()
-                if not n.exit_task and n.record.phase in ("Failed", "Error")
-            ]
-            dag.phase = ("Failed" if "Failed" in bad else "Error") if bad else "Succeeded"
+            dag.phase = dag_phase(
+                {
+                    n.record.name: (n.record.phase, [d for d in n.deps if d in dag.nodes], n.driver_phase)
+                    for n in dag.nodes.values()
+                    if not n.exit_task
+                }
+            )
 
     def _maybe_start(self, dag: DagRun, node: TaskNode) -> None:
         deps = [dag.nodes[d] for d in node.deps]
         if not all(d.record.done for d in deps):
             return
         if node.exit_task:
-            if deps[0].record.phase not in ("Succeeded", "Failed", "Error"):
+            if not hook_runs(deps[0].record.phase):
                 self._finish(
                     node, "Omitted", "", f"exit hook not run: {deps[0].record.key} is {deps[0].record.phase}"
                 )
@@ -197,34 +328,47 @@ class DagMixin:
             return
         node.started = True
         node.record.phase = "Running"
-        try:
-            if node.record.kind == "container":
-                self._start_container(node)
-            elif node.record.kind == "dag":
+        assert node.retries is not None
+        for lv in node.retries.levels:
+            lv.started = self.now_cluster()
+        if node.record.kind == "container":
+            self._start_container(node)
+        elif node.record.kind == "dag":
+            try:
                 inputs = resolve_inputs(
                     node.task, node.component, dag, self.run_ctx, node.record.name, dag_driver=True
                 )
-                node.record.inputs = inputs
-                node.child = self._new_dag(
-                    node.record.key,
-                    node.component,
-                    inputs,
-                    node.argo_name,
-                    node.record.on_exit,
-                    dag.iteration,
-                )
-            else:
-                node.loop_inputs = resolve_inputs(
-                    node.task, node.component, dag, self.run_ctx, node.record.name, dag_driver=True
-                )
-                node.record.inputs = node.loop_inputs
-                node.items = iterator_items(node.task, node.loop_inputs)
-                if not node.items:
-                    self._finish(node, "Succeeded", "", "Skipped, empty params (the loop DAG Succeeded)")
+            except ResolveError as e:
+                node.driver_phase = "Failed"
+                self._finish(node, "Omitted", "omitted: depends condition not met", f"driver failed: {e}")
+                return
+            node.record.inputs = inputs
+            node.child = self._new_dag(
+                node.record.key, node.component, inputs, node.argo_name, node.record.on_exit, dag.iteration
+            )
+        else:
+            self._start_loop(node)
+
+    def _start_loop(self, node: TaskNode) -> None:
+        """The iterator DAG: its iteration-driver counts the items."""
+        try:
+            node.loop_inputs = resolve_inputs(
+                node.task, node.component, node.dag, self.run_ctx, node.record.name, dag_driver=True
+            )
         except ResolveError as e:
-            self._finish(node, "Failed", f"driver: {e}", f"driver failed to resolve inputs: {e}")
+            self._finish(node, "Failed", f"driver: {e}", f"iteration-driver failed to resolve inputs: {e}")
+            return
+        node.record.inputs = node.loop_inputs
+        node.items = iterator_items(node.task, node.loop_inputs)
+        if not node.items:
+            self._finish(node, "Succeeded", "", "Skipped, empty params (the loop DAG Succeeded)")
 
     def _advance_node(self, node: TaskNode) -> None:
+        r = node.retries
+        if r is not None and r.waiting is not None:
+            if self.now_cluster() >= r.waiting[1] or self.terminated:
+                self._finish(node, "", "")  # the backoff is over: decide that level again
+            return
         if node.record.kind == "container":
             self._advance_container(node)
         elif node.record.kind == "dag":
@@ -237,6 +381,7 @@ class DagMixin:
 
     def _advance_loop(self, node: TaskNode) -> None:
         limit = int(node.task.get("iteratorPolicy", {}).get("parallelismLimit", 0) or 0)
+        n = node.retries.restarts if node.retries else 0
         while len(node.iterations) < len(node.items) and not node.state.get("stopped"):
             if limit and sum(1 for it in node.iterations if not it.done) >= limit:
                 break
@@ -249,19 +394,23 @@ class DagMixin:
             except ResolveError as e:
                 node.state["stopped"] = f"iteration {i}: driver: {e}"
                 break
-            argo = f"{node.argo_name}.{expanded_name('iteration-iterations', i, i)}.iteration-item"
-            node.iterations.append(
-                self._new_dag(f"{node.record.key}/{i}", node.component, inputs, argo, node.record.on_exit, i)
-            )
+            segments = [f"{node.argo_name}.{expanded_name('iteration-iterations', i, i)}", ".iteration-item"]
+            r = chain(segments, ["iterations", "iteration-item"], self._dag_strategy(), self.now_cluster())
+            key = f"{_attempt_key(node.record.key, n)}/{i}"
+            slot = DagSlot(key, node.component, inputs, node.record.on_exit, i, r)
+            self._start_slot(slot)
+            node.iterations.append(slot)
         for it in node.iterations:
             if not it.done:
-                self._advance_dag(it)
+                self._advance_slot(it)
         started_all = len(node.iterations) == len(node.items) or node.state.get("stopped")
         if started_all and all(it.done for it in node.iterations):
-            failed = [it.iteration for it in node.iterations if it.phase != "Succeeded"]
+            bad = [it for it in node.iterations if it.phase != "Succeeded"]
             stopped = node.state.get("stopped", "")
-            if failed or stopped:
+            if bad or stopped:
+                failed = [it.iteration for it in bad]
                 why = "; ".join(x for x in (f"iterations {failed} failed" if failed else "", stopped) if x)
-                self._finish(node, "Failed", DEADLINE_MSG if self.terminated else why, why)
+                phase = bad[-1].phase if bad and not stopped else "Failed"  # the TaskGroup's: the last
+                self._finish(node, phase, DEADLINE_MSG if self.terminated else why, why)
             else:
                 self._finish(node, "Succeeded")

@@ -158,9 +158,7 @@ class TwinExecution(DagMixin, ContainerMixin):
         _LIVE.add(self)
         try:
             with self.lock:
-                self.root = self._new_dag(
-                    "", self.ir.root, self.root_args, f"{self.workflow}.root", False, None
-                )
+                self.root = self._new_root(self.root_args)
         except BaseException:
             self._stop_api()
             raise
@@ -277,7 +275,7 @@ class TwinExecution(DagMixin, ContainerMixin):
         if deadline is not None and not self.terminated and self.now_cluster() >= deadline:
             self._deadline_passed(f"stopped by the workflow deadline (activeDeadlineSeconds {deadline:g})")
         if not self.root.done:
-            self._advance_dag(self.root)
+            self._advance_slot(self.root)
         if self.now_real() > self.twin.timeout_s:
             self.record.timed_out = True
             self.record.phase, self.record.message = (

@@ -25,6 +25,7 @@ from tests.twin.cluster import (
     pod_hostname,
     schedule,
 )
+from tests.twin.dagretry import branch_phases, chain, dag_phase, dag_template_strategy, hook_runs, settle
 from tests.twin.gofmt import fmt_v, format_f, intstr_int, parse_duration
 from tests.twin.kubeapi import selector_matches
 from tests.twin.launcher import LauncherError, compile_cmd_and_args, driver_resolve_args, with_defaults
@@ -381,3 +382,56 @@ def test_kube_api_stand_in_serves_the_official_client_and_the_chaos_backend(tmp_
     assert requests[0]["query"]["labelSelector"] == (
         "ddiloco.io/role in (learner,syncer),workflows.argoproj.io/workflow=wf-a"
     )
+
+
+# --- retry nodes above DAG templates, DAG phases, exit hooks (dagretry.py) ----------------------------------
+def test_the_stock_retry_strategy_reaches_every_dag_template_and_an_error_reruns_it():
+    stock = dag_template_strategy(KFP_2_17)
+    assert stock == {"limit": "2", "retryPolicy": "OnError"} and dag_template_strategy(None) is None
+    # one ParallelFor iteration: the iterations DAG holding the iteration-item DAG, both retry nodes
+    r = chain(
+        ["wf(0).root(0).learners(0).iteration-iterations(0:0)", ".iteration-item"], ["a", "b"], stock, 0
+    )
+    assert r.name() == "wf(0).root(0).learners(0).iteration-iterations(0:0)(0).iteration-item(0)"
+    seen = []
+    for t in range(9):  # every attempt of the body ends Error (its learner's pods deleted past their limit)
+        name = r.name()  # of the attempt that just ended
+        s = settle(r, "Error", "pod deleted", float(t))
+        seen.append((s.action, s.level, r.attempts()))
+        if s.action == "done":
+            break
+    inner, outer = ("retry", 1), ("retry", 0)
+    assert [x[:2] for x in seen] == [inner, inner, outer, inner, inner, outer, inner, inner, ("done", -1)]
+    assert seen[2][2] == [1, 0] and name.endswith("iterations(0:0)(2).iteration-item(2)")
+    assert (s.phase, s.message) == ("Error", "No more retries left") and r.restarts == 8
+    # OnError never re-runs a DAG that Failed (a step that exited non-zero), and a success is final
+    r = chain(["x"], ["dag"], stock, 0)
+    assert settle(r, "Failed", "main: Error (exit code 1)", 1).action == "done" and r.attempts() == [1]
+    assert settle(chain(["x"], ["dag"], stock, 0), "Succeeded", "", 1).phase == "Succeeded"
+    # plain Argo (no workflowDefaults): no retry node, no "(n)" in the names, the phase passes through
+    plain = chain(["wf", ".root"], ["entrypoint", "root"], None, 0)
+    assert plain.name() == "wf.root" and settle(plain, "Error", "m", 1).phase == "Error"
+    # a backoff in the defaults is waited out, then decided again without counting another attempt
+    slow = chain(["x"], ["dag"], {"limit": "1", "retryPolicy": "OnError", "backoff": {"duration": "5"}}, 0)
+    assert settle(slow, "Error", "m", 10).until == 15 and slow.waiting == (0, 15)
+    assert settle(slow, "", "", 15).action == "retry" and slow.attempts() == [1]
+
+
+def test_dag_phase_takes_the_first_failing_target_and_a_failed_driver_omits_its_dag():
+    # exit-handler-1's driver failed: the group is Omitted, its branch Failed, the root DAG Failed
+    assert dag_phase({"exit-handler-1": ("Omitted", [], "Failed")}) == "Failed"
+    nodes = {
+        "prepare": ("Succeeded", [], None),
+        "syncer": ("Error", ["prepare"], None),
+        "evaluate": ("Omitted", ["syncer"], None),  # omitted: takes syncer's Error
+        "chaos": ("Failed", ["prepare"], None),
+        "learners": ("Succeeded", ["prepare"], None),
+    }
+    assert branch_phases(nodes)["evaluate"] == "Error"
+    assert dag_phase(nodes) == "Failed"  # targets chaos, evaluate, learners: chaos comes first
+    assert dag_phase({**nodes, "chaos": ("Succeeded", ["prepare"], None)}) == "Error"
+    assert dag_phase({"a": ("Succeeded", [], None), "b": ("Skipped", ["a"], None)}) == "Succeeded"
+    # Argo runs an exit hook only for a Completed node: not for the Omitted group of a failed driver
+    assert [hook_runs(p) for p in ("Succeeded", "Failed", "Error", "Omitted", "Skipped")] == [
+        True, True, True, False, False,
+    ]  # fmt: skip
