@@ -1,9 +1,16 @@
 """Soak: a local run under a seeded mix of faults at ≥ 100 per hour, next to a fault-free run of the same config.
 
-Faults (real processes, real signals; `ddiloco.chaos` fires the scheduled ones, this script the two it has
-no event kind for):
+Faults (real processes, real signals; `ddiloco.chaos` fires the kinds it has, this script the others):
 - learner SIGKILLs and learner stalls (SIGSTOP for 2–10 s), spread over the learners;
 - syncer SIGKILLs (the launcher restarts it; the restarted syncer waits out or takes over the lease);
+- preemptions of a learner or the syncer the way the kubelet ends a pod on spot preemption, graceful node
+  shutdown, eviction or a drain: SIGTERM, a grace period (`GRACE_S`, Kubernetes' default is 30 s, scaled
+  down here), then SIGKILL if the process is still alive;
+- OOM-style kills: SIGKILL of the run's process with the largest resident set, the one the kernel's OOM
+  killer picks in a cgroup (`oom_badness` is dominated by RSS); on a learner or on the syncer, as it falls;
+- crashes inside a publish: the syncer is restarted with a one-shot failpoint (`ddiloco.failpoints`) armed
+  at a random write of a publish (after the momentum, the master, the round record, the download delta, the
+  global version, the pointer, the status or the state), so it SIGKILLs itself there on its next merge;
 - a second syncer started by hand mid-run (`ddiloco syncer` against the same run: it stands by for the lease,
   and competes with the restarted first one after the next syncer kill);
 - store outages of 5–20 s (every process refuses store calls);
@@ -15,14 +22,16 @@ fault-free run gets the same config and budget and runs at the same time (side b
 machine's load; `--one-after-the-other` to run them in turn). Prints one JSON object last: faults fired by kind, tokens
 processed / merged / discarded, `ledger_balanced`, versions contiguous, versions written by more than one
 lease epoch (must be 0), final validation loss and goodput of both runs, and the mean time from a learner
-kill to that learner's next merged answer.
+kill to that learner's next merged answer, and the longest time the faulted run went without merging a round
+(`longest_merge_gap_s`, beside the fault-free run's: a stuck syncer shows there).
 
-    .venv/bin/python benchmarks/soak.py --minutes 20 --rate 120 --tokens 60000000 [--seed 0] [--set k=v ...]
+    .venv/bin/python benchmarks/soak.py --minutes 20 --rate 240 --tokens 64000000 [--seed 0] [--set k=v ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -37,6 +46,8 @@ from collections import Counter
 from typing import Any
 
 from ddiloco import keys
+from ddiloco.failpoints import ENV_VAR as FAILPOINT_ENV
+from ddiloco.failpoints import ONCE_ENV_VAR as FAILPOINT_ONCE_ENV
 from ddiloco.launch import LocalRun
 from ddiloco.recipes import load_config
 from ddiloco.store.url import open_store
@@ -46,27 +57,47 @@ LEARNERS = 4
 ADDED = LEARNERS  # the id of the learner added mid-run
 
 
-def schedule(minutes: float, rate: float, seed: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Chaos events (the kinds `ddiloco.chaos` fires) and this script's own actions, seeded."""
+GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL in a preemption (the pod's terminationGracePeriodSeconds, scaled)."""
+CHAOS_KINDS = ["kill_learner"] * 5 + ["stall_learner"] * 3 + ["kill_syncer", "store_outage"]
+OWN_KINDS = ["preempt_learner"] * 2 + ["preempt_syncer", "oom_kill", "publish_crash"]
+PUBLISH_STEPS = [
+    "after_momentum",
+    "after_master",
+    "after_record",
+    "after_delta",
+    "after_global",
+    "after_pointer",
+    "after_status",
+    "after_state",
+]
+
+
+def schedule(minutes: float, rate: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Chaos events (the kinds `ddiloco.chaos` fires) and this script's own faults, seeded: a fault is one
+    of this script's kinds about one time in three."""
     rng = random.Random(seed)
-    span, t, events = minutes * 60.0, 20.0, []
-    kinds = ["kill_learner"] * 5 + ["stall_learner"] * 3 + ["kill_syncer", "store_outage"]
+    span, t, events, own = minutes * 60.0, 20.0, [], []
     while True:
         t += rng.expovariate(rate / 3600.0)
         if t > span:
             break
-        kind = rng.choice(kinds)
+        kind = rng.choice(CHAOS_KINDS + OWN_KINDS)
         ev: dict[str, Any] = {"kind": kind, "at_s": round(t, 1)}
-        if kind in ("kill_learner", "stall_learner"):
+        if kind in ("kill_learner", "stall_learner", "preempt_learner"):
             ev["learner"] = rng.randrange(LEARNERS)
         if kind == "stall_learner":
             ev["duration_s"] = round(rng.uniform(2.0, 10.0), 1)
         if kind == "store_outage":
             ev["duration_s"] = round(rng.uniform(5.0, 20.0), 1)
-        events.append(ev)
+        if kind == "publish_crash":
+            ev["step"] = rng.choice(PUBLISH_STEPS)
+            ev["nth"] = rng.randint(1, 3)  # which of the restarted syncer's publishes it dies in
+        (own if kind in OWN_KINDS else events).append(ev)
     events.append({"kind": "add_learner", "learner": ADDED, "at_s": round(span * 0.3, 1)})
-    own = {"second_syncer_at_s": round(span * 0.45, 1), "remove_added_at_s": round(span * 0.7, 1)}
-    return events, own
+    own.append({"kind": "second_syncer", "at_s": round(span * 0.45, 1)})
+    own.append({"kind": "remove_learner", "learner": ADDED, "at_s": round(span * 0.7, 1)})
+    return events, sorted(own, key=lambda e: e["at_s"])
 
 
 def config(tokens: int, events: list[dict[str, Any]] | None, extra: list[str], run_id: str):
@@ -85,38 +116,102 @@ def config(tokens: int, events: list[dict[str, Any]] | None, extra: list[str], r
     return cfg
 
 
-class OwnFaults(threading.Thread):
-    """The faults `ddiloco.chaos` has no kind for: a second syncer started by hand, the added learner
-    removed. Runs beside `LocalRun.run`, records what it did."""
+def rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
-    def __init__(self, run: LocalRun, own: dict[str, float]) -> None:
+
+class OwnFaults(threading.Thread):
+    """The faults `ddiloco.chaos` has no kind for (see the module docstring). Runs beside `LocalRun.run`,
+    records what it did."""
+
+    def __init__(self, run: LocalRun, own: list[dict[str, Any]], workdir: str) -> None:
         super().__init__(daemon=True)
-        self.run_, self.own, self.done = run, own, threading.Event()
+        self.run_, self.own, self.workdir, self.done = run, own, workdir, threading.Event()
         self.fired: list[dict[str, Any]] = []
+        self.armed: list[tuple[dict[str, Any], str]] = []
         self.second: subprocess.Popen | None = None
 
+    def _alive(self, role: str, learner: int | None = None) -> subprocess.Popen | None:
+        proc = self.run_.find(role, learner)
+        popen = proc.popen if proc is not None else None
+        return popen if popen is not None and popen.poll() is None else None
+
     def run(self) -> None:
-        todo = sorted((t, name) for name, t in self.own.items())
-        for at, name in todo:
+        for ev in self.own:
             while not self.done.wait(0.5):
-                if time.time() - self.run_.t0 >= at:
+                if time.time() - self.run_.t0 >= ev["at_s"]:
                     break
             if self.done.is_set():
                 return
-            if name == "second_syncer_at_s":
-                argv = [sys.executable, "-m", "ddiloco.cli", "syncer", "--store", self.run_.url]
-                logs = self.run_.logdir / "syncer-second.log"
-                with open(logs, "ab") as out:
-                    env = {**os.environ, **self.run_.extra_env}
-                    self.second = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-                self.fired.append({"kind": "second_syncer", "at_s": at, "pid": self.second.pid})
-            elif name == "remove_added_at_s":
-                proc = self.run_.find("learner", ADDED)
-                if proc is not None and proc.popen is not None and proc.popen.poll() is None:
-                    self.run_.procs.remove(proc)  # no longer supervised: not restarted
-                    proc.popen.send_signal(signal.SIGTERM)
-                    proc.popen.wait(timeout=60)
-                    self.fired.append({"kind": "remove_learner", "at_s": at, "learner": ADDED})
+            try:
+                outcome = self.fire(ev)
+            except Exception:  # a fault that could not be fired is logged, the soak goes on
+                log.exception("could not fire %s", ev)
+                continue
+            if outcome is not None:
+                self.fired.append({**ev, **outcome})
+                log.info("fired %s: %s", ev, outcome)
+            else:
+                log.info("skipped %s: no live target", ev)
+
+    def fire(self, ev: dict[str, Any]) -> dict[str, Any] | None:
+        kind = ev["kind"]
+        if kind == "second_syncer":
+            argv = [sys.executable, "-m", "ddiloco.cli", "syncer", "--store", self.run_.url]
+            with open(self.run_.logdir / "syncer-second.log", "ab") as out:
+                env = {**os.environ, **self.run_.extra_env}
+                self.second = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            return {"pid": self.second.pid}
+        if kind == "remove_learner":
+            proc = self.run_.find("learner", ADDED)
+            if proc is None or self._alive("learner", ADDED) is None:
+                return None
+            self.run_.procs.remove(proc)  # no longer supervised: not restarted
+            proc.popen.send_signal(signal.SIGTERM)
+            proc.popen.wait(timeout=60)
+            return {}
+        if kind in ("preempt_learner", "preempt_syncer"):
+            popen = self._alive(*(("learner", ev["learner"]) if kind == "preempt_learner" else ("syncer",)))
+            if popen is None:
+                return None
+            popen.send_signal(signal.SIGTERM)
+            try:
+                popen.wait(timeout=GRACE_S)
+                return {"pid": popen.pid, "ended_by": "SIGTERM"}
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                return {"pid": popen.pid, "ended_by": "SIGKILL after the grace period"}
+        if kind == "oom_kill":
+            live = [(p.role, p.learner_id, p.popen) for p in self.run_.running()]
+            if not live:
+                return None
+            role, learner, popen = max(live, key=lambda r: rss_kib(r[2].pid))
+            rss = rss_kib(popen.pid)
+            popen.kill()
+            return {"victim": role if learner is None else f"learner-{learner}", "rss_kib": rss}
+        if kind == "publish_crash":
+            popen = self._alive("syncer")
+            if popen is None:
+                return None
+            marker = os.path.join(self.workdir, f"failpoint-{len(self.armed)}")
+            # armed for every process started from now on; one-shot: it fires where it can create the marker
+            self.run_.extra_env[FAILPOINT_ENV] = f"publish:{ev['step']}:kill@{ev['nth']}"
+            self.run_.extra_env[FAILPOINT_ONCE_ENV] = marker
+            self.armed.append((ev, marker))
+            popen.kill()  # the launcher restarts it with the failpoint armed
+            return {"marker": marker}
+        raise ValueError(f"unknown own fault kind {kind!r}")
+
+    def publish_crashes(self) -> int:
+        """Publish crashes that really happened (the failpoint created its marker)."""
+        return sum(os.path.exists(marker) for _, marker in self.armed)
 
     def stop(self) -> None:
         self.done.set()
@@ -126,6 +221,12 @@ class OwnFaults(threading.Thread):
             except subprocess.TimeoutExpired:
                 self.second.kill()
                 self.second.wait()
+
+
+def longest_merge_gap(store) -> float | None:
+    """The longest time between two merged rounds (seconds, on the syncer's clock)."""
+    times = sorted(store.get_json(key)["merged_at"] for key in store.list(keys.ROUNDS))
+    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=None)
 
 
 def kill_to_merged_answer(store, summary: dict[str, Any]) -> float | None:
@@ -144,10 +245,12 @@ def kill_to_merged_answer(store, summary: dict[str, Any]) -> float | None:
     return sum(gaps) / len(gaps) if gaps else None
 
 
-def one_run(name: str, cfg, own: dict[str, float] | None, timeout: float) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
+def one_run(
+    name: str, cfg, own: list[dict[str, Any]] | None, timeout: float, keep: str | None = None
+) -> dict[str, Any]:
+    with contextlib.nullcontext(os.path.join(keep, name)) if keep else tempfile.TemporaryDirectory() as tmp:
         run = LocalRun(cfg, tmp, metrics_base_port=-1)
-        faults = OwnFaults(run, own) if own else None
+        faults = OwnFaults(run, own, tmp) if own else None
         if faults is not None:
             faults.start()
         start = time.monotonic()
@@ -181,7 +284,14 @@ def one_run(name: str, cfg, own: dict[str, float] | None, timeout: float) -> dic
             "final_val_loss": s["final_val_loss"],
             "goodput": s["goodput"],
             "mean_kill_to_merged_answer_s": kill_to_merged_answer(store, s),
+            "longest_merge_gap_s": longest_merge_gap(store),
+            "exit_codes": {
+                p.role if p.learner_id is None else f"learner-{p.learner_id}": p.exit_codes for p in run.procs
+            },
         }
+        if faults is not None:
+            out["publish_crashes_armed"] = len(faults.armed)
+            out["publish_crashes_happened"] = faults.publish_crashes()
         log.info("%s: %s", name, json.dumps(out))
         return out
 
@@ -189,9 +299,10 @@ def one_run(name: str, cfg, own: dict[str, float] | None, timeout: float) -> dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=20.0, help="span of the fault schedule")
-    ap.add_argument("--rate", type=float, default=120.0, help="faults per hour (at least 100)")
+    ap.add_argument("--rate", type=float, default=240.0, help="faults per hour (at least 100)")
     ap.add_argument("--tokens", type=int, default=60_000_000, help="token budget of both runs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", metavar="DIR", help="run in DIR/<run> and keep it (logs, store) afterwards")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     ap.add_argument(
         "--one-after-the-other", action="store_true", help="run the two runs in turn (default: side by side)"
@@ -201,14 +312,19 @@ def main() -> None:
     if args.rate < 100:
         raise SystemExit("--rate must be at least 100 faults per hour")
     events, own = schedule(args.minutes, args.rate, args.seed)
-    log.info("schedule: %d chaos events and %s over %.0f minutes", len(events), own, args.minutes)
+    log.info(
+        "schedule: %d chaos events and %d of this script's over %.0f minutes",
+        len(events),
+        len(own),
+        args.minutes,
+    )
     timeout = args.minutes * 60 * 6 + 1800
     jobs = {
         "faults": lambda: one_run(
-            "faults", config(args.tokens, events, args.set, "soak-faults"), own, timeout
+            "faults", config(args.tokens, events, args.set, "soak-faults"), own, timeout, args.keep
         ),
         "fault_free": lambda: one_run(
-            "fault-free", config(args.tokens, None, args.set, "soak-clean"), None, timeout
+            "fault-free", config(args.tokens, None, args.set, "soak-clean"), None, timeout, args.keep
         ),
     }
     results: dict[str, dict[str, Any]] = {}
