@@ -122,7 +122,10 @@ class KubeAPI:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
-                self.wfile.write(raw)
+                try:
+                    self.wfile.write(raw)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the caller was killed by its own request (a pod deleting itself)
 
             def _route(self, method: str) -> None:
                 url = urlsplit(self.path)
