@@ -24,10 +24,14 @@ Design choices:
   that deadline too (argo-workflows v4.0.5 workflow/controller/operator.go, processNodeRetries), so it is
   the run timeout, not a few minutes; the factor is an integer (Argo parses it with intstr.Int32) and 1,
   a constant backoff: with 100 retries any growth would leave a learner waiting for hours. KFP compiles no
-  retry policy, so the cluster's decides: stock KFP 2.17's (OnError) retries a deleted pod (chaos) but no
-  pod Argo marks Failed - preempted, evicted, OOM-killed, rejected at admission, drained - and no KFP
-  construct changes that; `manifests/argo-retry` (OnTransientError + a pattern) retries those too
-  (docs/cluster.md, "Retries"). A crashed learner or syncer is restarted inside its pod (`crash_restarts`).
+  retry policy, so the cluster's decides: stock KFP 2.17's (OnError) retries a deleted pod but no pod Argo
+  marks Failed - preempted, evicted, OOM-killed, rejected at admission, drained - and no KFP construct
+  changes that. Hence keepers (`ClusterOptions.keeper`, default): the learner and syncer tasks are small
+  CPU pods that run the role in a worker pod they create through the Kubernetes API and restart as a new
+  incarnation when the cluster takes it away, and that a retry (OnError) brings back with the worker
+  adopted when the keeper's own pod is taken (`ddiloco.components.keeper`, docs/cluster.md "Retries").
+  `keeper=False` runs the roles in the task pods; then only `manifests/argo-retry` (OnTransientError + a
+  pattern) brings those failures back, and a crash is restarted inside the pod (`crash_restarts`).
 - Learners and the syncer name themselves by their pod name (downward API `metadata.name`): the kubelet
   truncates hostnames to 63 characters and Argo's pod names are longer.
 - No default node selector: the GPU resource request already puts learners on GPU nodes, and labels such
@@ -81,14 +85,16 @@ class ClusterOptions:
     """The syncer merges fragments in fp32 on CPU: give it cores and memory for ~3 copies of the model."""
     syncer_memory: str = "16Gi"
     learner_retries: int = 100
-    """Retries per learner (chaos kills, preemptions); each comes back from its checkpoint in the store."""
+    """Retries per learner: of its keeper pod (Argo), and new worker incarnations after the cluster took one
+    away (the keeper); each comes back from its checkpoint in the store."""
     syncer_retries: int = 20
     step_retries: int = 3
     """Retries of prepare, chaos, evaluate, sft and report."""
     backoff: str = "10s"
     """Wait before each retry of a deleted or failed pod (constant: factor 1)."""
     crash_restarts: int = 5
-    """Restarts of a crashed learner / syncer inside its pod (Argo retries deleted pods, not crashes)."""
+    """Restarts of a crashed learner / syncer: new worker pods from its keeper, or inside its task pod with
+    `keeper=False` (Argo retries deleted pods, not crashes)."""
     run_timeout_s: int = 3 * 24 * 3600
     """Deadline of each learner / syncer / chaos pod, and the window in which any step is retried."""
     run_key_secret: str | None = "ddiloco-run-key"
