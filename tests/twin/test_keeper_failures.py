@@ -26,7 +26,7 @@ ROUNDS = (  # (learner 0, learner 1, syncer): every role's worker meets every ki
     ("admission", "oom", "evict"),
 )
 KEEPER_HITS = {"learner-0": "preempt", "syncer": "drain"}
-TOKEN_BUDGET = 600_000
+TOKEN_BUDGET = 150_000
 FAST = {"backoff": "1s", "keeper_poll_s": 0.25}
 """Compile-time options: a worker comes back 1 s after it ended, keepers look every 0.25 s."""
 
@@ -124,11 +124,11 @@ def test_learners_survive_preempt_evict_oom_admission_on_stock_kfp_217_with_the_
         for name in hits[slot]:  # every worker hit ended as the cluster ends it, and a new one came
             assert name in ended, (name, sorted(ended))
     store = open_store(f"s3://{s3.bucket}/private/{NAMESPACE}/ddiloco/{run.run_id}", env=s3.env())
-    for lid in range(2):  # every worker that ran came back as the same learner, from its checkpoint
+    for lid in range(2):  # after each hit a new worker came back as the same learner
         incarnations = {
             k.split("/")[2] for k in store.list(f"learners/{lid:03d}/") if k.endswith("report.json")
         }
-        assert len(incarnations) >= len(ROUNDS) + 1, (lid, incarnations)
+        assert max(incarnations) == f"inc-{len(ROUNDS):04d}", (lid, incarnations)  # one more per hit
     assert stragglers(run.run_id) == []
     print(f"keeper run: {seconds:.0f} s")
 
