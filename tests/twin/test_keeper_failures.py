@@ -60,13 +60,16 @@ def _keepers(run) -> dict[str, object]:
     return {"learner-0": learners[0], "learner-1": learners[1], "syncer": run.task("syncer")}  # fmt: skip
 
 
-def _ready(ex) -> bool:
-    """All three workers Running with their role up (a learner joined, the syncer holds the lease)."""
+def _ready(ex, hit: dict[str, int]) -> bool:
+    """All three workers Running with their role up (a learner joined, the syncer holds the lease), each a
+    newer incarnation than the one hit last (`hit`: slot -> incarnation)."""
     workers = _workers(ex)
     if len(workers) != 3:
         return False
     for slot, pod in workers.items():
-        if pod["status"]["phase"] != "Running":
+        if pod["status"]["phase"] != "Running" or int(
+            pod["metadata"]["labels"]["ddiloco.io/incarnation"]
+        ) <= hit.get(slot, -1):
             return False
         marker = "took the lease" if slot == "syncer" else "joined run"
         if marker not in _log(ex.workers.log(pod["metadata"]["name"])):
@@ -98,18 +101,20 @@ def keeper_run(s3_server, tmp_path_factory):
     hits: dict[str, list[str]] = {"learner-0": [], "learner-1": [], "syncer": []}
     t0 = time.monotonic()
     with twin.start(args) as ex:
-        ex.wait_until(lambda r: _ready(ex), 300)
+        last: dict[str, int] = {}
+        ex.wait_until(lambda r: _ready(ex, last), 300)
         for slot, kind in KEEPER_HITS.items():  # keepers taken away: retried, they adopt the live worker
             pod = _keepers(ex.record)[slot].attempts[-1].pod_name
             ex.wait_until(lambda r, pod=pod: _in_emissary_window(ex, pod), 5, poll_s=0.01)
             ex.inject(pod, kind)
         ex.wait_until(lambda r: all(_adopted(_keepers(r)[slot]) for slot in KEEPER_HITS), 120)
         for kinds in ROUNDS:
-            ex.wait_until(lambda r: _ready(ex), 300)
+            ex.wait_until(lambda r: _ready(ex, last), 300)
             with ex.lock:
                 for (slot, pod), kind in zip(sorted(_workers(ex).items()), kinds, strict=True):
                     ex.inject(pod["metadata"]["name"], kind)
                     hits[slot].append(pod["metadata"]["name"])
+                    last[slot] = int(pod["metadata"]["labels"]["ddiloco.io/incarnation"])
         run = ex.wait()
         ended = dict(ex.workers.ended)
     return run, s3_server, hits, ended, time.monotonic() - t0

@@ -201,6 +201,7 @@ class WorkerPods:
             w.proc.terminate(self.ex.grace_real)
         else:
             w.proc.kill()
+            self._ended(w, w.proc.returncode)
 
     # --- the kubelet and the garbage collector, once per tick ---
     def poll(self) -> None:
