@@ -16,6 +16,7 @@ pipeline maps them). An empty `s3_endpoint` keeps the environment's (local runs,
 from dataclasses import dataclass
 from typing import Any
 
+from ddiloco.components import keepers
 from ddiloco.components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
 from kfp import dsl
 from kfp.dsl import HTML, Markdown, Metrics, Model, Output
@@ -214,6 +215,8 @@ class Components:
     report: Any
     join_check: Any
     joiner: Any
+    learner_keeper: Any
+    syncer_keeper: Any
 
 
 def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
@@ -234,4 +237,6 @@ def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
         report=on(cpu_image, report),
         join_check=on(cpu_image, join_check),
         joiner=on(gpu_image, joiner),
+        learner_keeper=on(cpu_image, keepers.learner),
+        syncer_keeper=on(cpu_image, keepers.syncer),
     )

@@ -13,11 +13,13 @@ Design choices:
   pipeline passes the run id on its own and `run_root` joins it to the store base. `{namespace}` in the base
   is the pod's namespace (downward API): multi-user Kubeflow lets a profile's store identity write only
   under `private/<namespace>/`.
-- Long-running roles (learner, syncer) are restarted in their pod when they crash: KFP 2.17's stock Argo
-  setting retries deleted pods (retryPolicy OnError) but no pod it marks Failed, and a controller-wide
-  `Always` would also retry every other team's failing steps and whole DAGs. This brings back a crash, or
-  an OOM kill of the role's process alone; a pod the cluster takes away needs `manifests/argo-retry`
-  (docs/cluster.md). Exit code 2 (a mistake the message explains) is never retried.
+- Long-running roles (learner, syncer) compiled without keepers (`keeper=False`) are restarted in their pod
+  when they crash: KFP 2.17's stock Argo setting retries deleted pods (retryPolicy OnError) but no pod it
+  marks Failed, and a controller-wide `Always` would also retry every other team's failing steps and whole
+  DAGs. This brings back a crash, or an OOM kill of the role's process alone; a pod the cluster takes away
+  needs `manifests/argo-retry` then (docs/cluster.md). With keepers (the default) the keeper restarts the
+  role's worker pod instead (`ddiloco.components.keeper_loop`). Exit code 2 (a mistake the message
+  explains) is never retried.
 """
 
 from __future__ import annotations

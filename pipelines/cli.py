@@ -140,6 +140,7 @@ def _compile_changes(args: argparse.Namespace) -> dict[str, Any]:
         "syncer_memory": args.syncer_memory,
         "run_timeout_s": None if hours is None else int(hours * 3600),
         "crash_restarts": getattr(args, "crash_restarts", None),
+        "keeper": getattr(args, "keeper", None),
     }
 
 
@@ -279,7 +280,15 @@ def _compile_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         help="deadline of each learner / syncer / chaos pod, and the window in which any step is retried",
     )
-    g.add_argument("--crash-restarts", type=int, help="restarts of a crashed learner/syncer inside its pod")
+    g.add_argument("--crash-restarts", type=int, help="restarts of a crashed learner/syncer (after its exit)")
+    g.add_argument(
+        "--no-keeper",
+        dest="keeper",
+        action="store_const",
+        const=False,
+        help="run learners and the syncer in their KFP task pods, without keeper pods (only on a cluster with "
+        "manifests/argo-retry: stock KFP 2.17 then retries no preempted, evicted or OOM-killed pod)",
+    )
 
 
 def _host_flags(p: argparse.ArgumentParser) -> None:

@@ -24,10 +24,14 @@ Design choices:
   that deadline too (argo-workflows v4.0.5 workflow/controller/operator.go, processNodeRetries), so it is
   the run timeout, not a few minutes; the factor is an integer (Argo parses it with intstr.Int32) and 1,
   a constant backoff: with 100 retries any growth would leave a learner waiting for hours. KFP compiles no
-  retry policy, so the cluster's decides: stock KFP 2.17's (OnError) retries a deleted pod (chaos) but no
-  pod Argo marks Failed - preempted, evicted, OOM-killed, rejected at admission, drained - and no KFP
-  construct changes that; `manifests/argo-retry` (OnTransientError + a pattern) retries those too
-  (docs/cluster.md, "Retries"). A crashed learner or syncer is restarted inside its pod (`crash_restarts`).
+  retry policy, so the cluster's decides: stock KFP 2.17's (OnError) retries a deleted pod but no pod Argo
+  marks Failed - preempted, evicted, OOM-killed, rejected at admission, drained - and no KFP construct
+  changes that. Hence keepers (`ClusterOptions.keeper`, default): the learner and syncer tasks are small
+  CPU pods that run the role in a worker pod they create through the Kubernetes API and restart as a new
+  incarnation when the cluster takes it away, and that a retry (OnError) brings back with the worker
+  adopted when the keeper's own pod is taken (`ddiloco.components.keeper`, docs/cluster.md "Retries").
+  `keeper=False` runs the roles in the task pods; then only `manifests/argo-retry` (OnTransientError + a
+  pattern) brings those failures back, and a crash is restarted inside the pod (`crash_restarts`).
 - Learners and the syncer name themselves by their pod name (downward API `metadata.name`): the kubelet
   truncates hostnames to 63 characters and Argo's pod names are longer.
 - No default node selector: the GPU resource request already puts learners on GPU nodes, and labels such
@@ -43,7 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddiloco.components.images import DEFAULT_REGISTRY
+from ddiloco.components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
+from ddiloco.components.keeper import KEEPER_LABEL
 from ddiloco.components.roles import build
 from ddiloco.components.runtime import NAMESPACE_ENV
 from kfp import dsl, kubernetes
@@ -83,19 +88,31 @@ class ClusterOptions:
     """The syncer merges fragments in fp32 on CPU: give it cores and memory for ~3 copies of the model."""
     syncer_memory: str = "16Gi"
     learner_retries: int = 100
-    """Retries per learner (chaos kills, preemptions); each comes back from its checkpoint in the store."""
+    """Retries per learner: of its keeper pod (Argo), and new worker incarnations after the cluster took one
+    away (the keeper); each comes back from its checkpoint in the store."""
     syncer_retries: int = 20
     step_retries: int = 3
     """Retries of prepare, chaos, evaluate, sft and report."""
     backoff: str = "10s"
     """Wait before each retry of a deleted or failed pod (constant: factor 1)."""
     crash_restarts: int = 5
-    """Restarts of a crashed learner / syncer inside its pod (Argo retries deleted pods, not crashes)."""
+    """Restarts of a crashed learner / syncer: new worker pods from its keeper, or inside its task pod with
+    `keeper=False` (Argo retries deleted pods, not crashes)."""
     run_timeout_s: int = 3 * 24 * 3600
     """Deadline of each learner / syncer / chaos pod, and the window in which any step is retried."""
     run_key_secret: str | None = "ddiloco-run-key"
     """Secret (key `key`: hex, `openssl rand -hex 32`) mounted optionally as DDILOCO_RUN_KEY: every update and
     global version is then signed and verified. A missing Secret leaves the run unsigned (logged); None: never."""
+    keeper: bool = True
+    """Learners and the syncer run in worker pods a small CPU keeper task starts and restarts through the
+    Kubernetes API (`ddiloco.components.keeper`): they survive preemption, eviction, OOM kills, drains and
+    admission errors on stock KFP 2.17. False runs them in the task pod itself (a cluster with
+    `manifests/argo-retry`, which makes Argo retry those pods)."""
+    keeper_cpu: str = "100m"
+    keeper_memory: str = "256Mi"
+    """A keeper's requests == limits (Guaranteed QoS where Argo's executor containers are too)."""
+    keeper_poll_s: float = 2.0
+    """Seconds between two looks of a keeper at its worker."""
     metrics_port: int = 9400
     """Port of the learners' and syncer's Prometheus /metrics (`--metrics-port`; manifests/monitoring scrapes it)."""
     defaults: dict[str, Any] = field(default_factory=dict)
@@ -121,6 +138,15 @@ DEFAULTS: dict[str, Any] = {
 releases MinIO at minio-service.kubeflow:9000). `{namespace}` in store_prefix is the run's namespace."""
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 """Always passed as a parameter's whole value: the only form the KFP 2.17 driver replaces."""
+
+
+def duration_s(text: str) -> float:
+    """A Go duration of one unit ("10s", "2m", "1h") in seconds."""
+    units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for unit in sorted(units, key=len, reverse=True):
+        if text.endswith(unit) and text[: -len(unit)].replace(".", "", 1).isdigit():
+            return float(text[: -len(unit)]) * units[unit]
+    raise ValueError(f"backoff {text!r}: write a duration like 10s, 2m or 1h")
 
 
 def run_defaults(defaults: dict[str, Any], opts: ClusterOptions) -> dict[str, Any]:
@@ -171,24 +197,26 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
                 max_learners=opts.max_learners,
             )
             k8s.cpu_step(prep, "prepare")
+            roles = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
+            roles.update(metrics_port=opts.metrics_port, restarts=opts.crash_restarts)
             with dsl.ParallelFor(items=prep.output, parallelism=opts.max_learners, name="learners") as lid:
-                learner = c.learner(
-                    store=store,
-                    run_id=RUN_ID,
-                    learner_id=lid,
-                    s3_endpoint=s3_endpoint,
-                    metrics_port=opts.metrics_port,
-                    restarts=opts.crash_restarts,
-                )
-                k8s.learner(learner.after(prep))
-            sync = c.syncer(
-                store=store,
-                run_id=RUN_ID,
-                s3_endpoint=s3_endpoint,
-                metrics_port=opts.metrics_port,
-                restarts=opts.crash_restarts,
-            )
-            sync = k8s.syncer(sync.after(prep))
+                if opts.keeper:
+                    learner = c.learner_keeper(
+                        learner_id=lid, worker=k8s.worker("learner"), store_secret=store_secret,
+                        node_selector=gpu_node_selector if opts.gpu else cpu_node_selector,
+                        tolerations=gpu_tolerations if opts.gpu else [], **roles,
+                    )  # fmt: skip
+                    k8s.keeper(learner.after(prep), "learner", opts.learner_retries)
+                else:
+                    k8s.learner(c.learner(learner_id=lid, **roles).after(prep))
+            if opts.keeper:
+                sync = c.syncer_keeper(
+                    worker=k8s.worker("syncer"), store_secret=store_secret, node_selector=cpu_node_selector,
+                    **roles,
+                )  # fmt: skip
+                sync = k8s.keeper(sync.after(prep), "syncer", opts.syncer_retries)
+            else:
+                sync = k8s.syncer(c.syncer(**roles).after(prep))
             chaos_task = c.chaos(
                 store=store, run_id=RUN_ID, s3_endpoint=s3_endpoint, selector=DEFAULT_SELECTOR
             )
@@ -262,6 +290,37 @@ class _Wiring:
         task.set_cpu_request(o.syncer_cpu).set_memory_request(o.syncer_memory)
         kubernetes.set_timeout(task, o.run_timeout_s)
         return task
+
+    def keeper(self, task: Any, role: str, retries: int) -> Any:
+        """A keeper task: tiny, requests == limits, CPU nodes, labelled as the keeper of `role` (not with the
+        role label: the chaos step kills workers)."""
+        o = self.opts
+        self.cpu_step(task, role, retries)
+        kubernetes.add_pod_label(task, KEEPER_LABEL, role)
+        task.set_cpu_request(o.keeper_cpu).set_cpu_limit(o.keeper_cpu)
+        task.set_memory_request(o.keeper_memory).set_memory_limit(o.keeper_memory)
+        kubernetes.set_timeout(task, o.run_timeout_s)
+        return task
+
+    def worker(self, role: str) -> dict[str, Any]:
+        """The compile-time part of a worker pod (keeper_loop.keep_role): image, resources, restart limits."""
+        o = self.opts
+        if role == "learner":
+            img, limits = image(LEARNER if o.gpu else SYNCER, o.registry), {}
+            requests = {"cpu": o.learner_cpu, "memory": o.learner_memory}
+            if o.gpu:
+                limits = {o.accelerator: str(o.gpus_per_learner)}
+            retries = o.learner_retries
+        else:
+            img, limits, retries = image(SYNCER, o.registry), {}, o.syncer_retries
+            requests = {"cpu": o.syncer_cpu, "memory": o.syncer_memory}
+        out: dict[str, Any] = {
+            "image": img, "requests": requests, "limits": limits, "secret_env": dict(SECRET_KEYS),
+            "infra_restarts": retries, "backoff_s": duration_s(o.backoff), "poll_s": o.keeper_poll_s,
+        }  # fmt: skip
+        if o.run_key_secret:
+            out["run_key"] = {"secret": o.run_key_secret, "key": "key", "env": RUN_KEY_ENV}
+        return out
 
     def chaos(self, task: Any) -> Any:
         self.cpu_step(task, "chaos")

@@ -1,7 +1,7 @@
 """The `smoke` pipeline: the same steps as `pretrain` on CPU nodes only, with a tiny model and budget.
 
 For clusters without GPUs, and as the first run after installing: it checks images, the store Secret, the
-chaos RBAC and (with a chaos schedule) the Argo retry setting in a few minutes.
+chaos and keeper RBAC and (with a chaos schedule) the Argo retry setting in a few minutes.
 """
 
 from __future__ import annotations

@@ -182,8 +182,54 @@ def test_defaults_need_no_vendor_labels_and_write_where_a_profile_may(compiled, 
     assert defaults["store_bucket"] == "mlpipeline"
 
 
-def test_gpus_pools_labels_and_deadlines(pretrain):
-    learner, learner_k8s = pretrain.executor("learner")
+@pytest.fixture(scope="module")
+def direct(tmp_path_factory):
+    """pretrain with `keeper=False`: the roles in their task pods (`ddiloco pipeline compile --no-keeper`)."""
+    return Spec(compile_pipeline("pretrain", tmp_path_factory.mktemp("direct") / "p.yaml", keeper=False))
+
+
+def _worker(spec, name):
+    task = spec.tasks[name][1]
+    return task["inputs"]["parameters"]["worker"]["runtimeValue"]["constant"], task["inputs"]["parameters"]
+
+
+def test_keepers_are_tiny_guaranteed_cpu_tasks_that_give_their_workers_the_roles_pod(pretrain):
+    """The keeper's own pod: requests == limits, no GPU, CPU nodes, the keeper label (not the role label the
+    chaos step selects on); its worker: the GPU image, resources, pool and tolerations the task had."""
+    for name, role in (("learner", "learner"), ("syncer", "syncer")):
+        container, k8s = pretrain.executor(name)
+        res = container["resources"]
+        assert container["image"] == f"ghcr.io/ddiloco/ddiloco-syncer:{image_tag()}"
+        assert "accelerator" not in res
+        assert res["resourceCpuLimit"] == res["resourceCpuRequest"] == PIPELINES["pretrain"].keeper_cpu
+        assert (
+            res["resourceMemoryLimit"] == res["resourceMemoryRequest"] == PIPELINES["pretrain"].keeper_memory
+        )
+        assert k8s["podMetadata"]["labels"]["ddiloco.io/keeper"] == role
+        assert "ddiloco.io/role" not in k8s["podMetadata"]["labels"] and "tolerations" not in k8s
+        assert k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith(
+            "cpu_node_selector"
+        )
+        assert int(k8s["activeDeadlineSeconds"]) == PIPELINES["pretrain"].run_timeout_s
+        env = {e["name"]: e["fieldPath"] for e in k8s["fieldPathAsEnv"]}
+        assert env["DDILOCO_POD_NAME"] == "metadata.name"  # the keeper reads its own pod by this name
+    worker, params = _worker(pretrain, "learner")
+    assert worker["image"] == f"ghcr.io/ddiloco/ddiloco-learner:{image_tag()}"
+    assert worker["limits"] == {"nvidia.com/gpu": "1"} and worker["requests"] == {
+        "cpu": "4",
+        "memory": "32Gi",
+    }
+    assert worker["infra_restarts"] == PIPELINES["pretrain"].learner_retries
+    assert params["node_selector"]["componentInputParameter"].endswith("gpu_node_selector")
+    assert params["tolerations"]["componentInputParameter"].endswith("gpu_tolerations")
+    assert params["store_secret"]["componentInputParameter"].endswith("store_secret")
+    worker, params = _worker(pretrain, "syncer")
+    assert worker["image"] == f"ghcr.io/ddiloco/ddiloco-syncer:{image_tag()}" and worker["limits"] == {}
+    assert params["node_selector"]["componentInputParameter"].endswith("cpu_node_selector")
+
+
+def test_gpus_pools_labels_and_deadlines(pretrain, direct):
+    learner, learner_k8s = direct.executor("learner")
     assert learner["image"] == f"ghcr.io/ddiloco/ddiloco-learner:{image_tag()}"
     assert learner["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
     assert learner["resources"]["accelerator"]["resourceCount"] == "1"
@@ -196,7 +242,7 @@ def test_gpus_pools_labels_and_deadlines(pretrain):
     assert learner_k8s["podMetadata"]["labels"]["ddiloco.io/role"] == "learner"
     assert int(learner_k8s["activeDeadlineSeconds"]) == PIPELINES["pretrain"].run_timeout_s
 
-    syncer, syncer_k8s = pretrain.executor("syncer")
+    syncer, syncer_k8s = direct.executor("syncer")
     assert syncer["image"] == f"ghcr.io/ddiloco/ddiloco-syncer:{image_tag()}"
     assert "accelerator" not in syncer.get("resources", {}) and "tolerations" not in syncer_k8s
     assert syncer_k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith(
@@ -267,7 +313,9 @@ def test_compile_options_change_parallelism_and_images(tmp_path):
     )
     spec = Spec(out)
     assert spec.tasks["learners"][1]["iteratorPolicy"]["parallelismLimit"] == 16
-    assert spec.executor("learner")[0]["image"] == f"r.example/team/ddiloco-learner:{image_tag()}"
+    assert _worker(spec, "learner")[0]["image"] == f"r.example/team/ddiloco-learner:{image_tag()}"
+    assert main(["pipeline", "compile", "--out", str(out), "--no-keeper"]) == 0
+    assert Spec(out).executor("learner")[0]["image"] == f"ghcr.io/ddiloco/ddiloco-learner:{image_tag()}"
 
 
 def test_join_pipeline_checks_the_run_then_starts_learners_with_their_site(compiled):

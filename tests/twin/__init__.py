@@ -15,7 +15,8 @@ input, command line, outputs), platform (KFP's pod spec patch), cluster (Kuberne
 names), argo (retry strategies and decisions, names), dag (DAGs, loops, exit handlers), dagretry (the
 retry nodes above DAG templates, DAG phases), attempts (a container task's pods), failures (how the cluster
 ends a pod: preemption, eviction, OOM kill, admission, drain), pods (processes), kubeapi (the API
-stand-in), engine (the controller: `Twin`),
+stand-in), workers (pods a step creates through it: the keepers' workers), apiview (what the API stand-in
+serves of a run), engine (the controller: `Twin`),
 records (results).
 
 What it can show: inputs as the driver resolves them (whole-value `{{$.pipeline_job_uuid}}` only, channel
@@ -25,7 +26,8 @@ cluster's templateDefaults, backoff, maxDuration, "would exceed max duration", e
 re-runs under templateDefaults, exit hooks skipped for an Omitted group), pod
 names and their 63-character hostnames, pod labels and downward-API env, secrets as env, node selectors and
 tolerations against a list of pretend nodes, activeDeadlineSeconds, exit handlers, ParallelFor parallelism,
-KFP's terminate, and chaos through a stand-in of the Kubernetes pod API.
+KFP's terminate, chaos through a stand-in of the Kubernetes pod API, and pods a step creates through it
+(scheduled, run, ended by the failure kinds, garbage-collected with their owners).
 
 What it cannot show: scheduling beyond label/taint/capacity matching (no affinity, no preemption, no
 image pulls), GPUs (a GPU pod is a CPU process), real networking (every pod is on 127.0.0.1, no Services,

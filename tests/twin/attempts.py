@@ -147,10 +147,11 @@ class ContainerMixin:
             execution_deadline_cluster=node.state["exec_deadline"],
         )
         node.record.attempts.append(a)
+        a.uid = str(uuid.uuid4())
         node.state.update(
             step="pending",
             pending_since=self.now_real(),
-            uid=str(uuid.uuid4()),
+            uid=a.uid,
             proc=None,
             killing=None,
             failure=None,
@@ -248,7 +249,7 @@ class ContainerMixin:
         if env["PYTHONPATH"] != str(SITE_DIR):  # an env that sets PYTHONPATH keeps the hostname stand-in
             env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), env["PYTHONPATH"]])
         a.env, a.argv, a.node = env, argv, meta["node"]
-        node.state["proc"] = PodProcess(argv, env, pod_dir, a.log)
+        node.state["proc"] = PodProcess(argv, env, pod_dir, a.log, emissary=True)
         a.phase, a.started_real, a.started_cluster = "Running", self.now_real(), self.now_cluster()
         node.state["step"] = "running"
 
@@ -297,6 +298,9 @@ class ContainerMixin:
         force-deletes the pod and has the kubelet reject the retry's pod at admission (kubernetes#130145)."""
         k = failure_kind(kind)
         with self.lock:
+            if pod in self.workers.pods:
+                self.workers.inject(pod, kind)
+                return
             node, a = self.pods.get(pod, (None, None))
             proc = node.state.get("proc") if node is not None and node.record.attempts[-1] is a else None
             if proc is None or proc.returncode is not None or a.done or pod in self.deleted:

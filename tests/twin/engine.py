@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tests.twin.apiview import ApiViewMixin
 from tests.twin.attempts import ContainerMixin
 from tests.twin.cluster import Cluster, generate_name, quantity
 from tests.twin.dag import DEADLINE_MSG, DagMixin, TaskNode
@@ -37,6 +38,7 @@ from tests.twin.kubeapi import KubeAPI
 from tests.twin.pods import PodProcess, default_python_bin, kill_marked
 from tests.twin.records import AttemptRecord, TwinRun
 from tests.twin.resolve import RunContext
+from tests.twin.workers import WorkerPods
 
 log = logging.getLogger(__name__)
 _LIVE: weakref.WeakSet[TwinExecution] = weakref.WeakSet()
@@ -106,7 +108,7 @@ class Twin:
             return ex.wait()
 
 
-class TwinExecution(DagMixin, ContainerMixin):
+class TwinExecution(DagMixin, ContainerMixin, ApiViewMixin):
     """One running workflow. Use as a context manager (or call abort()) so nothing outlives it."""
 
     def __init__(self, twin: Twin, arguments: dict[str, Any] | None) -> None:
@@ -140,6 +142,8 @@ class TwinExecution(DagMixin, ContainerMixin):
         self.finished = threading.Event()
         self.error: BaseException | None = None
         self.api = KubeAPI(self, self.record.api_requests.append)
+        self.workflow_uid = str(uuid.uuid4())
+        self.workers = WorkerPods(self)
         self.kubeconfig = self.work_dir / "kubeconfig"
         self.thread = threading.Thread(target=self._loop, name=f"twin-{self.workflow}", daemon=True)
 
@@ -240,7 +244,7 @@ class TwinExecution(DagMixin, ContainerMixin):
         return [n.state["proc"] for n, _ in self.pods.values() if n.state.get("proc")] + self.dying
 
     def _kill_all(self) -> None:
-        for p in self._procs():
+        for p in [*self._procs(), *self.workers.procs()]:
             p.kill()
         kill_marked("TWIN_RUN_ID", self.record.run_id)
 
@@ -271,6 +275,7 @@ class TwinExecution(DagMixin, ContainerMixin):
 
     def _tick(self) -> None:
         self.dying = [p for p in self.dying if p.poll() is None]
+        self.workers.poll()
         deadline = workflow_deadline_s(self.ir)
         if deadline is not None and not self.terminated and self.now_cluster() >= deadline:
             self._deadline_passed(f"stopped by the workflow deadline (activeDeadlineSeconds {deadline:g})")
@@ -301,72 +306,10 @@ class TwinExecution(DagMixin, ContainerMixin):
                 for res, q in node.state["pod"].limits.items():
                     if res not in ("cpu", "memory"):
                         used.setdefault(a.node, {})[res] = used.get(a.node, {}).get(res, 0.0) + quantity(q)
+        for node_name, res in self.workers.gpus().items():
+            for k, q in res.items():
+                used.setdefault(node_name, {})[k] = used.get(node_name, {}).get(k, 0.0) + q
         return used
-
-    # --- the API stand-in's view (kubeapi.PodTable) ---
-    def list_pods(self, namespace: str) -> list[dict[str, Any]]:
-        if namespace != self.cluster.namespace:
-            return []
-        with self.lock:
-            return [
-                self._pod_json(n, a)
-                for pod, (n, a) in self.pods.items()
-                if pod not in self.deleted and (a.phase != "Error" or a.started_real is not None)
-            ]
-
-    def delete_pod(self, namespace: str, name: str, grace_period_s: float | None) -> dict[str, Any] | None:
-        with self.lock:
-            if namespace != self.cluster.namespace or name not in self.pods or name in self.deleted:
-                return None
-            node, a = self.pods[name]
-            body = self._pod_json(node, a)
-            self.deleted.add(name)
-            proc = node.state.get("proc") if node.record.attempts[-1] is a else None
-            if a.done or proc is None:
-                return body  # a completed pod is just removed; Argo keeps the node's phase
-            if grace_period_s:
-                proc.terminate(grace_period_s / self.time_scale)
-                self.dying.append(proc)
-            else:
-                proc.kill()
-            a.exit_code = proc.returncode
-            self._end(
-                node,
-                a,
-                "Error",
-                "pod deleted",
-                f"pod deleted through the API (grace period {grace_period_s or 0:g}s)",
-            )
-            return {**body, "metadata": {**body["metadata"], "deletionTimestamp": _rfc3339(time.time())}}
-
-    def _pod_json(self, node: TaskNode, a: AttemptRecord) -> dict[str, Any]:
-        phase = a.phase if a.phase != "Error" else "Failed"
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": a.pod_name,
-                "namespace": self.cluster.namespace,
-                "uid": node.state.get("uid", ""),
-                "labels": dict(a.labels),
-                "annotations": {
-                    **node.state["pod"].annotations,
-                    "workflows.argoproj.io/node-name": a.node_name,
-                },
-                "creationTimestamp": _rfc3339(self.t0_wall + a.created_real),
-            },
-            "spec": {
-                "containers": [{"name": "main", "image": node.state["pod"].image}],
-                "nodeName": a.node,
-                "serviceAccountName": self.cluster.service_account,
-                "activeDeadlineSeconds": node.state["pod"].active_deadline_seconds,
-            },
-            "status": {
-                "phase": phase,
-                **({"reason": a.status_reason} if a.status_reason else {}),
-                **({"message": a.status_message} if a.status_message else {}),
-            },
-        }
 
 
 def _rfc3339(t: float) -> str:

@@ -1,5 +1,9 @@
 """A stand-in for the Kubernetes API server: the pod calls `ddiloco/chaos_k8s.py` makes, on loopback.
 
+The keeper (components/keeper_loop.py KubePods) creates pods (POST /api/v1/namespaces/{ns}/pods, served by
+workers.py: 201 with the pod, 409 AlreadyExists for a taken name), reads and deletes them, and reads its run's
+Workflow (GET /apis/argoproj.io/v1alpha1/namespaces/{ns}/workflows/{name}, apiview.py).
+
 `KubernetesPods` (the official `kubernetes` client) calls `list_namespaced_pod(ns, label_selector=...)`
 (GET /api/v1/namespaces/{ns}/pods?labelSelector=...) and reads `items[].metadata.name/labels/
 deletionTimestamp` and `items[].status.phase`; then `delete_namespaced_pod(name, ns, grace_period_seconds=0,
@@ -11,7 +15,7 @@ Design choices:
   Running, then Succeeded/Failed), a deleted pod is gone at once. A delete with grace period 0 is a force
   delete: the pod's processes get SIGKILL and Argo records the node as Error "pod deleted"; a delete with a
   grace period sends SIGTERM first (the twin's `PodTable.delete` does the killing and the recording).
-- No authentication, no watch, no other resources: anything else is a 404 (a 405 for other verbs), and
+- No authentication, no watch, no PATCH, no other resources: anything else is a 404 (a 405 for other verbs), and
   every request is recorded for the test to look at.
 - The chaos pod reaches it through a kubeconfig the twin writes: KubernetesPods.connect tries
   `config.load_incluster_config()` first, which raises ConfigException without KUBERNETES_SERVICE_HOST/PORT
@@ -47,6 +51,10 @@ class PodTable(Protocol):
     def delete_pod(
         self, namespace: str, name: str, grace_period_s: float | None
     ) -> dict[str, Any] | None: ...
+
+    def create_pod(self, namespace: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]: ...
+
+    def get_workflow(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
 def _split(selector: str) -> list[str]:
@@ -114,7 +122,10 @@ class KubeAPI:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
-                self.wfile.write(raw)
+                try:
+                    self.wfile.write(raw)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the caller was killed by its own request (a pod deleting itself)
 
             def _route(self, method: str) -> None:
                 url = urlsplit(self.path)
@@ -144,6 +155,14 @@ class KubeAPI:
         self._thread = threading.Thread(target=self.server.serve_forever, name="twin-kube-api", daemon=True)
 
     def handle(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> tuple[int, dict]:
+        wf = re.fullmatch(r"/apis/argoproj.io/v1alpha1/namespaces/([^/]+)/workflows/([^/]+)", path)
+        if wf and method == "GET":
+            found = self.pods.get_workflow(*wf.groups())
+            return (
+                (200, found)
+                if found
+                else (404, _status(404, "NotFound", f'workflows.argoproj.io "{wf.group(2)}" not found'))
+            )
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?", path)
         if not m:
             return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
@@ -163,6 +182,9 @@ class KubeAPI:
                 "metadata": {"resourceVersion": "1"},
                 "items": items,
             }
+        if name is None and method == "POST":
+            code, out = self.pods.create_pod(ns, body)
+            return code, out if code < 300 else _status(code, out["reason"], out["message"])
         if name is not None and method == "GET":
             found = [p for p in self.pods.list_pods(ns) if p["metadata"]["name"] == name]
             return (200, found[0]) if found else (404, _status(404, "NotFound", f'pods "{name}" not found'))

@@ -9,6 +9,11 @@ Design choices:
   process exited, or it was killed) every process still carrying its TWIN_POD_UID - including ones that
   left the process group - is SIGKILLed, as a container's teardown kills everything in it; `stragglers(run)`
   finds whatever a run left behind, for cleanup and for tests.
+- A task pod's main process is Argo's emissary's child: when it exits, the emissary notices at its next
+  wait4 poll, once a second from the start (argo-workflows v4.0.5 workflow/executor/osspecific/
+  signal_darwin.go Wait, which signal_linux.go links to: Wait4 WNOHANG, then sleep one second), and only then
+  does the container end and its remaining processes die. With `emissary=True` a PodProcess whose main
+  process exits while other processes of the pod live reports its end (and kills them) at that poll.
 - `python3` is the twin's interpreter: `<venv>/bin` is put first on PATH. `_site/sitecustomize.py` (on
   PYTHONPATH) makes socket.gethostname() return the pod hostname: a stand-in, see that file.
 """
@@ -16,6 +21,7 @@ Design choices:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -49,8 +55,11 @@ def default_python_bin() -> Path:
 class PodProcess:
     """The running main container of one pod."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> None:
-        self.uid = env["TWIN_POD_UID"]
+    def __init__(
+        self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, emissary: bool = False
+    ) -> None:
+        self.uid, self.emissary, self.started = env["TWIN_POD_UID"], emissary, time.monotonic()
+        self.exited: tuple[int, float] | None = None
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in reap)
         self.proc = subprocess.Popen(
@@ -68,7 +77,13 @@ class PodProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             rc = self.proc.poll()
-            if rc is not None:
+            if rc is not None and self.emissary and self.exited is None and marked("TWIN_POD_UID", self.uid):
+                since = time.monotonic() - self.started
+                self.exited = (rc, self.started + math.floor(since) + 1.0)  # the emissary's next poll
+            if self.exited is not None:
+                if time.monotonic() >= self.exited[1]:
+                    self.reap(self.exited[0])
+            elif rc is not None:
                 self.reap(rc)
         if self.returncode is None and self.kill_at is not None and time.monotonic() >= self.kill_at:
             self.signal(signal.SIGKILL)

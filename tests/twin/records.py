@@ -43,6 +43,8 @@ class AttemptRecord:
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     argv: list[str] = field(default_factory=list)
+    uid: str = ""
+    """the pod's metadata.uid"""
 
     @property
     def done(self) -> bool:

@@ -61,7 +61,7 @@ def hit_run(s3_server, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("twin-failures")
     twin, args = twin_and_args(
-        compile_pipeline("pretrain", work / "pretrain.yaml"), s3_server, work, TOKEN_BUDGET
+        compile_pipeline("pretrain", work / "pretrain.yaml", keeper=False), s3_server, work, TOKEN_BUDGET
     )
     twin.workflow_defaults = load_workflow_defaults(OVERLAY / "workflow-defaults.yaml")
     twin.transient_error_pattern = overlay_transient_pattern(OVERLAY / "controller-env.yaml")

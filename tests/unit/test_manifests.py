@@ -168,14 +168,26 @@ def test_strict_validation_catches_a_typo():
     pm["spec"]["podMetricsEndpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError):
         validate_strict(pm, K8S_VERSIONS[-1])
-    (role, _) = kustomize(MANIFESTS / "base")
+    (role,) = [
+        o
+        for o in kustomize(MANIFESTS / "base")
+        if o["metadata"]["name"] == "ddiloco-chaos" and o["kind"] == "Role"
+    ]
     role["rules"][0]["verb"] = ["get"]
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_strict(role, K8S_VERSIONS[-1])
 
 
+def _rbac(name: str) -> dict[str, dict]:
+    """overlay -> {Role, RoleBinding} named `name`."""
+    return {
+        p.name: {o["kind"]: o for o in kustomize(p) if o["metadata"]["name"] == name and "Role" in o["kind"]}
+        for p in OVERLAYS
+    }
+
+
 def test_chaos_rbac_is_list_and_delete_pods_only_bound_to_the_pipeline_runner():
-    by_overlay = {p.name: {o["kind"]: o for o in kustomize(p)} for p in OVERLAYS}
+    by_overlay = _rbac("ddiloco-chaos")
     overlays = (
         ("kubeflow", "default-editor"),
         ("standalone", "pipeline-runner"),
@@ -188,6 +200,31 @@ def test_chaos_rbac_is_list_and_delete_pods_only_bound_to_the_pipeline_runner():
         ]
         assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": sa}]
         assert objs["RoleBinding"]["metadata"]["namespace"] == objs["Role"]["metadata"]["namespace"]
+
+
+def test_keeper_rbac_is_namespaced_pods_and_a_workflow_read_bound_to_the_pipeline_runner():
+    """The keeper creates, reads, lists and deletes its workers and reads its own pod and its Workflow
+    (components/keeper_loop.py KubePods): a Role in the run's namespace, no ClusterRole."""
+    by_overlay = _rbac("ddiloco-keeper")
+    for name, sa in (
+        ("kubeflow", "default-editor"),
+        ("standalone", "pipeline-runner"),
+        ("standalone-minio", "pipeline-runner"),
+    ):
+        objs = by_overlay[name]
+        assert objs["Role"]["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
+            {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["get"]},
+        ]
+        assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": sa}]
+        assert objs["RoleBinding"]["roleRef"]["name"] == "ddiloco-keeper"
+        assert objs["RoleBinding"]["metadata"]["namespace"] == objs["Role"]["metadata"]["namespace"]
+    assert not any(
+        o["kind"].startswith("Cluster")
+        for p in OVERLAYS
+        for o in kustomize(p)
+        if "ddiloco" in o["metadata"]["name"]
+    )
 
 
 def test_podmonitor_scrapes_the_port_the_pipeline_serves_metrics_on():

@@ -1,0 +1,328 @@
+"""The keeper at work: start or adopt the worker pod of its slot, watch it, start the next incarnation after an
+infrastructure failure, give up after too many crashes; leave for a retry when its own pod is taken away.
+
+Design choices (the decisions themselves are pure functions in `keeper.py`):
+- The keeper polls its worker with a GET every `poll_s` (no watch: a GET a few seconds apart per learner is
+  nothing for the API server, and a poll survives API server restarts without resumption logic).
+- Before it starts incarnation n+1 it waits until no earlier worker of its slot is still being deleted (two
+  learners with one id must never run at once); one that stays Terminating past `stuck_s` (a lost node never
+  confirms the kill) is force-deleted, as `kubectl delete --force` would.
+- SIGTERM to the keeper: its node is drained, shut down or preempted, its pod is deleted, or KFP is stopping
+  the run. Argo v4.0.5 forwards the signal to the process group of the KFP launcher (cmd/argoexec/commands/
+  emissary.go, osspecific.Kill on the pgid); the launcher has no handler and dies at once, and the emissary
+  notices within a second (osspecific.Wait polls wait4 every second) and ends the container. In that window
+  the keeper force-deletes its own pod object (one DELETE, grace 0): Argo then records the node Error "pod
+  deleted" (workflow/controller/operator.go podReconciliation), which stock KFP 2.17's `retryPolicy: OnError`
+  retries, and the retried keeper adopts the worker, which its other owner (the Workflow) keeps alive. When
+  KFP stops the run, Argo has marked the node Failed before it signals (exec_control.go
+  applyExecutionControl: TerminateContainers, then handleExecutionControlError), so the self-delete changes
+  nothing there; the keeper then reads the Workflow and, if it is stopping, deletes its worker.
+- Residual exposure (docs/cluster.md): a keeper killed without SIGTERM - OOM-killed, hard-evicted (grace 0) -
+  or one that misses the window ends Failed, which stock KFP does not retry. The keeper's memory is bounded
+  (one pod's JSON at a time; limit 256 MiB against ~100 MiB used by the launcher, Python and the Kubernetes
+  client), its pod is Guaranteed where Argo's executor containers have requests == limits, and the kubelet
+  evicts a pod under its requests last (pkg/kubelet/eviction/helpers.go rankMemoryPressure).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ddiloco.components.keeper import (
+    CRASH,
+    RUNNING,
+    SUCCEEDED,
+    USAGE,
+    Slot,
+    WorkerSpec,
+    classify,
+    pick,
+    worker_manifest,
+    workflow_stopped,
+)
+
+log = logging.getLogger("ddiloco.keeper")
+
+
+class KeeperFailed(RuntimeError):
+    pass
+
+
+class KubePods:
+    """The few pod (and Workflow) calls the keeper makes, as plain JSON dicts, through the official client."""
+
+    def __init__(self, namespace: str, host: str | None = None) -> None:
+        from kubernetes import client, config
+
+        if host:
+            conf = client.Configuration()
+            conf.host = host
+            api = client.ApiClient(conf)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            api = client.ApiClient()
+        self.core, self.custom, self.namespace = (
+            client.CoreV1Api(api),
+            client.CustomObjectsApi(api),
+            namespace,
+        )
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = fn(*args, _preload_content=False, _request_timeout=30, **kw)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return json.loads(resp.data or b"{}")
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self._call(self.core.read_namespaced_pod, name, self.namespace)
+
+    def list(self, selector: str) -> list[dict[str, Any]]:
+        out = self._call(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
+        return (out or {}).get("items") or []
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._call(self.core.create_namespaced_pod, self.namespace, body)
+        except ApiException as e:
+            if e.status == 409:  # already there: a keeper that died between create and record
+                return self.get(body["metadata"]["name"])
+            raise
+
+    def delete(self, name: str, grace_s: int | None = None) -> bool:
+        kw = {} if grace_s is None else {"grace_period_seconds": grace_s}
+        return self._call(self.core.delete_namespaced_pod, name, self.namespace, **kw) is not None
+
+    def workflow(self, name: str) -> dict[str, Any] | None:
+        return self._call(
+            self.custom.get_namespaced_custom_object,
+            "argoproj.io",
+            "v1alpha1",
+            self.namespace,
+            "workflows",
+            name,
+        )
+
+
+class Keeper:
+    def __init__(
+        self,
+        pods: Any,
+        slot: Slot,
+        spec: WorkerSpec,
+        own_name: str,
+        *,
+        crash_restarts: int,
+        infra_restarts: int,
+        backoff_s: float,
+        poll_s: float = 2.0,
+        stuck_s: float = 120.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.pods, self.slot, self.spec, self.own_name = pods, slot, spec, own_name
+        self.crash_restarts, self.infra_restarts = crash_restarts, infra_restarts
+        self.backoff_s, self.poll_s, self.stuck_s, self.sleep = backoff_s, poll_s, stuck_s, sleep
+        self.worker: str | None = None
+        self.own: dict[str, Any] | None = None
+
+    def run(self) -> None:
+        """Keep the slot's worker until it succeeds (return) or fails for good (KeeperFailed)."""
+        self.own = self.pods.get(self.own_name)
+        if self.own is None:
+            raise KeeperFailed(
+                f"cannot read my own pod {self.own_name!r} (the pod name comes from the downward API)"
+            )
+        found = pick(self.pods.list(self.slot.selector()))
+        crashes, infra, n = found.crashes, found.infra, found.next_incarnation
+        if found.done is not None:
+            log.info("worker %s already succeeded: nothing to do", found.done["metadata"]["name"])
+            return
+        if found.ending is not None:
+            raise KeeperFailed(f"worker {found.ending['metadata']['name']}: {classify(found.ending).why}")
+        if found.adopt is not None:
+            self.worker = found.adopt["metadata"]["name"]
+            log.info("adopted live worker %s", self.worker)
+        while True:
+            if self.worker is None:
+                self._wait_for_terminating()
+                self._create(n)
+                n += 1
+            ending = self._watch()
+            if ending.state == SUCCEEDED:
+                log.info("worker %s succeeded", self.worker)
+                return
+            name, self.worker = self.worker, None
+            if ending.state == USAGE:
+                raise KeeperFailed(f"worker {name}: {ending.why}")
+            if ending.state == CRASH:
+                crashes += 1
+                if crashes > self.crash_restarts:
+                    raise KeeperFailed(
+                        f"worker {name} crashed ({ending.why}); {crashes - 1} restarts used of "
+                        f"crash_restarts={self.crash_restarts} (its error is in the worker's log)"
+                    )
+            else:
+                infra += 1
+                if infra > self.infra_restarts:
+                    raise KeeperFailed(
+                        f"worker {name} was taken away by the cluster ({ending.why}) for the {infra}th time: "
+                        f"more than the limit of {self.infra_restarts}"
+                    )
+            log.warning(
+                "worker %s ended: %s (%s); incarnation %d in %gs", name, ending.state, ending.why, n,
+                self.backoff_s,
+            )  # fmt: skip
+            self.sleep(self.backoff_s)
+
+    def _create(self, n: int) -> None:
+        body = worker_manifest(self.slot, n, self.spec, self.own or {})
+        self.pods.create(body)
+        self.worker = body["metadata"]["name"]
+        log.info("started worker %s", self.worker)
+
+    def _watch(self) -> Any:
+        assert self.worker is not None
+        while True:
+            pod = self.pods.get(self.worker)
+            ending = classify(pod)
+            if ending.state != RUNNING:
+                return ending
+            self.sleep(self.poll_s)
+
+    def _wait_for_terminating(self) -> None:
+        waited = 0.0
+        while True:
+            going = [
+                p["metadata"]["name"]
+                for p in self.pods.list(self.slot.selector())
+                if classify(p).state == RUNNING and (p.get("metadata") or {}).get("deletionTimestamp")
+            ]
+            if not going:
+                return
+            if waited >= self.stuck_s:
+                for name in going:
+                    log.warning("worker %s still terminating after %gs: force-deleting it", name, waited)
+                    self.pods.delete(name, 0)
+            self.sleep(self.poll_s)
+            waited += self.poll_s
+
+    def on_sigterm(self) -> None:
+        """Leave for a retry (module docstring): force-delete the own pod, then clean up if the run stops."""
+        try:
+            self.pods.delete(self.own_name, 0)
+        except Exception:  # noqa: BLE001 (nothing else can be done in the window; the log says what)
+            log.exception("could not delete my own pod %s", self.own_name)
+        labels = ((self.own or {}).get("metadata") or {}).get("labels") or {}
+        workflow_name = labels.get("workflows.argoproj.io/workflow", "")
+        try:
+            stopping = (
+                workflow_stopped(self.pods.workflow(workflow_name), time.time()) if workflow_name else False
+            )
+        except Exception:  # noqa: BLE001
+            log.exception("could not read workflow %s", workflow_name)
+            stopping = False
+        if stopping and self.worker:
+            log.warning("the run is being stopped: deleting worker %s", self.worker)
+            self.pods.delete(self.worker)
+
+
+def keep(keeper: Keeper) -> None:
+    """Run a keeper with its SIGTERM handler installed (exit 143 after the handler)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        keeper.on_sigterm()
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    keeper.run()
+
+
+def worker_env(
+    secret_env: dict[str, str], store_secret: str, s3_endpoint: str, run_key: dict[str, str] | None
+) -> list[dict[str, Any]]:
+    """The worker's env as the task pod has it today: store credentials from the store Secret, the optional
+    run key, the namespace and the pod's own name from the downward API, the S3 endpoint."""
+    from ddiloco.components.runtime import NAMESPACE_ENV
+
+    from ddiloco.hostname import POD_NAME_ENV
+
+    env: list[dict[str, Any]] = [
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": store_secret, "key": key}}}
+        for key, var in secret_env.items()
+    ]
+    if run_key:
+        ref = {"name": run_key["secret"], "key": run_key["key"], "optional": True}
+        env.append({"name": run_key["env"], "valueFrom": {"secretKeyRef": ref}})
+    env += [
+        {"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    if s3_endpoint:
+        env.append({"name": "DDILOCO_S3_ENDPOINT", "value": s3_endpoint})
+    return env
+
+
+def keep_role(
+    role: str,
+    store_root: str,
+    run_id: str,
+    worker: dict[str, Any],
+    *,
+    learner_id: int | None = None,
+    flags: dict[str, Any] | None = None,
+    s3_endpoint: str = "",
+    store_secret: str = "",
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    crash_restarts: int = 0,
+) -> None:
+    """A keeper task's body: keep `ddiloco ROLE --store ROOT [--learner-id N] FLAGS` running in a worker pod.
+    `worker` is the compile-time part (image, resources, limits, backoff), the rest comes from the run."""
+    from ddiloco.components.runtime import NAMESPACE_ENV, command
+
+    from ddiloco.hostname import POD_NAME_ENV
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cmd = command(role, store=store_root, learner_id=learner_id, **(flags or {}))
+    spec = WorkerSpec(
+        image=worker["image"],
+        command=["python3", *cmd[1:]],
+        env=worker_env(worker["secret_env"], store_secret, s3_endpoint, worker.get("run_key")),
+        requests=worker.get("requests", {}),
+        limits=worker.get("limits", {}),
+        node_selector=dict(node_selector or {}),
+        tolerations=list(tolerations or []),
+    )
+    own, namespace = os.environ.get(POD_NAME_ENV, ""), os.environ.get(NAMESPACE_ENV, "")
+    if not own or not namespace:
+        raise ValueError(
+            f"the keeper needs {POD_NAME_ENV} and {NAMESPACE_ENV} (the pipeline sets them from the downward API)"
+        )
+    keeper = Keeper(
+        KubePods(namespace),
+        Slot(role, run_id, learner_id),
+        spec,
+        own,
+        crash_restarts=crash_restarts,
+        infra_restarts=int(worker["infra_restarts"]),
+        backoff_s=float(worker["backoff_s"]),
+        poll_s=float(worker.get("poll_s", 2.0)),
+    )
+    keep(keeper)
