@@ -45,9 +45,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from ddiloco import keys
-from ddiloco.failpoints import ENV_VAR as FAILPOINT_ENV
-from ddiloco.failpoints import ONCE_ENV_VAR as FAILPOINT_ONCE_ENV
+from ddiloco import failpoints, keys
 from ddiloco.launch import LocalRun
 from ddiloco.recipes import load_config
 from ddiloco.store.url import open_store
@@ -61,16 +59,7 @@ GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL in a preemption (the pod's terminationGracePeriodSeconds, scaled)."""
 CHAOS_KINDS = ["kill_learner"] * 5 + ["stall_learner"] * 3 + ["kill_syncer", "store_outage"]
 OWN_KINDS = ["preempt_learner"] * 2 + ["preempt_syncer", "oom_kill", "publish_crash"]
-PUBLISH_STEPS = [
-    "after_momentum",
-    "after_master",
-    "after_record",
-    "after_delta",
-    "after_global",
-    "after_pointer",
-    "after_status",
-    "after_state",
-]
+PUBLISH_STEPS = list(failpoints.STEPS["publish"])
 
 
 def schedule(minutes: float, rate: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -202,8 +191,8 @@ class OwnFaults(threading.Thread):
                 return None
             marker = os.path.join(self.workdir, f"failpoint-{len(self.armed)}")
             # armed for every process started from now on; one-shot: it fires where it can create the marker
-            self.run_.extra_env[FAILPOINT_ENV] = f"publish:{ev['step']}:kill@{ev['nth']}"
-            self.run_.extra_env[FAILPOINT_ONCE_ENV] = marker
+            self.run_.extra_env[failpoints.ENV_VAR] = f"publish:{ev['step']}:kill@{ev['nth']}"
+            self.run_.extra_env[failpoints.ONCE_ENV_VAR] = marker
             self.armed.append((ev, marker))
             popen.kill()  # the launcher restarts it with the failpoint armed
             return {"marker": marker}

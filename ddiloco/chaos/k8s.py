@@ -9,8 +9,10 @@ Design choices:
 - Who is a victim: the pod the store names (`chaos.victims`) is deleted only if it is in the list the API
   returns for the role label selector *and* this run's Argo workflow label, and the labels are checked again
   on our side. Nothing else is touched.
-- A kill is a delete with grace period 0 (the pod gets SIGKILL, like a node loss). Argo marks the node
-  `Error`; the retry that brings the learner back needs the workflow-controller setting in `manifests/`.
+- A kill is a delete with grace period 0 (the pod gets SIGKILL, like a node loss). With keepers (the
+  default) the victim is a worker pod and its keeper starts the next incarnation
+  (`ddiloco.components.keeper`); with `--no-keeper` it is the task pod, Argo marks the node `Error` and
+  stock KFP 2.17's `OnError` retries it (docs/cluster.md, "Retries").
 - The official client is imported only when a backend connects: importing this module (the pipelines read
   its label names) pulls in neither kubernetes nor kfp.
 """
