@@ -18,7 +18,7 @@ from ddiloco.store.url import open_store
 from tests.twin import stragglers
 from tests.twin.test_pretrain_pipeline import NAMESPACE, twin_and_args
 
-pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow]
+pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1200)]
 ROUNDS = (  # (learner 0, learner 1, syncer): every role's worker meets every kind once
     ("preempt", "evict", "oom"),
     ("oom", "admission", "preempt"),

@@ -24,7 +24,7 @@ from ddiloco.pipelines.compile import compile_pipeline
 from ddiloco.store.url import open_store
 from tests.twin import KFP_2_17, Cluster, Twin, stragglers
 
-pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow]
+pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 EXTRA_ENV = {"PYTHONPATH": os.environ["TWIN_PYTHONPATH"]} if os.environ.get("TWIN_PYTHONPATH") else {}
 """TWIN_PYTHONPATH=DIR: the pods import ddiloco from DIR (a second checkout) instead of the installed one."""
@@ -76,6 +76,7 @@ def pretrain_run(profile_s3, compiled, tmp_path_factory):
     2.17's profile controller writes), not the server's admin key."""
     assert profile_s3.namespace == NAMESPACE
     twin, args = twin_and_args(compiled, profile_s3, tmp_path_factory.mktemp("twin-pretrain"), 600_000)
+    twin.timeout_s = 900  # the whole pipeline, report included, on a loaded 2-core runner
     return twin.run(args), profile_s3
 
 
