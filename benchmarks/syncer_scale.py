@@ -86,7 +86,7 @@ PRESET_DEFAULTS = {
     "350m": (50304, 1024),
     "1b": (50304, 1024),
 }
-STEPS = 24  # c_steps of every answer (H = 24)
+STEPS = 24  # c_steps of the first answer (H = 24); answer m claims STEPS - m steps
 
 
 def layout_of(preset: str, vocab: int, block: int, P: int, whole: bool) -> Layout:
@@ -147,8 +147,8 @@ def one_round(
             "fragment_id": p,
             "round": s,
             "base_version": 0,
-            "c_steps": STEPS,
-            "c_tokens": STEPS * tokens_per_step - m,
+            "c_steps": STEPS - m % STEPS,  # unequal weights; tokens are exact per step (`protocol.claims`)
+            "c_tokens": (STEPS - m % STEPS) * tokens_per_step,
             "c_seconds": 10.0,
             "inner_step": 1000,
             "codec": args.codec,
