@@ -185,9 +185,13 @@ class Keeper:
                         f"more than the limit of {self.infra_restarts}"
                     )
             log.warning(
-                "worker %s ended: %s (%s); incarnation %d in %gs", name, ending.state, ending.why, n,
+                "worker %s ended: %s (%s); incarnation %d in %gs",
+                name,
+                ending.state,
+                ending.why,
+                n,
                 self.backoff_s,
-            )  # fmt: skip
+            )
             self.sleep(self.backoff_s)
 
     def _create(self, n: int) -> None:

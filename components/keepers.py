@@ -23,11 +23,18 @@ def learner(
     from ddiloco.components.runtime import run_root
 
     keep_role(
-        "learner", run_root(store, run_id), run_id, worker, learner_id=learner_id,
-        flags={"metrics_port": None if metrics_port < 0 else metrics_port}, s3_endpoint=s3_endpoint,
-        store_secret=store_secret, node_selector=node_selector, tolerations=tolerations,
+        "learner",
+        run_root(store, run_id),
+        run_id,
+        worker,
+        learner_id=learner_id,
+        flags={"metrics_port": None if metrics_port < 0 else metrics_port},
+        s3_endpoint=s3_endpoint,
+        store_secret=store_secret,
+        node_selector=node_selector,
+        tolerations=tolerations,
         crash_restarts=restarts,
-    )  # fmt: skip
+    )
 
 
 def syncer(
@@ -48,8 +55,14 @@ def syncer(
 
     root = run_root(store, run_id)
     keep_role(
-        "syncer", root, run_id, worker, flags={"metrics_port": None if metrics_port < 0 else metrics_port},
-        s3_endpoint=s3_endpoint, store_secret=store_secret, node_selector=node_selector,
+        "syncer",
+        root,
+        run_id,
+        worker,
+        flags={"metrics_port": None if metrics_port < 0 else metrics_port},
+        s3_endpoint=s3_endpoint,
+        store_secret=store_secret,
+        node_selector=node_selector,
         crash_restarts=restarts,
-    )  # fmt: skip
+    )
     store_model(final_model, root, "final", s3_endpoint)

@@ -128,14 +128,14 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     return meta
 
 
-def config_differences(stored: Any, given: Any, prefix: str = "") -> list[str]:
+def config_differences(saved: Any, given: Any, prefix: str = "") -> list[str]:
     """Dotted keys where two config dicts differ (a value, or a key only one of them has)."""
-    if isinstance(stored, dict) and isinstance(given, dict):
+    if isinstance(saved, dict) and isinstance(given, dict):
         out: list[str] = []
-        for k in sorted(set(stored) | set(given), key=str):
-            out += config_differences(stored.get(k), given.get(k), f"{prefix}{k}.")
+        for k in sorted(set(saved) | set(given), key=str):
+            out += config_differences(saved.get(k), given.get(k), f"{prefix}{k}.")
         return out
-    return [] if stored == given else [prefix.rstrip(".") or "(the whole config)"]
+    return [] if saved == given else [prefix.rstrip(".") or "(the whole config)"]
 
 
 def _shards_rule(cfg: RunConfig) -> str:

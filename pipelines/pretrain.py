@@ -202,18 +202,23 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
             with dsl.ParallelFor(items=prep.output, parallelism=opts.max_learners, name="learners") as lid:
                 if opts.keeper:
                     learner = c.learner_keeper(
-                        learner_id=lid, worker=k8s.worker("learner"), store_secret=store_secret,
+                        learner_id=lid,
+                        worker=k8s.worker("learner"),
+                        store_secret=store_secret,
                         node_selector=gpu_node_selector if opts.gpu else cpu_node_selector,
-                        tolerations=gpu_tolerations if opts.gpu else [], **roles,
-                    )  # fmt: skip
+                        tolerations=gpu_tolerations if opts.gpu else [],
+                        **roles,
+                    )
                     k8s.keeper(learner.after(prep), "learner", opts.learner_retries)
                 else:
                     k8s.learner(c.learner(learner_id=lid, **roles).after(prep))
             if opts.keeper:
                 sync = c.syncer_keeper(
-                    worker=k8s.worker("syncer"), store_secret=store_secret, node_selector=cpu_node_selector,
+                    worker=k8s.worker("syncer"),
+                    store_secret=store_secret,
+                    node_selector=cpu_node_selector,
                     **roles,
-                )  # fmt: skip
+                )
                 sync = k8s.keeper(sync.after(prep), "syncer", opts.syncer_retries)
             else:
                 sync = k8s.syncer(c.syncer(**roles).after(prep))
@@ -315,9 +320,14 @@ class _Wiring:
             img, limits, retries = image(SYNCER, o.registry), {}, o.syncer_retries
             requests = {"cpu": o.syncer_cpu, "memory": o.syncer_memory}
         out: dict[str, Any] = {
-            "image": img, "requests": requests, "limits": limits, "secret_env": dict(SECRET_KEYS),
-            "infra_restarts": retries, "backoff_s": duration_s(o.backoff), "poll_s": o.keeper_poll_s,
-        }  # fmt: skip
+            "image": img,
+            "requests": requests,
+            "limits": limits,
+            "secret_env": dict(SECRET_KEYS),
+            "infra_restarts": retries,
+            "backoff_s": duration_s(o.backoff),
+            "poll_s": o.keeper_poll_s,
+        }
         if o.run_key_secret:
             out["run_key"] = {"secret": o.run_key_secret, "key": "key", "env": RUN_KEY_ENV}
         return out

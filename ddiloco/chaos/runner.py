@@ -148,7 +148,8 @@ class ChaosRunner:
     def _note_start(self, now: float) -> bool:
         """Add this attempt's start to the run's chaos steps; True if an earlier attempt started before."""
         key = keys.chaos_step_key(self.backend.name)
-        starts = list((self.store.get_json_or_none(key) or {}).get("started_at", []))
+        record = self.store.get_json_or_none(key)
+        starts = list(record.get("started_at", [])) if isinstance(record, dict) else []
         self.store.put_json(key, {"started_at": [*starts, now]})
         return bool(starts)
 
