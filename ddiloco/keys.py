@@ -2,7 +2,7 @@
 
 No torch here: `ddiloco.components`, `ddiloco.pipelines`, chaos and the summary import it cheaply.
 
-What stays how long (issue 16: bounded storage): global versions `global/{p}/v{n}` and outer momentum
+What stays how long (bounded storage): global versions `global/{p}/v{n}` and outer momentum
 `syncer/momentum/{p}/v{n}` are pruned by the syncer after each merge to the newest few plus the loss curve's
 moments (`ddiloco.retention`, remembered in `syncer/retention.json`); updates `updates/{p}/{round}/` are
 deleted when their round merges or is abandoned (late ones at the fragment's next merge, all at the end); a

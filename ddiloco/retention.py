@@ -25,7 +25,7 @@ Design choices:
 - Per fragment at most keep_latest + curve_moments global versions (16 at the defaults: 4 + 12; 12 moments
   leave ≥ 7 after a doubling, plus the run's end: the report's 8 curve points) and keep_latest momentum
   versions. At the 350m paper-like recipe that is ~16 × 29 MB per fragment instead of ~3,200 versions.
-- `retention: null` keeps everything (the behaviour before issue 16), for studies that need every version.
+- `retention: null` keeps every version and its objects, for studies that need every version.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Design choices:
   fresh moments, so it ramps up again over its own first steps, then runs at the run's current rate.
 - Decay (`train.lr_schedule`) follows the run's global progress, the fraction of `diloco.token_budget`
   merged, clamped to [0, 1]: `cosine` (default) from train.lr down to `train.lr_min_ratio`·train.lr at the
-  budget, `linear` between the same two points, or `constant` (no decay: the schedule before issue 17).
+  budget, `linear` between the same two points, or `constant` (no decay: warm-up only).
   Beyond the budget it stays at the floor. The progress is global, not per learner, so a learner that joined
   late runs at the same rate as one that was there from the start once both are past their warm-up.
 - How a learner reads progress (`GlobalSchedule`): `tokens_merged` of the newest syncer status it polled,

@@ -5,8 +5,8 @@ Design choices:
   are comparable across the initial, final and fine-tuned checkpoints and the post-hoc curve.
 - Any checkpoint in the store can be evaluated (`load_model`): `final`, `latest` (newest global version of
   every fragment), `sft`, `round:N` (the global model right after round N merged, while retention keeps its versions),
-  `learner:ID` (a learner's latest checkpoint, only from runs before issue 16: checkpoints now hold no
-  parameters), or the key of any payload holding every parameter (named `name` or `param/name`).
+  `learner:ID` (a learner's latest checkpoint, when it holds parameters: checkpoints this version writes
+  hold none), or the key of any payload holding every parameter (named `name` or `param/name`).
 - Tasks come from the run's own data: the synthetic world (`tasks.synthetic_tasks`) for the built-in corpus,
   cloze multiple choice from the validation split for user corpora. Deterministic given `EvalTasksConfig.seed`.
 - Results are JSON under `eval/` so reports and reruns read them instead of recomputing.
