@@ -133,6 +133,8 @@ class SyncerFiles:
         self.store, self.run_id, self.layout, self.key, self.dtype = store, run_id, layout, key, dtype
         self.download_codec = download_codec
         self.slots = adopt.VersionSlots(store, run_id, layout, key)
+        self._judged: tuple[int, int, int] | None = None
+        """(fragment, version, round) whose global version key this publish attempt already judged (`_create`)."""
         """What is at the global version keys: adoption, judging a taken key, the quarantine."""
         self._digests: dict[int, tuple[int, str]] = {}
         """Fragment -> (version, SHA-256 of its published values) as last read and verified: a publish reads
@@ -242,6 +244,7 @@ class SyncerFiles:
         `proposal.published` (L_v); returns the bytes of the global payloads. `Fenced` when another syncer
         published this version first."""
         p, version, epoch = record.fragment_id, proposal.version, record.epoch
+        self._judged = None  # a retried publish judges the global version key again
         meta = {
             "run_id": self.run_id,
             "kind": "momentum",
@@ -313,7 +316,10 @@ class SyncerFiles:
         publish's own → the object is what a publish that died before its global version left (or this
         publish's earlier attempt), and is overwritten."""
         if not self.store.create(key, data):
-            self.slots.ours(record, version)
+            judged = (record.fragment_id, version, record.round)
+            if self._judged != judged:  # one read of the global version per publish, not one per taken key
+                self.slots.ours(record, version)  # raises when another epoch published it
+                self._judged = judged
             log.warning(
                 "syncer: overwriting %s, left by a publish that never reached its global version", key
             )
