@@ -8,30 +8,18 @@ import pytest
 import torch
 
 from ddiloco import failpoints, keys
-from ddiloco.fragments import Fragment
-from ddiloco.globalmodel import Layout, latest_version, pack_global, publish_global
+from ddiloco.globalmodel import latest_version, pack_global, publish_global
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import Ledger, RoundRecord, SyncerState
 from ddiloco.store.memory import MemoryStore
-from ddiloco.syncer.fragment import GlobalFragment, MergeRule
+from ddiloco.syncer.fragment import GlobalFragment
 from ddiloco.syncer.lease import Fenced
 from ddiloco.syncer.rounds import Answer, Round
 from ddiloco.syncer.state import SyncerFiles, credit
+from tests.unit.test_syncer_state import GAIN, LAYOUT, RULE  # one fragment holding one 16-value tensor
 
 RUN = "r"
 KEY = signing.for_run(b"crash-key" * 4, RUN)
-GAIN = "h.0.ln_1.weight"
-LAYOUT = Layout(
-    fragments=[Fragment(0, (GAIN,), 16)], shapes={GAIN: [16]}, embedding_names=frozenset(), model={}
-)
-RULE = MergeRule(
-    method="rda",
-    outer_lr=0.7,
-    outer_momentum=0.9,
-    token_weighting=True,
-    robust_clip=None,
-    embedding_names=frozenset(),
-)
 CONFIGS = {  # (global dtype, download codec) -> the writes of one publish, in order
     ("fp32", "none"): ("after_momentum", "after_record", "after_global", "after_pointer"),
     ("bf16", "none"): ("after_momentum", "after_master", "after_record", "after_global", "after_pointer"),
