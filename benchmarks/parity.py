@@ -40,7 +40,16 @@ weighting on/off with learner 0 at half batch), `fragments` (P = 1, 2, 4, 8), `s
     .venv/bin/python benchmarks/parity.py [--methods dp,sync,decoupled] [--ablations merge,codec,...|all]
         [--seeds N] [--compare compute|tokens] [--corpus synthetic|python-docs] [--corpus-path PATH]
         [--learners 4] [--tokens N] [--set key=value ...] [--json PATH] [--resume PATH.runs.jsonl]
-        [--task-items N | --no-tasks] [--quick]
+        [--task-items N | --no-tasks] [--quick | --preset small]
+
+Small-budget preset (`--preset small`): quality as a tracked property. Data-parallel and Decoupled DiLoCo,
+3 seeds, equal compute, 2.5M merged tokens (~2.7M processed), H = 48, int4 uploads and the default int8
+download deltas, M = 4, no downstream tasks: each fragment is merged only ~6-7 times, which is where a change to
+pacing, the grace window, the schedule or the staleness rule shows (~12 minutes on 2 cores with nothing else
+running). Any option given explicitly wins over the preset's. Besides the tables and the full JSON, it prints
+one line `{"small_budget": ...}`: the gap to data-parallel (mean, sd, min, max, by seed) and the mean losses;
+`docs/results.md` §12 keeps one row per release. Not a CI test (asynchronous runs are not deterministic), but
+the number every change to the learner or syncer is checked against before it lands.
 
 Prints a table per comparison and seed, then the aggregate over seeds; the last line is one JSON object (also
 written to --json PATH): `methods` (one entry per method and seed: method, seed, final_val_loss,
@@ -87,6 +96,16 @@ CORPORA = ("synthetic", "python-docs")
 COMPARE = {"compute": "processed", "tokens": "budget"}  # --compare mode: its old --dp-tokens name
 BATCH_OPTION = "learner_batch_sizes"  # train.<this>: per-learner batch sizes by learner id
 DECOUPLED = ("diloco.codec=int4",)
+PRESETS = {
+    "small": {
+        "methods": "dp,decoupled",
+        "seeds": 3,
+        "tokens": 2_500_000,
+        "task_items": 0,
+        "overrides": ["diloco.sync_every=48"],  # int4 uploads: DECOUPLED
+    },
+}
+"""`--preset NAME`: defaults for options not given on the command line (overrides go first, `--set` wins)."""
 QUICK = (
     "model.n_layer=1",
     "model.n_head=2",
@@ -236,10 +255,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], l
     """(arguments with defaults filled in, methods, ablations)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "--methods", default="dp,sync,decoupled", help=f"comma list of {', '.join(METHODS)}, or none"
+        "--methods", default=None, help=f"comma list of {', '.join(METHODS)}, or none (default: all three)"
     )
     ap.add_argument("--ablations", default="none", help=f"comma list of {', '.join(ABLATIONS)}, all, or none")
-    ap.add_argument("--seeds", type=int, default=1, help="run every configuration for seeds 0 … N−1")
+    ap.add_argument("--seeds", type=int, default=None, help="run every configuration for seeds 0 … N−1 (1)")
     ap.add_argument(
         "--compare",
         choices=list(COMPARE),
@@ -258,6 +277,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], l
     ap.add_argument("--task-items", type=int, default=None, help="items per task (0: no task accuracy)")
     ap.add_argument("--no-tasks", action="store_true", help="skip downstream task accuracy")
     ap.add_argument("--quick", action="store_true", help="a tiny smoke configuration (well under a minute)")
+    ap.add_argument("--preset", choices=list(PRESETS), default=None, help="small: the small-budget check")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per configuration")
     ap.add_argument("--workdir", default=None, help="parent of the per-run temporary workdirs")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
@@ -266,6 +286,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], l
         "--resume", default=None, metavar="PATH.runs.jsonl", help="reuse runs an earlier --json recorded"
     )
     args = ap.parse_args(argv)
+    if args.preset and args.quick:
+        ap.error("--preset and --quick are two different configurations; give one")
+    apply_preset(args)
     if args.compare and args.dp_tokens and COMPARE[args.compare] != args.dp_tokens:
         ap.error(f"--compare {args.compare} contradicts --dp-tokens {args.dp_tokens}; give --compare only")
     old = {v: k for k, v in COMPARE.items()}
@@ -280,7 +303,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], l
     args.learners = args.learners or (2 if args.quick else 4)
     if args.quick and args.tokens is None:
         args.tokens = 24_000
-    args.task_items = 0 if args.no_tasks else (args.task_items or (10 if args.quick else 100))
+    if args.task_items is None:
+        args.task_items = 10 if args.quick else 100
+    args.task_items = 0 if args.no_tasks else args.task_items
     methods = [] if args.methods == "none" else args.methods.split(",")
     ablations = (
         list(ABLATIONS)
@@ -294,6 +319,40 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], l
         if name not in ABLATIONS:
             ap.error(f"unknown ablation {name!r}; choose from {', '.join(ABLATIONS)}")
     return args, methods, ablations
+
+
+def apply_preset(args: argparse.Namespace) -> None:
+    """Fill the options the command line left unset from `--preset` (then the plain defaults)."""
+    preset = PRESETS.get(args.preset or "", {})
+    for name, default in (("methods", "dp,sync,decoupled"), ("seeds", 1), ("tokens", None)):
+        if getattr(args, name) is None:
+            setattr(args, name, preset.get(name, default))
+    if args.task_items is None and "task_items" in preset:
+        args.task_items = preset["task_items"]
+    args.overrides = [*preset.get("overrides", []), *args.overrides]
+
+
+def small_budget_line(args: argparse.Namespace, out: dict[str, Any]) -> dict[str, Any] | None:
+    """The preset's one-line summary: the decoupled gap to data-parallel over seeds and the mean losses."""
+    agg = {a["method"]: a for a in out["aggregate"]["methods"]}
+    dec, dp = agg.get("decoupled"), agg.get("dp")
+    if dec is None or dp is None:
+        return None
+    gap = {k: dec.get(f"loss_vs_dp_pct{k}") for k in ("", "_std", "_min", "_max", "_by_seed")}
+    return {
+        "small_budget": {
+            "corpus": args.corpus,
+            "seeds": out["seeds"],
+            "gap_vs_dp_pct": {"mean" if k == "" else k[1:]: v for k, v in gap.items()},
+            "decoupled_loss": dec["final_val_loss"],
+            "decoupled_loss_std": dec.get("final_val_loss_std"),
+            "dp_loss": dp["final_val_loss"],
+            "dp_loss_std": dp.get("final_val_loss_std"),
+            "tokens_processed": dec.get("tokens_processed"),
+            "overrides": args.overrides,
+            "total_seconds": round(out["total_seconds"], 1),
+        }
+    }
 
 
 def run_methods(
@@ -408,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
         print(t)
     for k, v in out["checks"].items():
         print(f"check {k}: {v}")
+    if args.preset == "small" and (line := small_budget_line(args, out)) is not None:
+        out["small_budget"] = line["small_budget"]
+        print(json.dumps(line, sort_keys=True, default=str))
     text = json.dumps(out, sort_keys=True, default=str)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")

@@ -10,8 +10,8 @@ Design choices:
 - A section that belongs to a feature module lives there (`link`: `ddiloco.store.shaped`, `retention`:
   `ddiloco.retention`) or is checked by it (`chaos`: `ddiloco.chaos.events` parses the events); those
   modules raise `ddiloco.errors.ConfigError` and never import this one.
-- Every error names the key and says what to change.
-- The config travels as JSON (`config.json` at the run root); YAML is only an input format.
+- Every error names the key and says what to change. The config travels as JSON (`config.json` at the run
+  root); YAML is only an input format.
 """
 
 from __future__ import annotations
@@ -112,9 +112,8 @@ class TrainConfig:
     weight_decay: float = 0.1
     """AdamW weight decay (2-D tensors only)."""
     beta1: float = 0.9
-    """AdamW beta1."""
+    """AdamW beta1 (beta2 below)."""
     beta2: float = 0.95
-    """AdamW beta2."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
     device: str = "auto"
@@ -211,6 +210,8 @@ class DilocoConfig:
     """Outer Nesterov SGD learning rate."""
     outer_momentum: float = 0.9
     """Outer Nesterov SGD momentum."""
+    momentum_follows_lr: bool = True
+    """Rescale the outer momentum as the inner rate decays, so outer steps anneal too (`merge.OuterNesterov`)."""
     merge: str = "rda"
     """`rda` (radial-directional averaging) or `mean` (token-weighted mean) for non-embedding tensors."""
     token_weighting: bool = True
@@ -225,8 +226,7 @@ class DilocoConfig:
     learner one version behind downloads only that (`ddiloco.downlink`); none: full versions only (`off`
     would read as false in YAML). int8 by default: at the tiny preset (M = 4, int4 uploads, 1.5M tokens) it
     cut downloads 2.7x (fp32 globals, two seeds) and 1.7x (bf16), int4 3.8x and 2.5x, every val loss within
-    the runs' noise (±2%) of none; int8 is the conservative choice (steps 18x finer, so learners track the
-    master more tightly) until a larger run shows int4 costs nothing."""
+    the runs' noise (±2%) of none; int8 is the conservative choice (steps 18x finer) until int4 is shown free."""
     mixing: float = 0.0
     """α: on a new global version, local ← α·local + (1−α)·global (0 = overwrite)."""
     token_budget: int = 10_000_000

@@ -273,6 +273,15 @@ class OuterNesterov:
     buffer starts as a copy of the first gradient, then ``buf = m·buf + g``, ``p -= lr·(g + m·buf)``.
     It keeps names rather than parameter objects so its state saves as a flat safetensors dict and a step
     can touch one fragment without the others.
+
+    Schedule-aware momentum (`lr_scale`): an outer gradient is a sum of inner steps, so it carries the inner
+    learning rate η it was trained at (Δ ≈ η·ĝ), and a plain buffer keeps old rates: when the inner rate
+    decays, a buffer filled at the peak rate keeps moving the model as far as before, and the annealing the
+    learners do never reaches the global model. torch's SGD with an LR schedule keeps gradients in its buffer
+    and multiplies by the *current* rate; the same rule on ĝ = Δ/η is ``buf = m·(η_k/η_{k−1})·buf + Δ``,
+    ``p -= lr·(Δ + m·buf)``: the buffer is kept in Δ units at the latest scale (`lr_scale`, saved with the
+    momentum) and rescaled when the scale changes. With a constant scale (the default 1.0 on every step) it
+    is the plain rule above, bit for bit.
     """
 
     def __init__(self, lr: float = 0.7, momentum: float = 0.9) -> None:
@@ -283,9 +292,16 @@ class OuterNesterov:
         self.lr = float(lr)
         self.momentum = float(momentum)
         self._buf: dict[str, Tensor] = {}
+        self.lr_scale: float | None = None
+        """The inner-rate scale η the buffer is expressed at (None: not known, taken as the next step's)."""
 
-    def step(self, params: dict[str, Tensor], outer_grad: Mapping[str, Tensor]) -> None:
-        """Update ``params`` (contiguous fp32, in place) with ``outer_grad`` (same names and shapes)."""
+    def step(
+        self, params: dict[str, Tensor], outer_grad: Mapping[str, Tensor], lr_scale: float = 1.0
+    ) -> None:
+        """Update ``params`` (contiguous fp32, in place) with ``outer_grad`` (same names and shapes), trained at
+        inner-rate scale ``lr_scale`` (class docstring: the buffer is rescaled from its own scale to it)."""
+        if not (math.isfinite(lr_scale) and lr_scale >= 0):
+            raise ValueError(f"outer step: lr_scale must be finite and >= 0, got {lr_scale}")
         if set(params) != set(outer_grad):
             missing, extra = sorted(set(params) - set(outer_grad)), sorted(set(outer_grad) - set(params))
             raise ValueError(f"outer step: outer_grad lacks {missing} and has unknown {extra}")
@@ -303,6 +319,9 @@ class OuterNesterov:
                     f"outer step: momentum for {name!r} has shape {list(buf.shape)}, parameter {list(p.shape)}"
                 )
         m, lr = self.momentum, self.lr
+        prev = self.lr_scale
+        decay = m * (lr_scale / prev) if prev is not None and prev > 0 else m  # the buffer's m·(η_k/η_{k−1})
+        self.lr_scale = float(lr_scale)
         for name, p in params.items():
             g = outer_grad[name].to(torch.float32).reshape(-1)  # (numel,)
             buf = self._buf.get(name)
@@ -316,7 +335,7 @@ class OuterNesterov:
             for s in range(0, pflat.numel(), _CHUNK):
                 gc, bc, pc = g[s : s + _CHUNK], bflat[s : s + _CHUNK], pflat[s : s + _CHUNK]
                 if not first:
-                    bc.mul_(m).add_(gc)
+                    bc.mul_(decay).add_(gc)
                 d = torch.add(gc, bc, alpha=m, out=scratch[: gc.numel()])  # g + m·buf
                 pc.add_(d, alpha=-lr)
 

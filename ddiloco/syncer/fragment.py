@@ -47,10 +47,11 @@ import torch
 
 from ddiloco.accumulate import Reread, RoundSums
 from ddiloco.bufferpool import SYNCER_POOL
-from ddiloco.config import DilocoConfig
+from ddiloco.config import DilocoConfig, TrainConfig
 from ddiloco.globalmodel import Layout
 from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
 from ddiloco.protocol.messages import Contribution, Ledger, RoundRecord
+from ddiloco.schedule import decay_factor, progress_of
 from ddiloco.syncer.rounds import Answer, Round
 
 KEEP_PUBLISHED = 64
@@ -71,10 +72,20 @@ class MergeRule:
     embedding_names: frozenset[str]
     staleness_exponent: float = 0.5
     """a of the staleness discount (1 + s)^-a (module docstring); 0 turns it off."""
+    lr_schedule: str = "constant"
+    """The learners' inner-rate decay (`train.lr_schedule`) the outer momentum follows (`lr_scale`)."""
+    lr_min_ratio: float = 1.0
+    token_budget: int = 0
+    momentum_follows_lr: bool = False
+    """`diloco.momentum_follows_lr`: rescale the outer momentum with the inner rate (`OuterNesterov`)."""
 
     @classmethod
-    def of(cls, d: DilocoConfig, layout: Layout, robust_clip: float | None) -> MergeRule:
-        """From the config; `robust_clip` overrides `d.robust_clip` when given."""
+    def of(
+        cls, d: DilocoConfig, layout: Layout, robust_clip: float | None, train: TrainConfig | None = None
+    ) -> MergeRule:
+        """From the config; `robust_clip` overrides `d.robust_clip` when given; `train`: the inner schedule
+        the momentum follows (None: a constant scale)."""
+        follows = train is not None and d.momentum_follows_lr
         return cls(
             method=d.merge,
             outer_lr=d.outer_lr,
@@ -83,10 +94,23 @@ class MergeRule:
             robust_clip=robust_clip if robust_clip is not None else d.robust_clip,
             embedding_names=frozenset(layout.embedding_names),
             staleness_exponent=d.staleness_exponent,
+            lr_schedule=train.lr_schedule if follows and train else "constant",
+            lr_min_ratio=train.lr_min_ratio if follows and train else 1.0,
+            token_budget=d.token_budget,
+            momentum_follows_lr=follows,
         )
 
     def optimizer(self) -> OuterNesterov:
         return OuterNesterov(lr=self.outer_lr, momentum=self.outer_momentum)
+
+    def lr_scale(self, tokens_merged: float) -> float:
+        """The learners' inner-rate decay at `tokens_merged` (`ddiloco.schedule`, the progress they read);
+        1.0 when the momentum does not follow it."""
+        if not self.momentum_follows_lr:
+            return 1.0
+        return decay_factor(
+            progress_of(tokens_merged, self.token_budget), self.lr_schedule, self.lr_min_ratio
+        )
 
 
 @dataclass(slots=True)
@@ -187,12 +211,14 @@ class GlobalFragment:
         rule: MergeRule,
         sums: RoundSums | None = None,
         reread: Reread | None = None,
+        tokens_merged: float = 0.0,
     ) -> Proposal:
         """Merge the answers (by contributor) into the next version, on copies (module docstring).
 
         `sums`: the round's running sums, every answer already added (`add_answer`), with `reread` to read
         an answer's δ again by contributor (clipped and single answers). Without them the answers carry
-        their deltas and are added here."""
+        their deltas and are added here. `tokens_merged`: the run's merged tokens before this merge, the
+        progress the learners' inner rate followed (`MergeRule.lr_scale`)."""
         if sums is None:
             sums = self.new_sums(rule)
             for ans in answers.values():
@@ -225,8 +251,9 @@ class GlobalFragment:
         merged, stats = done.merged, dict(done.stats)
         outer = rule.optimizer()
         outer.load_state_dict(self.outer.state_dict())  # load_state_dict copies the buffers
+        outer.lr_scale = self.outer.lr_scale
         theta = _clone(self.theta)
-        outer.step(theta, merged)
+        outer.step(theta, merged, lr_scale=rule.lr_scale(tokens_merged))
         sums.recycle(done)  # the step consumed the merged gradient (momentum keeps its own copy)
         return Proposal(
             self.version + 1,

@@ -128,7 +128,7 @@ class Syncer:
         self.threads = threads or 1
         if threads is not None:  # the merge's passes use those the intake's readers leave (None: as it is)
             torch.set_num_threads(split_threads(threads)[1])
-        self.rule = MergeRule.of(d, self.layout, robust_clip)
+        self.rule = MergeRule.of(d, self.layout, robust_clip, cfg.train)
         self.quorum_rule = QuorumRule.of(d)
         self.grace_rule = GraceRule.of(d)
         self.open_rule = OpenRule.of(d, self.P)
@@ -294,7 +294,8 @@ class Syncer:
             proposal, record, published_at = self.unpublished[rnd.round]
         else:
             try:
-                proposal = frag.propose(rnd.answers, self.rule, rnd.sums, partial(self.intake.reread, rnd))
+                reread, merged = partial(self.intake.reread, rnd), self.tokens_merged()
+                proposal = frag.propose(rnd.answers, self.rule, rnd.sums, reread, tokens_merged=merged)
             except (wire.PayloadError, NotFound) as e:  # a second read found other bytes, or none
                 log.error(
                     "syncer: round %d (fragment %d) cannot be merged: %s", rnd.round, rnd.fragment_id, e

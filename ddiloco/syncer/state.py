@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -188,6 +189,9 @@ class SyncerFiles:
             if any(list(t.shape) != self.layout.shapes.get(n) for n, t in payload.tensors.items()):
                 raise wire.PayloadError("wrong_shape", "momentum does not match the fragment layout")
             outer.load_state_dict(payload.tensors)
+            scale = payload.meta.get("lr_scale")  # absent before schedule-aware momentum: taken as the next
+            if isinstance(scale, int | float) and not isinstance(scale, bool) and math.isfinite(scale):
+                outer.lr_scale = float(scale) if scale >= 0 else None
         except (wire.PayloadError, NotFound, ObjectTooLarge, ValueError) as e:
             log.error(
                 "syncer: outer momentum of fragment %d v%d unusable (%s); restarting it from zero",
@@ -254,9 +258,10 @@ class SyncerFiles:
         }
         # Each payload is dropped as soon as it is written: at the 1b preset one is a 193 MB fragment, and
         # the syncer's peak memory is its resident state plus what one publish holds at once.
+        scale = {} if proposal.outer.lr_scale is None else {"lr_scale": proposal.outer.lr_scale}
         self._create(
             keys.momentum_key(p, version),
-            wire.pack(proposal.outer.state_dict(), meta, key=self.key),
+            wire.pack(proposal.outer.state_dict(), {**meta, **scale}, key=self.key),
             p,
             version,
             record,
