@@ -21,6 +21,10 @@ Design choices:
   other ranks (`ddiloco.learner.ddp` STEP messages), and every rank computes the identical learning rate.
 - The baseline's progress is the tokens all its ranks processed before the step, over the token budget it
   trains for: at equal compute the same axis as tokens merged.
+- The syncer's outer momentum follows the same decay (`diloco.momentum_follows_lr`, `MergeRule.lr_scale`):
+  an outer gradient carries the inner rate it was trained at, and a buffer filled at the peak rate would
+  keep the global model moving at the peak rate's pace after the learners have slowed down
+  (`ddiloco.merge.OuterNesterov`).
 """
 
 from __future__ import annotations
