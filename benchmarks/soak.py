@@ -8,11 +8,15 @@ Faults (real processes, real signals; `ddiloco.chaos` fires the kinds it has, th
   down here), then SIGKILL if the process is still alive;
 - OOM-style kills: SIGKILL of the run's process with the largest resident set, the one the kernel's OOM
   killer picks in a cgroup (`oom_badness` is dominated by RSS); on a learner or on the syncer, as it falls;
-- crashes inside a publish: the syncer is restarted with a one-shot failpoint (`ddiloco.failpoints`) armed
+- crashes inside a publish: every syncer is restarted with a one-shot failpoint (`ddiloco.failpoints`) armed
   at a random write of a publish (after the momentum, the master, the round record, the download delta, the
-  global version, the pointer, the status or the state), so it SIGKILLs itself there on its next merge;
+  global version, the pointer, the status or the state), so whichever holds the lease next SIGKILLs itself
+  there in one of its next publishes (the first to reach it; the marker makes it one-shot);
 - a second syncer started by hand mid-run (`ddiloco syncer` against the same run: it stands by for the lease,
-  and competes with the restarted first one after the next syncer kill);
+  and competes with the restarted first one after the next syncer kill). This script restarts it when it
+  dies, as the launcher does the first. A preemption of "the syncer" hits the one that holds the lease (the
+  newest claim's pid), so once the second one has taken over, syncer faults still reach the active syncer;
+  `kill_syncer` (fired by `ddiloco.chaos`) kills the launcher's syncer, active or standing by;
 - store outages of 5–20 s (every process refuses store calls);
 - a learner added mid-run (`add_learner`) and, later, removed (SIGTERM, not restarted: a scale-down).
 
@@ -126,15 +130,46 @@ class OwnFaults(threading.Thread):
         self.fired: list[dict[str, Any]] = []
         self.armed: list[tuple[dict[str, Any], str]] = []
         self.second: subprocess.Popen | None = None
+        self.second_exits: list[int] = []
 
     def _alive(self, role: str, learner: int | None = None) -> subprocess.Popen | None:
         proc = self.run_.find(role, learner)
         popen = proc.popen if proc is not None else None
         return popen if popen is not None and popen.poll() is None else None
 
+    def _start_second(self) -> subprocess.Popen:
+        """(Re)start the second syncer with the run's current environment (failpoints armed included)."""
+        argv = [sys.executable, "-m", "ddiloco.cli", "syncer", "--store", self.run_.url]
+        with open(self.run_.logdir / "syncer-second.log", "ab") as out:
+            env = {**os.environ, **self.run_.extra_env}
+            self.second = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return self.second
+
+    def _second_alive(self) -> subprocess.Popen | None:
+        """The second syncer, restarted first if it died with a non-zero code (a standby that saw the run
+        done exits 0 and stays down)."""
+        if self.second is None:
+            return None
+        code = self.second.poll()
+        if code is None:
+            return self.second
+        if code != 0 and not self.done.is_set():
+            self.second_exits.append(code)
+            log.info("second syncer exited with %d; restarting it", code)
+            return self._start_second()
+        return None
+
+    def _active_syncer(self) -> subprocess.Popen | None:
+        """The live syncer that holds the lease (the newest claim names its pid); the launcher's if none
+        of the live ones matches (the lease is changing hands)."""
+        live = [p for p in (self._alive("syncer"), self._second_alive()) if p is not None]
+        pid = lease_holder_pid(self.run_.store)
+        return next((p for p in live if p.pid == pid), live[0] if live else None)
+
     def run(self) -> None:
         for ev in self.own:
             while not self.done.wait(0.5):
+                self._second_alive()  # supervised like the launcher's processes
                 if time.time() - self.run_.t0 >= ev["at_s"]:
                     break
             if self.done.is_set():
@@ -153,11 +188,7 @@ class OwnFaults(threading.Thread):
     def fire(self, ev: dict[str, Any]) -> dict[str, Any] | None:
         kind = ev["kind"]
         if kind == "second_syncer":
-            argv = [sys.executable, "-m", "ddiloco.cli", "syncer", "--store", self.run_.url]
-            with open(self.run_.logdir / "syncer-second.log", "ab") as out:
-                env = {**os.environ, **self.run_.extra_env}
-                self.second = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-            return {"pid": self.second.pid}
+            return {"pid": self._start_second().pid}
         if kind == "remove_learner":
             proc = self.run_.find("learner", ADDED)
             if proc is None or self._alive("learner", ADDED) is None:
@@ -167,35 +198,54 @@ class OwnFaults(threading.Thread):
             proc.popen.wait(timeout=60)
             return {}
         if kind in ("preempt_learner", "preempt_syncer"):
-            popen = self._alive(*(("learner", ev["learner"]) if kind == "preempt_learner" else ("syncer",)))
+            if kind == "preempt_learner":
+                popen = self._alive("learner", ev["learner"])
+            else:
+                popen = self._active_syncer()
             if popen is None:
                 return None
+            which = {} if kind == "preempt_learner" else {"second": popen is self.second}
             popen.send_signal(signal.SIGTERM)
             try:
                 popen.wait(timeout=GRACE_S)
-                return {"pid": popen.pid, "ended_by": "SIGTERM"}
+                ended = "SIGTERM"
             except subprocess.TimeoutExpired:
                 popen.kill()
-                return {"pid": popen.pid, "ended_by": "SIGKILL after the grace period"}
+                popen.wait()
+                ended = "SIGKILL after the grace period"
+            if popen is self.second:
+                self._second_alive()  # restarted like the launcher's (a SIGTERMed syncer exits non-zero)
+            return {"pid": popen.pid, "ended_by": ended, **which}
         if kind == "oom_kill":
             live = [(p.role, p.learner_id, p.popen) for p in self.run_.running()]
+            if (second := self._second_alive()) is not None:
+                live.append(("syncer-second", None, second))
             if not live:
                 return None
             role, learner, popen = max(live, key=lambda r: rss_kib(r[2].pid))
             rss = rss_kib(popen.pid)
             popen.kill()
+            if popen is second:
+                popen.wait()
+                self._second_alive()
             return {"victim": role if learner is None else f"learner-{learner}", "rss_kib": rss}
         if kind == "publish_crash":
-            popen = self._alive("syncer")
-            if popen is None:
+            first, second = self._alive("syncer"), self._second_alive()
+            if first is None and second is None:
                 return None
             marker = os.path.join(self.workdir, f"failpoint-{len(self.armed)}")
             # armed for every process started from now on; one-shot: it fires where it can create the marker
             self.run_.extra_env[failpoints.ENV_VAR] = f"publish:{ev['step']}:kill@{ev['nth']}"
             self.run_.extra_env[failpoints.ONCE_ENV_VAR] = marker
             self.armed.append((ev, marker))
-            popen.kill()  # the launcher restarts it with the failpoint armed
-            return {"marker": marker}
+            # Every syncer restarts armed, so the failpoint waits in whichever holds the lease next.
+            if first is not None:
+                first.kill()  # the launcher restarts it with the failpoint armed
+            if second is not None:
+                second.kill()
+                second.wait()
+                self._start_second()
+            return {"marker": marker, "restarted": 1 + (second is not None)}
         raise ValueError(f"unknown own fault kind {kind!r}")
 
     def publish_crashes(self) -> int:
@@ -210,6 +260,17 @@ class OwnFaults(threading.Thread):
             except subprocess.TimeoutExpired:
                 self.second.kill()
                 self.second.wait()
+
+
+def lease_holder_pid(store) -> int | None:
+    """The pid in the newest lease claim (`ddiloco.syncer.lease`): the syncer that holds or last held it."""
+    try:
+        epochs = [e for e in map(keys.lease_epoch_of, store.list(keys.lease_claim_prefix())) if e is not None]
+        claim = store.get_json_or_none(keys.lease_claim_key(max(epochs))) if epochs else None
+    except Exception:  # an injected store outage: no answer this time
+        return None
+    pid = claim.get("pid") if isinstance(claim, dict) else None
+    return pid if isinstance(pid, int) else None
 
 
 def longest_merge_gap(store) -> float | None:
@@ -281,6 +342,7 @@ def one_run(
         if faults is not None:
             out["publish_crashes_armed"] = len(faults.armed)
             out["publish_crashes_happened"] = faults.publish_crashes()
+            out["exit_codes"]["syncer-second"] = faults.second_exits
         log.info("%s: %s", name, json.dumps(out))
         return out
 
