@@ -50,7 +50,8 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
         batch_answers = {
             c: dataclasses.replace(a, delta=syncer.intake.reread(rnd, c)) for c, a in rnd.answers.items()
         }
-        batch = frag.propose(batch_answers, syncer.rule)  # no sums: the answers carry their deltas
+        # no sums: the answers carry their deltas; the same merged progress (the momentum follows the decay)
+        batch = frag.propose(batch_answers, syncer.rule, tokens_merged=syncer.tokens_merged())
         merge(rnd, now)
         assert frag.version == batch.version
         for n, t in batch.theta.items():
