@@ -73,11 +73,14 @@ class MergeRule:
     staleness_exponent: float = 0.5
     """a of the staleness discount (1 + s)^-a (module docstring); 0 turns it off."""
     lr_schedule: str = "constant"
-    """The learners' inner-rate decay (`train.lr_schedule`) the outer momentum follows (`lr_scale`)."""
+    """The learners' inner-rate decay (`train.lr_schedule`) the outer momentum follows (`lr_scale`);
+    `constant` when `diloco.momentum_follows_lr` is off or no train config was given."""
     lr_min_ratio: float = 1.0
     token_budget: int = 0
-    momentum_follows_lr: bool = False
-    """`diloco.momentum_follows_lr`: rescale the outer momentum with the inner rate (`OuterNesterov`)."""
+
+    @property
+    def momentum_follows_lr(self) -> bool:
+        return self.lr_schedule != "constant"
 
     @classmethod
     def of(
@@ -97,7 +100,6 @@ class MergeRule:
             lr_schedule=train.lr_schedule if follows and train else "constant",
             lr_min_ratio=train.lr_min_ratio if follows and train else 1.0,
             token_budget=d.token_budget,
-            momentum_follows_lr=follows,
         )
 
     def optimizer(self) -> OuterNesterov:
@@ -106,8 +108,6 @@ class MergeRule:
     def lr_scale(self, tokens_merged: float) -> float:
         """The learners' inner-rate decay at `tokens_merged` (`ddiloco.schedule`, the progress they read);
         1.0 when the momentum does not follow it."""
-        if not self.momentum_follows_lr:
-            return 1.0
         return decay_factor(
             progress_of(tokens_merged, self.token_budget), self.lr_schedule, self.lr_min_ratio
         )
