@@ -8,7 +8,7 @@ Design choices:
   section checks itself in `validate()`, `RunConfig.validate()` checks them in order plus what spans them.
 - An optional feature is on when its sub-config is present (`diloco.grace: null` turns the grace window off).
 - A section that belongs to a feature module lives there (`link`: `ddiloco.store.shaped`, `retention`:
-  `ddiloco.retention`) or is checked by it (`chaos`: `ddiloco.chaos.events` parses the events); those
+  `ddiloco.retention`, `chaos`: `ddiloco.chaos.section`, next to the parser of its events); those
   modules raise `ddiloco.errors.ConfigError` and never import this one.
 - Every error names the key and says what to change. The config travels as JSON (`config.json` at the run
   root); YAML is only an input format.
@@ -24,6 +24,7 @@ from typing import Any
 
 from ddiloco import errors
 from ddiloco.chaos.events import schedule_from_config
+from ddiloco.chaos.section import ChaosConfig  # the `chaos` section lives next to its events
 from ddiloco.overrides import apply_dict
 from ddiloco.retention import RetentionConfig  # the `retention` section lives next to its rules
 from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
@@ -231,6 +232,9 @@ class DilocoConfig:
     """α: on a new global version, local ← α·local + (1−α)·global (0 = overwrite)."""
     token_budget: int = 10_000_000
     """Stop when this many tokens are merged (averaged over fragments)."""
+    deadline_s: float | None = None
+    """Seconds after `prepare` at which the syncer stops merging and finishes the run as at its budget (a
+    reservation that ends at a known time; evaluation still runs); null: the token budget alone."""
     round_timeout_s: float = 120.0
     """A round with fewer than K answers after this long is abandoned (no learner alive); it reopens later."""
     robust_clip: float | None = None
@@ -280,6 +284,10 @@ class DilocoConfig:
             f"diloco.max_staleness={self.max_staleness} must be null (accept any) or ≥ 0",
         )
         _check(self.token_budget > 0, "diloco.token_budget must be > 0")
+        _check(
+            self.deadline_s is None or 0 < self.deadline_s < math.inf,
+            f"diloco.deadline_s={self.deadline_s} must be > 0 seconds after prepare, or null (budget alone)",
+        )
         _check(self.round_timeout_s > 0, "diloco.round_timeout_s must be > 0")
         if self.grace is not None:
             self.grace.validate()
@@ -355,42 +363,6 @@ class SFTConfig:
         _check(
             0 < self.heldout_fraction < 1, f"sft.heldout_fraction={self.heldout_fraction} must be in (0, 1)"
         )
-
-
-@dataclass(kw_only=True, slots=True)
-class PoissonKillsConfig:
-    mean_interval_s: float = 60.0
-    """Mean seconds between random learner kills (exponential gaps)."""
-    seed: int = 0
-    """Seed of the kill times and victims."""
-    start_s: float = 10.0
-    """No random kill before this many seconds into the run."""
-    stop_s: float | None = None
-    """No random kill after this many seconds (default: one hour)."""
-    learners: list[int] | None = None
-    """Learner ids that may be hit (default: all provisioned learners)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class ChaosConfig:
-    events: list[dict] = field(default_factory=list)
-    """Scheduled events, e.g. {kind: kill_learner, learner: 1, at_s: 30} or {kind: kill_learner, learner: 1,
-    at_step: 200}; kinds: kill_learner, stall_learner (at_s, duration_s), slow_learner (factor, jitter),
-    kill_syncer (at_s), store_outage (at_s, duration_s), add_learner (learner, at_s). Times count from the
-    end of `prepare`."""
-    poisson: PoissonKillsConfig | None = None
-    """Random learner kills (Poisson process); null for none."""
-
-    def validate(self, learners: int) -> None:
-        """Check the schedule a run with `learners` provisioned learners would fire
-        (`ddiloco.chaos.events`)."""
-        p = self.poisson
-        if p is not None and p.learners is not None:
-            _check(
-                all(isinstance(i, int) and i >= 0 for i in p.learners),
-                "chaos.poisson.learners must be learner ids",
-            )
-        schedule_from_config(self, learners)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -140,6 +140,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     summary: dict[str, Any] = {
         "run_id": cfg["run_id"],
         "status": "done" if done else "running",
+        "finished_by": done.get("reason", "budget") if done else None,
         "wall_seconds": wall,
         "learners": M,
         "quorum": cfg["diloco"]["quorum"],

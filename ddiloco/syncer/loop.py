@@ -155,6 +155,7 @@ class Syncer:
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
         run_start = _prepared_at(store)
+        self.deadline = None if d.deadline_s is None else (run_start or wall()) + d.deadline_s
         kw = {"key": self.key, "wall": wall, "retained": self.retention.keeps, "run_start": run_start}
         validator = UpdateValidator(cfg, self.layout, self.fragments, **kw)
         validator.learn_base_times(store, self.books.merged_recent)
@@ -364,15 +365,21 @@ class Syncer:
             # Until a learner reported its cadence, rounds are paced by a guess: look again soon.
             measured = self.roster.measured_step() is not None
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)
-        if self.tokens_merged() >= self.cfg.diloco.token_budget:
-            self.finish()
+        if reason := self.finished_by():
+            self.finish(reason)
             return True
         self.maybe_open_round(now)
         for rnd in list(self.open.values()):
             self.progress(rnd, self.clock())
         return False
 
-    def finish(self) -> None:
+    def finished_by(self) -> str | None:
+        """Why the run is over (`budget`: enough tokens merged; `deadline`: diloco.deadline_s passed), or None."""
+        if self.tokens_merged() >= self.cfg.diloco.token_budget:
+            return "budget"
+        return "deadline" if self.deadline is not None and self.wall() >= self.deadline else None
+
+    def finish(self, reason: str = "budget") -> None:
         self.lease.check(publish_s=self.books.xi_sync)
         for rnd in list(self.open.values()):
             self.store.delete(keys.round_record_key(rnd.round))  # left by a publish that died
@@ -382,16 +389,14 @@ class Syncer:
         self.store.delete_prefix(keys.UPDATES)
         self.files.write_final(self.fragments, self.tokens_merged())
         self.save_state()
-        done = {
-            "time": self.wall(),
-            "tokens_merged": self.tokens_merged(),
-            "rounds_merged": self.books.rounds_merged,
-        }
+        done = {"time": self.wall(), "tokens_merged": self.tokens_merged(), "reason": reason}
+        done["rounds_merged"] = self.books.rounds_merged
         self.store.put_json(keys.DONE, done)
         self.publish_status(done=True)
         self.lease.release()
         log.info(
-            "syncer: done — %d tokens merged in %d rounds; versions %s",
+            "syncer: done (%s) — %d tokens merged in %d rounds; versions %s",
+            reason,
             self.tokens_merged(),
             self.books.rounds_merged,
             self.versions,

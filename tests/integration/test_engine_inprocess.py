@@ -325,9 +325,10 @@ def test_a_fragment_is_answered_about_every_h_learner_steps():
 def test_goodput_counts_a_killed_learners_down_time_as_lost():
     """Issue 17 item 7: learner 1 dies (no final report), stays down a second, and a new incarnation rejoins;
     that second and the rejoin are lost learner time, learner 0 lost nothing."""
-    # The budget outlasts the second alone: learner 0 steps ~600 times (~80k tokens) a second on a quiet
-    # 2-core machine, and a budget it could spend while learner 1 is down ended the run before the rejoin.
-    store, cfg = _prepared("eng-goodput-kill", "diloco.token_budget=400000")
+    # The run must outlast the second alone (learner 0 steps ~600 times, ~80k tokens, a second on a quiet
+    # 2-core machine): no reachable budget, a deadline 12 s after prepare (the kill and rejoin take ~2 s; a
+    # 400k-token budget took 69 s on a loaded machine).
+    store, cfg = _prepared("eng-goodput-kill", "diloco.token_budget=1000000000", "diloco.deadline_s=12")
     syncer = Syncer(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:

@@ -62,6 +62,9 @@ def test_wrong_type_is_rejected():
         ("diloco.staleness_exponent=-1", "diloco.staleness_exponent=-1.0 must be ≥ 0"),
         ("diloco.max_staleness=-1", "diloco.max_staleness=-1 must be null"),
         ("model=3", "is a section"),
+        ("diloco.deadline_s=0", "diloco.deadline_s=0.0 must be > 0 seconds after prepare, or null"),
+        ("diloco.deadline_s=-5", "diloco.deadline_s=-5.0 must be > 0"),
+        ("chaos.poisson.learners=[-1]", "chaos.poisson.learners must be learner ids"),
     ],
 )
 def test_inconsistent_combinations_say_what_to_change(override, message):
