@@ -34,7 +34,7 @@ CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 DOWNLOAD_CODECS = ("none", "int8", "int4", "int2")
 MERGES = ("rda", "mean")
 PRECISIONS = ("auto", "fp32", "bf16")
-LR_SCHEDULES = ("cosine", "linear", "constant")
+LR_SCHEDULES = ("cosine", "linear", "wsd", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -107,7 +107,9 @@ class TrainConfig:
     warmup_steps: int = 20
     """Linear warm-up of the inner learning rate over each learner's own first inner steps."""
     lr_schedule: str = "cosine"
-    """Inner-rate decay on global progress (tokens merged / token budget): cosine, linear or constant."""
+    """Inner-rate decay on global progress (tokens merged / token budget): cosine, linear, wsd or constant."""
+    lr_decay_fraction: float = 0.2
+    """wsd only: the last fraction of the budget over which the rate cools down (1-sqrt) to its floor."""
     lr_min_ratio: float = 0.1
     """The decay's floor, reached at the budget, as a fraction of train.lr (see ddiloco/schedule.py)."""
     weight_decay: float = 0.1
@@ -169,6 +171,9 @@ class TrainConfig:
         _choose("train.precision", self.precision, PRECISIONS)
         _choose("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check(0 <= self.lr_min_ratio <= 1, f"train.lr_min_ratio={self.lr_min_ratio} must be in [0, 1]")
+        _check(
+            0 < self.lr_decay_fraction <= 1, f"train.lr_decay_fraction={self.lr_decay_fraction}: in (0, 1]"
+        )
         _check(
             self.warmup_steps >= 0 and self.grad_clip >= 0,
             "train.warmup_steps and train.grad_clip must be ≥ 0",

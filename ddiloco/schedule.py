@@ -50,21 +50,27 @@ def progress_of(tokens: float, budget: float) -> float:
     return min(1.0, max(0.0, tokens / budget))
 
 
-def decay_factor(progress: float, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the peak rate at `progress` ∈ [0, 1] (clamped): 1 at 0, `min_ratio` at 1 and beyond."""
+def decay_factor(progress: float, schedule: str, min_ratio: float, decay_fraction: float = 0.2) -> float:
+    """Multiplier of the peak rate at `progress` ∈ [0, 1] (clamped): 1 at 0, `min_ratio` at 1 and beyond.
+
+    `wsd` holds the peak until 1 − `decay_fraction`, then cools down as 1 − sqrt of the cool-down's progress."""
     x = min(1.0, max(0.0, progress))
     if schedule == "constant":
         return 1.0
+    if schedule == "wsd":
+        cool = max(0.0, x - (1.0 - decay_fraction)) / decay_fraction
+        return min_ratio + (1.0 - min_ratio) * (1.0 - math.sqrt(cool))
     if schedule == "linear":
         return 1.0 - (1.0 - min_ratio) * x
     if schedule == "cosine":
         return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * x))
-    raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose cosine, linear or constant")
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose cosine, linear, wsd or constant")
 
 
 def lr_at(progress: float, step: int, t: TrainConfig) -> float:
     """The inner learning rate of inner step `step` (the caller's own count) at global `progress`."""
-    return t.lr * warmup_factor(step, t.warmup_steps) * decay_factor(progress, t.lr_schedule, t.lr_min_ratio)
+    decay = decay_factor(progress, t.lr_schedule, t.lr_min_ratio, t.lr_decay_fraction)
+    return t.lr * warmup_factor(step, t.warmup_steps) * decay
 
 
 class GlobalSchedule:

@@ -76,6 +76,7 @@ class MergeRule:
     """The learners' inner-rate decay (`train.lr_schedule`) the outer momentum follows (`lr_scale`);
     `constant` when `diloco.momentum_follows_lr` is off or no train config was given."""
     lr_min_ratio: float = 1.0
+    lr_decay_fraction: float = 0.2
     token_budget: int = 0
 
     @property
@@ -99,6 +100,7 @@ class MergeRule:
             staleness_exponent=d.staleness_exponent,
             lr_schedule=train.lr_schedule if follows and train else "constant",
             lr_min_ratio=train.lr_min_ratio if follows and train else 1.0,
+            lr_decay_fraction=train.lr_decay_fraction if train else 0.2,
             token_budget=d.token_budget,
         )
 
@@ -109,7 +111,10 @@ class MergeRule:
         """The learners' inner-rate decay at `tokens_merged` (`ddiloco.schedule`, the progress they read);
         1.0 when the momentum does not follow it."""
         return decay_factor(
-            progress_of(tokens_merged, self.token_budget), self.lr_schedule, self.lr_min_ratio
+            progress_of(tokens_merged, self.token_budget),
+            self.lr_schedule,
+            self.lr_min_ratio,
+            self.lr_decay_fraction,
         )
 
 

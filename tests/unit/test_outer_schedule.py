@@ -84,6 +84,11 @@ def test_the_rule_follows_the_learners_schedule_on_merged_tokens() -> None:
     assert _rule(False).lr_scale(900) == 1.0 and _rule(True, "constant").lr_scale(900) == 1.0
     no_train = MergeRule.of(DilocoConfig(token_budget=1000), LAYOUT, None)
     assert not no_train.momentum_follows_lr and no_train.lr_scale(900) == 1.0
+    wsd = TrainConfig(lr_schedule="wsd", lr_min_ratio=0.1, lr_decay_fraction=0.4)
+    rule = MergeRule.of(DilocoConfig(token_budget=1000), LAYOUT, None, wsd)
+    assert [rule.lr_scale(t) for t in (0, 600)] == [1.0, 1.0]  # stable until the cool-down
+    assert rule.lr_scale(700) == pytest.approx(decay_factor(0.7, "wsd", 0.1, 0.4))
+    assert rule.lr_scale(700) < 1.0
 
 
 def test_the_scale_is_saved_with_the_momentum_and_a_restart_continues_bit_for_bit() -> None:

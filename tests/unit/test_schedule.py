@@ -51,8 +51,26 @@ def test_linear_and_constant_shapes_and_the_floor_ratio():
     assert all(decay_factor(p, "constant", 0.1) == 1.0 for p in (0.0, 0.5, 1.0, 3.0))
     assert decay_factor(1.0, "cosine", 0.0) == pytest.approx(0.0, abs=1e-12)
     assert decay_factor(0.7, "cosine", 1.0) == pytest.approx(1.0)  # ratio 1: no decay
-    with pytest.raises(ValueError, match="cosine, linear or constant"):
+    with pytest.raises(ValueError, match="cosine, linear, wsd or constant"):
         decay_factor(0.5, "step", 0.1)
+
+
+def test_wsd_holds_the_peak_then_cools_down_as_one_minus_sqrt_to_the_floor():
+    assert all(decay_factor(p, "wsd", 0.1, 0.2) == 1.0 for p in (0.0, 0.5, 0.8))
+    # a quarter of the cool-down: 1 - sqrt(0.25) = 0.5 of the way from the peak to the floor
+    assert decay_factor(0.85, "wsd", 0.1, 0.2) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert decay_factor(1.0, "wsd", 0.1, 0.2) == pytest.approx(0.1)
+    assert decay_factor(3.0, "wsd", 0.0, 0.5) == pytest.approx(0.0)
+    assert decay_factor(0.3, "wsd", 0.1, 1.0) < 1.0  # fraction 1: cools down from the start
+    curve = [decay_factor(i / 100, "wsd", 0.1, 0.2) for i in range(101)]
+    assert all(a >= b for a, b in zip(curve, curve[1:], strict=False))
+
+
+def test_the_learners_rate_follows_the_wsd_decay_and_a_bad_fraction_is_refused():
+    cfg = load_config(None, None, ["train.lr_schedule=wsd", "train.lr_decay_fraction=0.5"])
+    assert lr_at(0.75, 10**6, cfg.train) == pytest.approx(cfg.train.lr * decay_factor(0.75, "wsd", 0.1, 0.5))
+    with pytest.raises(ConfigError, match="train.lr_decay_fraction=0.0"):
+        load_config(None, None, ["train.lr_decay_fraction=0"])
 
 
 def test_progress_is_clamped_tokens_over_budget():
@@ -71,7 +89,7 @@ def test_every_recipe_decays_by_default(name):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("train.lr_schedule=step", "train.lr_schedule='step': choose one of cosine, linear, constant"),
+        ("train.lr_schedule=step", "train.lr_schedule='step': choose one of cosine, linear, wsd, constant"),
         ("train.lr_min_ratio=1.5", "train.lr_min_ratio=1.5 must be in [0, 1]"),
         ("train.lr_min_ratio=-0.1", "train.lr_min_ratio=-0.1 must be in [0, 1]"),
     ],
