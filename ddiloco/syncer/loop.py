@@ -21,8 +21,7 @@ Design choices:
   key): what it claims is bounded by the config and this syncer's clocks (`ddiloco.protocol.claims`), and
   the numbers of the unsigned learner reports are checked before they steer pacing
   (`ddiloco.protocol.reports`).
-- With the run key every update must carry a valid signature, and everything the syncer publishes (global
-  versions, outer momentum, the final model) is signed.
+- With the run key every update must carry a valid signature, and all the syncer publishes is signed.
 - Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped
   answers are still merged and counted under `clipped` (state, status, metrics, round record).
 - Persist order per merge: outer momentum → fp32 master (bf16 globals, download deltas) → round record →
@@ -365,19 +364,13 @@ class Syncer:
             # Until a learner reported its cadence, rounds are paced by a guess: look again soon.
             measured = self.roster.measured_step() is not None
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)
-        if reason := self.finished_by():
+        if reason := finished_by(self):
             self.finish(reason)
             return True
         self.maybe_open_round(now)
         for rnd in list(self.open.values()):
             self.progress(rnd, self.clock())
         return False
-
-    def finished_by(self) -> str | None:
-        """Why the run is over (`budget`: enough tokens merged; `deadline`: diloco.deadline_s passed), or None."""
-        if self.tokens_merged() >= self.cfg.diloco.token_budget:
-            return "budget"
-        return "deadline" if self.deadline is not None and self.wall() >= self.deadline else None
 
     def finish(self, reason: str = "budget") -> None:
         self.lease.check(publish_s=self.books.xi_sync)
@@ -409,6 +402,13 @@ def _prepared_at(store: Store) -> float | None:
     meta = store.get_json_or_none(keys.DATA_META)
     t = meta.get("prepared_at") if isinstance(meta, dict) else None
     return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else None
+
+
+def finished_by(syncer: Syncer) -> str | None:
+    """Why the run is over (`budget`: enough tokens merged; `deadline`: diloco.deadline_s passed), or None."""
+    if syncer.tokens_merged() >= syncer.cfg.diloco.token_budget:
+        return "budget"
+    return "deadline" if syncer.deadline is not None and syncer.wall() >= syncer.deadline else None
 
 
 def state_of(syncer: Syncer) -> SyncerState:
