@@ -86,7 +86,10 @@ def prometheus(tmp_path):
 
 def test_prometheus_sees_merged_tokens_grow_and_every_learner_up(prometheus, tmp_path):
     url, base = prometheus
-    cfg = tiny_config("prom", f"diloco.learners={LEARNERS}", "diloco.token_budget=400000")
+    # 25 s after prepare whatever the machine's speed (a 400k-token budget took 56 s on a loaded one): ~20
+    # scrapes at 1 s; the test needs three of the merged counter and one with every learner up.
+    timed = ("diloco.token_budget=1000000000", "diloco.deadline_s=25", "sft=null")
+    cfg = tiny_config("prom", f"diloco.learners={LEARNERS}", *timed)
     run = LocalRun(cfg, tmp_path, metrics_base_port=base)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(run.run(timeout=240)), daemon=True)
