@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ddiloco.config import TrainConfig
 
-__all__ = ["GlobalSchedule", "decay_factor", "lr_at", "progress_of", "warmup_factor"]
+__all__ = ["GlobalSchedule", "decay_factor", "decay_of", "lr_at", "progress_of", "warmup_factor"]
 
 
 def warmup_factor(step: int, warmup_steps: int) -> float:
@@ -67,10 +67,14 @@ def decay_factor(progress: float, schedule: str, min_ratio: float, decay_fractio
     raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose cosine, linear, wsd or constant")
 
 
+def decay_of(progress: float, t: TrainConfig) -> float:
+    """`decay_factor` with the schedule of `t` (train.lr_schedule, lr_min_ratio, lr_decay_fraction)."""
+    return decay_factor(progress, t.lr_schedule, t.lr_min_ratio, t.lr_decay_fraction)
+
+
 def lr_at(progress: float, step: int, t: TrainConfig) -> float:
     """The inner learning rate of inner step `step` (the caller's own count) at global `progress`."""
-    decay = decay_factor(progress, t.lr_schedule, t.lr_min_ratio, t.lr_decay_fraction)
-    return t.lr * warmup_factor(step, t.warmup_steps) * decay
+    return t.lr * warmup_factor(step, t.warmup_steps) * decay_of(progress, t)
 
 
 class GlobalSchedule:

@@ -51,7 +51,7 @@ from ddiloco.config import DilocoConfig, TrainConfig
 from ddiloco.globalmodel import Layout
 from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
 from ddiloco.protocol.messages import Contribution, Ledger, RoundRecord
-from ddiloco.schedule import decay_factor, progress_of
+from ddiloco.schedule import decay_of, progress_of
 from ddiloco.syncer.rounds import Answer, Round
 
 KEEP_PUBLISHED = 64
@@ -72,16 +72,14 @@ class MergeRule:
     embedding_names: frozenset[str]
     staleness_exponent: float = 0.5
     """a of the staleness discount (1 + s)^-a (module docstring); 0 turns it off."""
-    lr_schedule: str = "constant"
-    """The learners' inner-rate decay (`train.lr_schedule`) the outer momentum follows (`lr_scale`);
-    `constant` when `diloco.momentum_follows_lr` is off or no train config was given."""
-    lr_min_ratio: float = 1.0
-    lr_decay_fraction: float = 0.2
+    schedule: TrainConfig | None = None
+    """The learners' training settings whose inner-rate decay the outer momentum follows (`lr_scale`); None
+    when `diloco.momentum_follows_lr` is off or no train config was given."""
     token_budget: int = 0
 
     @property
     def momentum_follows_lr(self) -> bool:
-        return self.lr_schedule != "constant"
+        return self.schedule is not None and self.schedule.lr_schedule != "constant"
 
     @classmethod
     def of(
@@ -89,7 +87,6 @@ class MergeRule:
     ) -> MergeRule:
         """From the config; `robust_clip` overrides `d.robust_clip` when given; `train`: the inner schedule
         the momentum follows (None: a constant scale)."""
-        follows = train is not None and d.momentum_follows_lr
         return cls(
             method=d.merge,
             outer_lr=d.outer_lr,
@@ -98,9 +95,7 @@ class MergeRule:
             robust_clip=robust_clip if robust_clip is not None else d.robust_clip,
             embedding_names=frozenset(layout.embedding_names),
             staleness_exponent=d.staleness_exponent,
-            lr_schedule=train.lr_schedule if follows and train else "constant",
-            lr_min_ratio=train.lr_min_ratio if follows and train else 1.0,
-            lr_decay_fraction=train.lr_decay_fraction if train else 0.2,
+            schedule=train if d.momentum_follows_lr else None,
             token_budget=d.token_budget,
         )
 
@@ -110,12 +105,9 @@ class MergeRule:
     def lr_scale(self, tokens_merged: float) -> float:
         """The learners' inner-rate decay at `tokens_merged` (`ddiloco.schedule`, the progress they read);
         1.0 when the momentum does not follow it."""
-        return decay_factor(
-            progress_of(tokens_merged, self.token_budget),
-            self.lr_schedule,
-            self.lr_min_ratio,
-            self.lr_decay_fraction,
-        )
+        if self.schedule is None:
+            return 1.0
+        return decay_of(progress_of(tokens_merged, self.token_budget), self.schedule)
 
 
 @dataclass(slots=True)

@@ -21,7 +21,8 @@ Design choices:
   key): what it claims is bounded by the config and this syncer's clocks (`ddiloco.protocol.claims`), and
   the numbers of the unsigned learner reports are checked before they steer pacing
   (`ddiloco.protocol.reports`).
-- With the run key every update must carry a valid signature, and all the syncer publishes is signed.
+- With the run key every update must carry a valid signature, and everything the syncer publishes (global
+  versions, outer momentum, the final model) is signed.
 - Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped
   answers are still merged and counted under `clipped` (state, status, metrics, round record).
 - Persist order per merge: outer momentum → fp32 master (bf16 globals, download deltas) → round record →
@@ -56,7 +57,7 @@ from ddiloco import failpoints, keys
 from ddiloco.globalmodel import read_layout
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
-from ddiloco.prepare import load_run_config
+from ddiloco.prepare import load_run_config, prepared_at
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerState
 from ddiloco.store.base import NotFound, Store, StoreError
@@ -153,7 +154,7 @@ class Syncer:
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
-        run_start = _prepared_at(store)
+        run_start = prepared_at(store)
         self.deadline = None if d.deadline_s is None else (run_start or wall()) + d.deadline_s
         kw = {"key": self.key, "wall": wall, "retained": self.retention.keeps, "run_start": run_start}
         validator = UpdateValidator(cfg, self.layout, self.fragments, **kw)
@@ -394,14 +395,6 @@ class Syncer:
             self.books.rounds_merged,
             self.versions,
         )
-
-
-def _prepared_at(store: Store) -> float | None:
-    """When the run was prepared (`prepared_at` of the data meta), the base time of versions this syncer did
-    not publish (`ddiloco.protocol.claims`); None when the meta has none."""
-    meta = store.get_json_or_none(keys.DATA_META)
-    t = meta.get("prepared_at") if isinstance(meta, dict) else None
-    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else None
 
 
 def finished_by(syncer: Syncer) -> str | None:
