@@ -50,9 +50,14 @@ class ModelConfig:
     """Override the preset's embedding width."""
     seq_len: int = 128
     """Training context length in tokens (also the model's block size)."""
+    hf: str | None = None
+    """A Hugging Face causal LM to train instead of the built-in GPT: a directory (local path, file:// or
+    s3:// prefix) with its config.json and optionally weights; preset/n_layer/n_head/n_embd then unused."""
 
     def validate(self) -> None:
         _check(self.seq_len >= 8, "model.seq_len must be ≥ 8")
+        named = self.hf is None or (isinstance(self.hf, str) and self.hf.strip() != "")
+        _check(named, "model.hf must name a directory (local path, file:// or s3:// prefix), or be null")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -165,8 +165,13 @@ def read_layout(store: Store) -> Layout:
     return Layout.from_json(store.get_json(keys.LAYOUT))
 
 
-def build_model(layout: Layout, seed: int = 0) -> GPT:
-    return init_model(layout.gpt_config(), seed)
+def build_model(layout: Layout, seed: int = 0, device: torch.device | str = "cpu") -> GPT:
+    """The layout's model, freshly initialised: the built-in GPT, or a Hugging Face model (`ddiloco.hf`)."""
+    from ddiloco.hf.model import HFSpec, init_hf, is_hf
+
+    if is_hf(layout.model):
+        return init_hf(HFSpec(**layout.model), seed, device)  # type: ignore[return-value]
+    return init_model(layout.gpt_config(), seed, device)
 
 
 def publish_global(

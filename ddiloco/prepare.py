@@ -30,7 +30,7 @@ from ddiloco.config import RunConfig
 from ddiloco.data import load_texts, split_tokens, tokenize_corpus
 from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import make_layout, model_config_from_run
-from ddiloco.model import init_model
+from ddiloco.model import GPT, init_model
 from ddiloco.protocol import signing, wire
 from ddiloco.run import MAX_TOKENS, RunRoot
 from ddiloco.store.base import Store
@@ -90,6 +90,7 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
             )
     if val.numel() < cfg.model.seq_len + 1:
         raise ConfigError("the validation split is shorter than one sequence; raise data.val_fraction")
+    model = model_for_run(cfg, tok.vocab_size)  # refusals (model.hf) before anything is written
     if existing is None:  # only once the corpus is known to be usable: a fixed rerun must not be refused
         root.write_config(cfg)
 
@@ -98,7 +99,6 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
         root.write_shard(i, s)
     root.write_val(val)
 
-    model = init_model(model_config_from_run(cfg, tok.vocab_size), cfg.seed)
     layout = make_layout(model, cfg.diloco.fragments)
     root.write_initial_globals(model, layout, cfg.diloco.global_dtype)
 
@@ -128,6 +128,15 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
         time.monotonic() - t0,
     )
     return meta
+
+
+def model_for_run(cfg: RunConfig, vocab_size: int) -> GPT:
+    """The model version 0 holds: the built-in GPT (seeded), or the Hugging Face model `model.hf` names."""
+    if cfg.model.hf:
+        from ddiloco.hf.prepare import hf_model_for_run
+
+        return hf_model_for_run(cfg, vocab_size)  # type: ignore[return-value]
+    return init_model(model_config_from_run(cfg, vocab_size), cfg.seed)
 
 
 def config_differences(saved: Any, given: Any, prefix: str = "") -> list[str]:

@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import Layout
+from ddiloco.globalmodel import Layout, build_model
 from ddiloco.learner.accel import (
     maybe_compile,
     place_optimizer_steps,
@@ -48,7 +48,7 @@ from ddiloco.learner.accel import (
     to_device,
     train_step,
 )
-from ddiloco.model import configure_optimizer, init_model
+from ddiloco.model import configure_optimizer
 from ddiloco.schedule import lr_at, progress_of
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ class Follower:
         t, dev = self.cfg.train, group.device
         if dev.type == "cpu":
             torch.set_num_threads(t.threads)
-        self.model = init_model(self.layout.gpt_config(), self.cfg.seed, device=dev)
+        self.model = build_model(self.layout, self.cfg.seed, device=dev)
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))
         self.loader = ShardLoader(
             tokens,

@@ -49,7 +49,7 @@ from ddiloco.chiptime import StepCadence
 from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.errors import ConfigError
-from ddiloco.globalmodel import Layout, read_layout
+from ddiloco.globalmodel import Layout, build_model, read_layout
 from ddiloco.hostname import host_name
 from ddiloco.learner.accel import (
     HostCopier,
@@ -76,7 +76,7 @@ from ddiloco.learner.io import (
 from ddiloco.learner.ledger import FragmentLedger
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
-from ddiloco.model import configure_optimizer, init_model
+from ddiloco.model import configure_optimizer
 from ddiloco.prepare import load_run_config, load_tokens
 from ddiloco.protocol import signing
 from ddiloco.protocol.messages import LearnerReport
@@ -182,7 +182,7 @@ class Learner:
         seed = rank_seed(cfg.seed * 1000 + learner_id, 0)
         batch, seq_len = t.batch_for(learner_id), cfg.model.seq_len
         self.loader = ShardLoader(opened.tokens, batch_size=batch, seq_len=seq_len, seed=seed)
-        self.model = init_model(self.layout.gpt_config(), cfg.seed, device=self.device)
+        self.model = build_model(self.layout, cfg.seed, device=self.device)
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))  # fused on CUDA
         self.net = maybe_compile(self.model, t.compile) if group is None else self.model  # DDP: `_join_ranks`
         self.params = self.layout.members(dict(self.model.named_parameters()))  # by fragment member

@@ -1,0 +1,131 @@
+"""Hugging Face causal LMs as the trained model (issue 27): tiny Llama, Qwen2, Qwen3, Gemma 4 text, Mixtral and
+Qwen3-MoE directories built here, trained by real learners and a real syncer driven in one process over a
+memory store; and the refusals `prepare` owes a bad `model.hf`, before it writes anything."""
+
+import json
+
+import pytest
+import torch
+
+from ddiloco.errors import ConfigError
+from ddiloco.globalmodel import build_model, read_layout
+from ddiloco.learner.loop import Learner
+from ddiloco.posttrain.evaluate import validation_loss
+from ddiloco.posttrain.summary import build_summary
+from ddiloco.prepare import prepare
+from ddiloco.run import RunRoot
+from ddiloco.store.url import open_store
+from ddiloco.syncer.loop import Syncer
+from tests._harness import drive, tiny_config
+from tests._hf import ARCHS, tiny_hf_dir
+
+pytest.importorskip("transformers")
+
+
+def _run(name: str, *overrides: str):
+    store = open_store(f"memory://{name}")
+    cfg = tiny_config(name, "model.seq_len=32", *overrides)
+    prepare(store, cfg)
+    return store, cfg
+
+
+def _loss(root: RunRoot, model, cfg) -> float:
+    return validation_loss(model, root.val(), batch_size=8, seq_len=cfg.model.seq_len, max_batches=4)
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHS))
+def test_each_architecture_trains_to_a_balanced_ledger_and_a_lower_loss(tmp_path, model_type):
+    d = tiny_hf_dir(tmp_path / model_type, model_type)
+    store, cfg = _run(f"hf-{model_type}", f"model.hf={d}", "diloco.token_budget=24000")
+    layout = read_layout(store)
+    assert layout.model["kind"] == "hf" and layout.model["hf_config"]["model_type"] == model_type
+    model = build_model(layout, cfg.seed)
+    names = dict(model.named_parameters())
+    members = {n for f in layout.fragments for n in f.names}
+    assert members == set(names) and len(members) == sum(len(f.names) for f in layout.fragments)
+    assert layout.embedding_names >= {n for n in names if "embed_tokens" in n}
+    assert not any(".experts." in n or "norm" in n for n in layout.embedding_names)
+    if model_type == "gemma4_text":  # tied: the LM head is the embedding, one member merged once
+        assert not any(n.startswith("lm.lm_head") for n in names)
+    else:
+        assert "lm.lm_head.weight" in layout.embedding_names
+    if ".experts." in " ".join(names):  # MoE: every fragment holds expert weights
+        assert all(any(".experts." in n for n in f.names) for f in layout.fragments), layout.fragments
+    root = RunRoot(store, cfg.run_id)
+    before = _loss(root, model, cfg)
+
+    syncer = Syncer(store, poll_s=0)
+    learners = [Learner.open(store, i) for i in range(2)]
+    for learner in learners:
+        learner.start()
+    drive(syncer, learners)
+    s = build_summary(store)
+    assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
+    assert s["tokens_merged"] >= cfg.diloco.token_budget and s["rejected_updates"] == {}
+    after = _loss(root, root.final_model(layout), cfg)
+    assert after < before - 0.3, (before, after)
+
+
+def test_weights_in_the_directory_are_version_0_and_the_same_seed_gives_the_same_init(tmp_path):
+    d = tiny_hf_dir(tmp_path / "w", "qwen3", weights=True, seed=7)
+    from safetensors.torch import load_file
+
+    saved = load_file(d / "model.safetensors")
+    store, cfg = _run("hf-weights", f"model.hf={d}")
+    root = RunRoot(store, cfg.run_id)
+    v0 = root.model_at_versions(read_layout(store), [0] * read_layout(store).num_fragments)
+    got = {n.removeprefix("lm."): p for n, p in v0.named_parameters()}
+    assert set(got) == set(saved) and all(torch.equal(got[n], saved[n]) for n in saved)
+
+    c = tiny_hf_dir(tmp_path / "c", "qwen3")
+    a, _ = _run("hf-seed-a", f"model.hf={c}")
+    b, _ = _run("hf-seed-b", f"model.hf={c}")
+    other, _ = _run("hf-seed-c", f"model.hf={c}", "seed=1")
+    la = read_layout(a)
+    runs = ((a, "hf-seed-a"), (b, "hf-seed-b"), (other, "hf-seed-c"))
+    models = [RunRoot(s, r).model_at_versions(la, [0] * la.num_fragments) for s, r in runs]
+    pa, pb, pc = (dict(m.named_parameters()) for m in models)
+    assert all(torch.equal(pa[n], pb[n]) for n in pa)
+    assert not all(torch.equal(pa[n], pc[n]) for n in pa)
+
+
+def _refused(tmp_path, spec: str, *overrides: str) -> str:
+    store = open_store(f"file://{tmp_path}/root")
+    with pytest.raises(ConfigError) as e:
+        prepare(store, tiny_config("hf-bad", "model.seq_len=32", f"model.hf={spec}", *overrides))
+    assert store.list("") == [], "nothing may be written to the run root"
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_bad_model_directories_are_refused_in_one_line_before_anything_is_written(tmp_path):
+    assert "is not a directory" in _refused(tmp_path, str(tmp_path / "nope"))
+    assert "ftp://x" in _refused(tmp_path, "ftp://x/y")
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(
+        json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"]})
+    )
+    assert "encoder" in _refused(tmp_path, str(bert))
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
+    assert "encoder-decoder" in _refused(tmp_path, str(t5))
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "config.json").write_text(json.dumps({"model_type": "no-such-arch"}))
+    assert "does not know" in _refused(tmp_path, str(odd))
+    sharded = tiny_hf_dir(tmp_path / "sharded", "llama", weights=True)
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert "model-00002-of-00002.safetensors" in _refused(tmp_path, str(sharded))
+    small = tiny_hf_dir(tmp_path / "small-vocab", "llama", vocab_size=100)
+    assert "vocab_size 100" in _refused(tmp_path, str(small))  # the byte tokenizer has more ids
+    short = tiny_hf_dir(tmp_path / "short", "llama")
+    assert "max_position_embeddings" in _refused(tmp_path, str(short), "model.seq_len=128")
+    big = dict(hidden_size=32768, intermediate_size=131072, num_hidden_layers=96, num_attention_heads=256)
+    huge = tiny_hf_dir(tmp_path / "huge", "llama", head_dim=128, **big)
+    msg = _refused(tmp_path, str(huge))
+    assert "B parameters" in msg and "GiB" in msg
