@@ -1,4 +1,5 @@
-"""Command line of the post-training stages: `ddiloco evaluate`, `ddiloco sft` and `ddiloco report`.
+"""Command line of the post-training stages: `ddiloco evaluate`, `ddiloco sft`, `ddiloco report` and
+`ddiloco export`.
 
 Each handler prints one JSON object (or the report paths) on stdout and returns an exit code. Errors a user
 can fix propagate as ValueError / StoreError, which `ddiloco.cli.main` turns into one line on stderr and exit
@@ -97,8 +98,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from ddiloco.hf.export import export_model  # imports transformers: only when it runs
+    from ddiloco.run import RunRoot
+
+    root = RunRoot.from_env(open_store(args.store), role="export")
+    out = export_model(root, args.model, args.out)
+    print(json.dumps(out, sort_keys=True))
+    return 0
+
+
 def register(sub: Any) -> None:
-    """Add `evaluate`, `sft` and `report` to the `ddiloco` subcommands."""
+    """Add `evaluate`, `sft`, `report` and `export` to the `ddiloco` subcommands."""
     p = sub.add_parser(
         "evaluate",
         help="validation loss, perplexity and downstream task accuracy of a checkpoint in the store",
@@ -169,3 +180,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--curve-points", type=int, default=8, help="points of the post-hoc validation curve")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "export",
+        help="write a checkpoint as a Hugging Face directory (config, safetensors, tokenizer)",
+        description="The directory loads with transformers alone: AutoModelForCausalLM.from_pretrained(DIR) "
+        "and AutoTokenizer.from_pretrained(DIR). A signed run's model is verified first.",
+    )
+    p.add_argument("--store", required=True, help="run root")
+    p.add_argument("--model", default="final", help="final | sft | latest | round:N (default: final)")
+    p.add_argument("--out", required=True, help="local directory, file:///dir or s3://bucket/prefix")
+    p.set_defaults(func=cmd_export)

@@ -36,7 +36,7 @@ def _loss(root: RunRoot, model, cfg) -> float:
 @pytest.mark.parametrize("model_type", sorted(ARCHS))
 def test_each_architecture_trains_to_a_balanced_ledger_and_a_lower_loss(tmp_path, model_type):
     d = tiny_hf_dir(tmp_path / model_type, model_type)
-    store, cfg = _run(f"hf-{model_type}", f"model.hf={d}", "diloco.token_budget=24000")
+    store, cfg = _run(f"hf-{model_type}", f"model.hf={d}", "diloco.token_budget=12000")
     layout = read_layout(store)
     assert layout.model["kind"] == "hf" and layout.model["hf_config"]["model_type"] == model_type
     model = build_model(layout, cfg.seed)
@@ -129,3 +129,35 @@ def test_bad_model_directories_are_refused_in_one_line_before_anything_is_writte
     huge = tiny_hf_dir(tmp_path / "huge", "llama", head_dim=128, **big)
     msg = _refused(tmp_path, str(huge))
     assert "B parameters" in msg and "GiB" in msg
+
+
+def _exported_matches(root: RunRoot, spec: str, out) -> None:
+    """`ddiloco export` wrote a directory transformers loads alone, with the run's logits and token ids."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ddiloco.cli.main import main
+    from ddiloco.posttrain.evaluate import load_model
+
+    assert main(["export", "--store", root.url, "--model", spec, "--out", str(out)]) == 0
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    text = "def f(x):\n\treturn x ** 2  # wörld ✓"
+    ids = root.tokenizer().encode(text)
+    assert tok(text, add_special_tokens=False)["input_ids"] == ids and tok.decode(ids) == text
+    assert (tok.eos_token_id, tok.pad_token_id) == (root.tokenizer().eos_id, root.tokenizer().pad_id)
+    ours, _ = load_model(root, spec, root.layout())
+    x = root.val()[:32].long()[None]
+    with torch.no_grad():
+        diff = (hf(input_ids=x).logits - ours.eval()(x)[0]).abs().max().item()
+    assert diff <= 1e-5, diff
+
+
+def test_export_writes_a_directory_transformers_loads_alone_with_the_same_logits(tmp_path):
+    store, cfg = _run("export-gpt")  # the built-in GPT, exported as GPT-2
+    _exported_matches(RunRoot(store, cfg.run_id), "latest", tmp_path / "gpt")
+    d = tiny_hf_dir(tmp_path / "m", "qwen3", weights=True)
+    store, cfg = _run("export-hf", f"model.hf={d}")
+    _exported_matches(RunRoot(store, cfg.run_id), "latest", tmp_path / "qwen3")
