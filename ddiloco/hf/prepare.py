@@ -71,12 +71,19 @@ def check_memory(spec: HFSpec, cfg: Any) -> None:
 
 
 def device_memory(device: str) -> tuple[int | None, str]:
-    """(bytes a learner on `device` may use, what that is), None when unknown."""
-    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+    """(bytes a learner on `device` may use, what that is), None when this machine cannot tell: learners
+    on `auto` or `cuda` measured from a machine without CUDA (a CPU prepare pod of a GPU run)."""
+    if device.startswith("cuda") or device == "auto":
         if torch.cuda.is_available():
             return int(torch.cuda.mem_get_info()[1]), "GPU memory"
+        if device == "auto" and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return _host_memory(), "host memory"  # a laptop run: learners on this machine's CPU
         return None, "GPU memory"
+    return _host_memory(), "host memory"
+
+
+def _host_memory() -> int | None:
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host memory"
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        return None, "host memory"
+        return None
