@@ -79,11 +79,14 @@ def reference(tmp_path_factory):
     return {**s, "plateau_loss": plateau_loss(open_store(run.url))}
 
 
-def test_killing_one_learner_twice(tmp_path, reference):
-    # Kills at inner steps (the learner SIGKILLs itself, once per event) land after it joined, however slowly
-    # the machine starts processes; the timed kills of the launcher are covered by the syncer test.
-    events = "chaos.events=[{kind: kill_learner, learner: 1, at_step: 300}, {kind: kill_learner, learner: 1, at_step: 800}]"
-    run, s = run_with(tmp_path, "kill2", *MEASURED, events)
+KILL_TWICE = "chaos.events=[{kind: kill_learner, learner: 1, at_step: 300}, {kind: kill_learner, learner: 1, at_step: 800}]"
+# Kills at inner steps (the learner SIGKILLs itself, once per event) land after it joined, however slowly
+# the machine starts processes; the timed kills of the launcher are covered by the syncer test.
+
+
+def check_killed_twice(run, s) -> None:
+    """The books of a run whose learner 1 was SIGKILLed twice: both kills fired, it came back twice, nothing
+    merged twice or lost, the syncer never stalled, every kill was recovered from."""
     store = open_store(run.url)
     assert s["status"] == "done"
     fired = [e for e in s["chaos_events"] if e.get("action") == "SIGKILL (self)"]
@@ -97,12 +100,26 @@ def test_killing_one_learner_twice(tmp_path, reference):
     gap = max(b - a for a, b in zip(merged_at, merged_at[1:], strict=False))
     assert gap < 20 * s["learner_step_seconds"] + 1.0, f"the syncer stalled for {gap:.2f}s"
     assert all(k["rejoin_seconds"] is not None for k in s["kill_recovery"]), s["kill_recovery"]
-    assert s["final_val_loss"] < s["initial_val_loss"] / 4
+    assert s["final_val_loss"] < s["initial_val_loss"] / 3  # it learned (800k tokens: 5.54 -> 1.52)
+
+
+def test_killing_one_learner_twice(tmp_path):
+    # The books only, at 800k tokens (~1,500 steps per learner: both kills land); what the kills cost in
+    # loss against a run without them is the `long` test below (two 1.6M-token runs, ~230 s of CI).
+    budget = "diloco.token_budget=800000"
+    run, s = run_with(tmp_path, "kill2", "sft=null", "diloco.sync_every=16", budget, KILL_TWICE)
+    check_killed_twice(run, s)
+
+
+@pytest.mark.long
+def test_killing_one_learner_twice_costs_under_5_percent_of_the_loss(tmp_path, reference):
+    run, s = run_with(tmp_path, "kill2", *MEASURED, KILL_TWICE)
+    check_killed_twice(run, s)
     # The issue's criterion: final validation loss within 5% of the run without chaos (128 validation
     # batches). The plateau level is reported next to it: in three clean-clone pairs the final ratio was
     # 0.97 / 1.028 / 1.009 and the plateau ratio 1.019 / 1.030 / 1.057 (the plateau averages points from
     # before the killed learner's absences were made up, so it runs ~3% behind).
-    plateau, ref_plateau = plateau_loss(store), reference["plateau_loss"]
+    plateau, ref_plateau = plateau_loss(open_store(run.url)), reference["plateau_loss"]
     assert s["final_val_loss"] <= reference["final_val_loss"] * 1.05, (
         s["final_val_loss"], reference["final_val_loss"], plateau, ref_plateau,
     )  # fmt: skip
