@@ -181,12 +181,7 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(
-            logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX
-        )
-        return logits, loss
+        return logits, None if targets is None else token_loss(logits, targets)
 
     def embedding_names(self) -> frozenset[str]:
         """Names (as in named_parameters) of the token embedding, position embedding and LM head."""
@@ -229,6 +224,14 @@ class GPT(nn.Module):
             if eos_id is not None and bool(done.all()):
                 break
         return idx
+
+
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in fp32 of (B, T, V) logits against (B, T) targets already shifted by
+    the loader, ignoring `IGNORE_INDEX` (every model family's loss, so targets mean the same to all)."""
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX
+    )
 
 
 @torch.no_grad()

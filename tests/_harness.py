@@ -34,6 +34,18 @@ def tiny_config(run_id: str, *overrides: str, recipe: str | None = None) -> RunC
     return cfg
 
 
+def train_in_process(store, num_learners: int) -> int:
+    """Open the prepared run's syncer and learners 0..num_learners-1 in this process and drive them to the end."""
+    from ddiloco.learner.loop import Learner
+    from ddiloco.syncer.loop import Syncer
+
+    syncer = Syncer(store, poll_s=0)
+    learners = [Learner.open(store, i) for i in range(num_learners)]
+    for learner in learners:
+        learner.start()
+    return drive(syncer, learners)
+
+
 def drive(syncer, learners, max_iters: int = 20000) -> int:
     """Interleave syncer passes and learner steps in one thread until the syncer finishes."""
     for i in range(max_iters):

@@ -108,12 +108,11 @@ def gpt_as_gpt2(model: GPT) -> nn.Module:
 
 def _gpt_value(name: str, p: torch.Tensor, src: dict[str, torch.Tensor]) -> torch.Tensor:
     """GPT-2 parameter `name` from the GPT's parameters (Conv1D weights transposed, missing biases zero)."""
-    ours = "lm_head.weight" if name == "lm_head.weight" else name
     conv1d = name.endswith(
         ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
     )
-    if ours in src:
-        t = src[ours].detach()
+    if name in src:
+        t = src[name].detach()
         return t.t() if conv1d else t
     if name.endswith(".bias"):
         return torch.zeros_like(p)
@@ -129,25 +128,12 @@ def hf_tokenizer(tok: Tokenizer) -> Any:
     if isinstance(tok, BPETokenizer):
         raw = RawTokenizer.from_str(tok._tok.to_str())
     elif isinstance(tok, ByteTokenizer):
-        chars = pre_tokenizers.ByteLevel.alphabet()
-        by_byte = {b: _byte_char(b) for b in range(256)}
-        assert set(by_byte.values()) == set(chars)
-        raw = RawTokenizer(models.BPE(vocab={by_byte[b]: b for b in range(256)}, merges=[]))
+        from transformers.convert_slow_tokenizer import bytes_to_unicode  # the map ByteLevel applies
+
+        raw = RawTokenizer(models.BPE(vocab={c: b for b, c in bytes_to_unicode().items()}, merges=[]))
         raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         raw.decoder = decoders.ByteLevel()
         raw.add_special_tokens([AddedToken(EOS, special=True), AddedToken(PAD, special=True)])
     else:
         raise ValueError(f"cannot export a {type(tok).__name__}")
     return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS, pad_token=PAD)
-
-
-def _byte_char(b: int) -> str:
-    """GPT-2's byte-to-unicode map (the one `ByteLevel` uses): printable bytes map to themselves."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    if b in printable:
-        return chr(b)
-    return chr(256 + sum(1 for x in range(b) if x not in printable))

@@ -1,4 +1,4 @@
-"""A Hugging Face causal LM as the model a learner trains (issue 27).
+"""A Hugging Face causal LM as the model a learner trains.
 
 Design choices:
 - `HFCausalLM` wraps `transformers.AutoModelForCausalLM` behind the interface the rest of the package uses
@@ -15,7 +15,7 @@ Design choices:
   config, never merged. Members merged by the plain mean (`embedding_names`): every `nn.Embedding` table
   (token embeddings, Gemma's per-layer embeddings) and the output projection, as for the GPT's wte/wpe/head;
   everything else (attention, MLP, MoE experts and routers, norms) by the configured merge (RDA by default).
-- The loss is computed here (fp32 cross-entropy ignoring `IGNORE_INDEX`), not by transformers, so the
+- The loss is `ddiloco.model.token_loss` (fp32, ignoring `IGNORE_INDEX`), not transformers' own, so the
   targets a loader produces (already shifted) mean the same thing for both model families.
 """
 
@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ddiloco.errors import ConfigError
-from ddiloco.model import GPT, IGNORE_INDEX
+from ddiloco.model import GPT, token_loss
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub: models come from a directory
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -83,33 +82,33 @@ class HFCausalLM(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        B, T = idx.size()
+        T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         logits = self.lm(input_ids=idx, use_cache=False).logits  # (B, T, V)
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(
-            logits.float().reshape(B * T, -1), targets.reshape(B * T), ignore_index=IGNORE_INDEX
-        )
-        return logits, loss
+        return logits, None if targets is None else token_loss(logits, targets)
 
     def embedding_names(self) -> frozenset[str]:
+        tables, head = self._tables_and_head()
+        return frozenset(tables | head)
+
+    def _tables_and_head(self) -> tuple[set[str], set[str]]:
+        """(names of the `nn.Embedding` tables, name of the output projection: the table's when tied)."""
         by_id = {id(p): n for n, p in self.named_parameters()}
-        names = {by_id[id(m.weight)] for m in self.modules() if isinstance(m, nn.Embedding)}
+        tables = {by_id[id(m.weight)] for m in self.modules() if isinstance(m, nn.Embedding)}
         out = self.lm.get_output_embeddings()
-        if out is not None and id(out.weight) in by_id:
-            names.add(by_id[id(out.weight)])
-        return frozenset(names)
+        head = {by_id[id(out.weight)]} if out is not None and id(out.weight) in by_id else set()
+        return tables, head
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """6·N (N without embedding tables; an MoE counts its active experts only) + attention's 12·L·d·T."""
-        c = transformers_config(self.config.hf_config)
-        emb = {n for n in self.embedding_names()} - {n for n in self._output_names()}
-        n = sum(p.numel() for name, p in self.named_parameters() if name not in emb)
+        c = self.lm.config
+        tables, head = self._tables_and_head()
+        lookups = tables - head  # a tied table is also the head, a matmul
+        n = sum(p.numel() for name, p in self.named_parameters() if name not in lookups)
         experts = getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None)
         active = getattr(c, "num_experts_per_tok", None)
         if experts and active:
@@ -117,11 +116,6 @@ class HFCausalLM(nn.Module):
             n -= expert_n * (1 - active / experts)
         layers, width = c.num_hidden_layers, c.hidden_size
         return 6.0 * n + 12.0 * layers * width * (seq_len or self.config.block_size)
-
-    def _output_names(self) -> set[str]:
-        out = self.lm.get_output_embeddings()
-        by_id = {id(p): n for n, p in self.named_parameters()}
-        return {by_id[id(out.weight)]} if out is not None and id(out.weight) in by_id else set()
 
     generate = GPT.generate
 

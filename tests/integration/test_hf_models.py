@@ -9,14 +9,12 @@ import torch
 
 from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import build_model, read_layout
-from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.evaluate import validation_loss
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
-from ddiloco.syncer.loop import Syncer
-from tests._harness import drive, tiny_config
+from tests._harness import tiny_config, train_in_process
 from tests._hf import ARCHS, tiny_hf_dir
 
 pytest.importorskip("transformers")
@@ -54,11 +52,7 @@ def test_each_architecture_trains_to_a_balanced_ledger_and_a_lower_loss(tmp_path
     root = RunRoot(store, cfg.run_id)
     before = _loss(root, model, cfg)
 
-    syncer = Syncer(store, poll_s=0)
-    learners = [Learner.open(store, i) for i in range(2)]
-    for learner in learners:
-        learner.start()
-    drive(syncer, learners)
+    train_in_process(store, 2)
     s = build_summary(store)
     assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
     assert s["tokens_merged"] >= cfg.diloco.token_budget and s["rejected_updates"] == {}
