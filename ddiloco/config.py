@@ -64,8 +64,10 @@ class ModelConfig:
 class DataConfig:
     source: str = "synthetic"
     """`synthetic` (built-in generated corpus, no download) or a path: .txt/.md file, directory, or .jsonl."""
-    tokenizer: str = "byte"
-    """`byte` (256 bytes + specials) or `bpe` (byte-level BPE trained locally on the corpus)."""
+    tokenizer: str = "auto"
+    """`byte` (256 bytes + specials), `bpe` (byte-level BPE trained locally on the corpus), `model` (the
+    `model.hf` directory's own tokenizer) or `auto`: `model` when that directory has tokenizer files, else
+    `byte`."""
     vocab_size: int | None = None
     """BPE vocabulary size (only with tokenizer=bpe)."""
     jsonl_field: str = "text"
@@ -81,7 +83,7 @@ class DataConfig:
     reads shard i; an id ≥ num_shards shares shard i mod num_shards, with a warning (`ddiloco.shards`)."""
 
     def validate(self) -> None:
-        _check(self.tokenizer in ("byte", "bpe"), f"data.tokenizer={self.tokenizer!r}: choose byte or bpe")
+        _choose("data.tokenizer", self.tokenizer, ("auto", "byte", "bpe", "model"))
         if self.tokenizer == "bpe":
             _check(
                 self.vocab_size is not None and self.vocab_size >= 300,
@@ -428,6 +430,10 @@ class RunConfig:
         self.train.validate()
         self.model.validate()
         self.data.validate()
+        _check(
+            self.data.tokenizer != "model" or self.model.hf is not None,
+            "data.tokenizer=model needs model.hf (the directory whose tokenizer to use)",
+        )
         self.eval.validate()
         for optional in (self.sft, self.link, self.retention):  # null: the feature is off
             if optional is not None:

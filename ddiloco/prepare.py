@@ -35,7 +35,7 @@ from ddiloco.protocol import signing, wire
 from ddiloco.run import MAX_TOKENS, RunRoot
 from ddiloco.store.base import Store
 from ddiloco.synthetic import entropy_floor, make_world, synthetic_documents
-from ddiloco.tokenizer import build_tokenizer, tokenizer_from_json
+from ddiloco.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_json
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
 
     t0 = time.monotonic()
     texts, extra = corpus_texts(cfg)
-    tok = build_tokenizer(cfg.data.tokenizer, texts, cfg.data.vocab_size)
+    tok = run_tokenizer(cfg, texts)
     tok = tokenizer_from_json(tok.to_json())  # what learners will load: prove it round-trips
     tokens = tokenize_corpus(texts, tok)
     # min_shard_tokens=0: a shard too small for one batch is the ConfigError below, which names the keys.
@@ -128,6 +128,24 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
         time.monotonic() - t0,
     )
     return meta
+
+
+def run_tokenizer(cfg: RunConfig, texts: list[str]) -> Tokenizer:
+    """The tokenizer `data.tokenizer` names (`auto`: the `model.hf` directory's own if it has one, else bytes)."""
+    kind = cfg.data.tokenizer
+    if kind in ("auto", "model") and cfg.model.hf:
+        from ddiloco.hf.source import model_dir
+        from ddiloco.hf.tokenizer import TOKENIZER_FILES, has_tokenizer, load_model_tokenizer
+
+        path = model_dir(cfg.model.hf)
+        if has_tokenizer(path):
+            return load_model_tokenizer(path)
+        if kind == "model":
+            raise ConfigError(
+                f"data.tokenizer=model: {path} has none of {', '.join(TOKENIZER_FILES)}; add the model's "
+                "tokenizer files there, or set data.tokenizer=byte or bpe"
+            )
+    return build_tokenizer("byte" if kind in ("auto", "model") else kind, texts, cfg.data.vocab_size)
 
 
 def model_for_run(cfg: RunConfig, vocab_size: int) -> GPT:

@@ -1,4 +1,5 @@
-"""Tokenizers: raw bytes, or byte-level BPE trained locally on the corpus (never downloaded).
+"""Tokenizers: raw bytes, byte-level BPE trained locally on the corpus (never downloaded), or the tokenizer
+of a `model.hf` directory.
 
 Design choices:
 - Both are byte-level, so every string encodes losslessly and decode(encode(s)) == s. decode never raises:
@@ -7,7 +8,11 @@ Design choices:
   a document that literally contains "<eos>" encodes it as ordinary bytes, so corpus text cannot forge
   document boundaries.
 - A tokenizer travels as JSON (`to_json` / `tokenizer_from_json`, dispatching on "type"), stored next to the
-  data shards; the BPE flavour embeds the `tokenizers` library's own JSON.
+  data shards; the BPE and model flavours embed the `tokenizers` library's own JSON.
+- A model's tokenizer (`ModelTokenizer`) is the `tokenizers` pipeline `AutoTokenizer` builds from the model
+  directory, with the model's eos token as the document separator (pad: the model's pad token, else eos)
+  and its chat template. Its special tokens are not produced from text either; only a rendered chat
+  template (`chat_prompt_ids`) contains them.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ class Tokenizer:
 
     def to_json(self) -> str:
         raise NotImplementedError
+
+    def chat_prompt_ids(self, prompt: str) -> list[int]:
+        """The ids an instruction is given as: <eos> + prompt, or a chat template's user turn."""
+        return [self.eos_id, *self.encode(prompt)]
 
 
 class ByteTokenizer(Tokenizer):
@@ -98,6 +107,90 @@ class BPETokenizer(Tokenizer):
         return f"BPETokenizer(vocab_size={self.vocab_size})"
 
 
+class ModelTokenizer(Tokenizer):
+    """A model's own tokenizer (see the module docstring); vocab_size is its largest id + 1."""
+
+    def __init__(
+        self,
+        tok: object,
+        eos_token: str | None,
+        pad_token: str | None = None,
+        bos_token: str | None = None,
+        chat_template: str | None = None,
+    ) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        if not isinstance(tok, HFTokenizer):
+            raise TypeError(f"ModelTokenizer wraps a tokenizers.Tokenizer, got {type(tok).__name__}")
+        eos = tok.token_to_id(eos_token) if eos_token else None
+        if eos is None:
+            raise ValueError(
+                f"the model's tokenizer has no eos token ({eos_token!r}); set eos_token in the model "
+                "directory's tokenizer_config.json to the token that ends a document"
+            )
+        pad = tok.token_to_id(pad_token) if pad_token else None
+        self._text = HFTokenizer.from_str(tok.to_str())
+        self._text.encode_special_tokens = True  # text never forges a special token
+        self._raw = tok
+        self.eos_token, self.pad_token, self.bos_token = eos_token, pad_token, bos_token
+        self.chat_template = chat_template or None
+        self.vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
+        self.eos_id = eos
+        self.pad_id = eos if pad is None else pad
+        self._chat: object | None = None
+
+    def encode(self, text: str) -> list[int]:
+        return self._text.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._text.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        valid = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
+        return self._raw.decode(valid, skip_special_tokens=True)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "type": "model",
+                "tokenizer": json.loads(self._raw.to_str()),
+                "eos_token": self.eos_token,
+                "pad_token": self.pad_token,
+                "bos_token": self.bos_token,
+                "chat_template": self.chat_template,
+            }
+        )
+
+    def transformers_tokenizer(self) -> object:
+        """This tokenizer as a transformers `PreTrainedTokenizerFast` (chat template, export)."""
+        from tokenizers import Tokenizer as HFTokenizer
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(
+            tokenizer_object=HFTokenizer.from_str(self._raw.to_str()),
+            eos_token=self.eos_token,
+            pad_token=self.pad_token,
+            bos_token=self.bos_token,
+            chat_template=self.chat_template,
+        )
+
+    def chat_prompt_ids(self, prompt: str) -> list[int]:
+        if self.chat_template is None:
+            return super().chat_prompt_ids(prompt)
+        if self._chat is None:
+            self._chat = self.transformers_tokenizer()
+        ids = self._chat.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        return list(ids)
+
+    def __repr__(self) -> str:
+        return f"ModelTokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r})"
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
     """Train byte-level BPE on texts, locally. The result may be smaller than vocab_size on a small corpus."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -130,7 +223,7 @@ def tokenizer_from_json(s: str) -> Tokenizer:
     except (json.JSONDecodeError, TypeError) as e:
         raise ValueError(f"tokenizer JSON is malformed ({e}); regenerate it with `ddiloco prepare`") from e
     if not isinstance(obj, dict) or "type" not in obj:
-        raise ValueError('tokenizer JSON must be an object with a "type" field ("byte" or "bpe")')
+        raise ValueError('tokenizer JSON must be an object with a "type" field ("byte", "bpe" or "model")')
     kind = obj["type"]
     if kind == "byte":
         return ByteTokenizer()
@@ -144,7 +237,26 @@ def tokenizer_from_json(s: str) -> Tokenizer:
         except Exception as e:  # the Rust side raises plain Exception
             raise ValueError(f"BPE tokenizer JSON is malformed ({e})") from e
         return BPETokenizer(tok)
-    raise ValueError(f'unknown tokenizer type {kind!r}; expected "byte" or "bpe"')
+    if kind == "model":
+        return _model_tokenizer_from(obj)
+    raise ValueError(f'unknown tokenizer type {kind!r}; expected "byte", "bpe" or "model"')
+
+
+def _model_tokenizer_from(obj: dict) -> ModelTokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if not isinstance(obj.get("tokenizer"), dict):
+        raise ValueError('model tokenizer JSON lacks its "tokenizer" object')
+    try:
+        tok = HFTokenizer.from_str(json.dumps(obj["tokenizer"]))
+    except Exception as e:  # the Rust side raises plain Exception
+        raise ValueError(f"model tokenizer JSON is malformed ({e})") from e
+    fields = {k: obj.get(k) for k in ("eos_token", "pad_token", "bos_token", "chat_template")}
+    if not all(v is None or isinstance(v, str) for v in fields.values()):
+        raise ValueError(
+            "model tokenizer JSON: eos_token, pad_token, bos_token, chat_template must be strings"
+        )
+    return ModelTokenizer(tok, **fields)
 
 
 def build_tokenizer(

@@ -7,8 +7,8 @@ Design choices:
   transformers' GPT-2 exactly: same blocks (pre-LayerNorm, fused QKV, exact GELU MLP, LayerNorm eps 1e-5,
   learned positions, untied head); GPT-2's Conv1D stores a Linear's weight transposed, and the biases the
   GPT does not have are zeros. Logits agree to fp32 rounding (a test holds them within 1e-5).
-- The run's tokenizer goes with it as `tokenizer.json` (+ config): the BPE flavour is already a `tokenizers`
-  tokenizer; the byte tokenizer becomes a byte-level BPE with no merges whose ids are the byte values, with
+- The run's tokenizer goes with it as `tokenizer.json` (+ config): a model's own tokenizer as it came, with
+  its eos/pad/bos tokens and chat template; the BPE flavour is already a `tokenizers` tokenizer; the byte tokenizer becomes a byte-level BPE with no merges whose ids are the byte values, with
   `<eos>` = 256 and `<pad>` = 257, so `AutoTokenizer` encodes text to the ids the run trained on.
 - `--out` is a local directory or a store URL (`file://`, `s3://`): the directory is written locally first,
   then each file is put under the prefix.
@@ -27,7 +27,7 @@ from torch import nn
 from ddiloco.hf.model import HFCausalLM
 from ddiloco.model import GPT
 from ddiloco.run import RunRoot
-from ddiloco.tokenizer import EOS, PAD, BPETokenizer, ByteTokenizer, Tokenizer
+from ddiloco.tokenizer import EOS, PAD, BPETokenizer, ByteTokenizer, ModelTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,8 @@ def hf_tokenizer(tok: Tokenizer) -> Any:
     from tokenizers import Tokenizer as RawTokenizer
     from transformers import PreTrainedTokenizerFast
 
+    if isinstance(tok, ModelTokenizer):
+        return tok.transformers_tokenizer()
     if isinstance(tok, BPETokenizer):
         raw = RawTokenizer.from_str(tok._tok.to_str())
     elif isinstance(tok, ByteTokenizer):

@@ -46,6 +46,7 @@ from ddiloco.posttrain.tasks import (
     TaskItem,
     agreement_problem,
     arithmetic_problem,
+    encode_prompt,
     evaluate_tasks,
     random_word,
 )
@@ -63,6 +64,11 @@ def is_heldout(key: str, seed: int, fraction: float) -> bool:
     return zlib.crc32(f"{seed}:{key}".encode()) % 10_000 < fraction * 10_000
 
 
+def instruction(task: str, prompt: str, response: str) -> TaskItem:
+    """An SFT item: a user turn and the response to learn (`TaskItem.chat`)."""
+    return TaskItem(task, prompt, response, chat=True)
+
+
 def synthetic_instructions(
     world: SyntheticWorld, seed: int, items_per_kind: int
 ) -> list[tuple[str, TaskItem]]:
@@ -70,22 +76,25 @@ def synthetic_instructions(
     out: list[tuple[str, TaskItem]] = []
     for e, a, v in world.fact_items():
         out.append(
-            (f"fact:{e}:{a}", TaskItem("instr_fact", INSTRUCTION.format(f"what is the {a} of {e}?"), " " + v))
+            (
+                f"fact:{e}:{a}",
+                instruction("instr_fact", INSTRUCTION.format(f"what is the {a} of {e}?"), " " + v),
+            )
         )
     rng = random.Random(f"ddiloco-sft:{seed}")
     for _ in range(items_per_kind):
         q, ans = arithmetic_problem(rng)
-        out.append((q, TaskItem("instr_arithmetic", INSTRUCTION.format(f"what is {q[:-1]}?"), " " + ans)))
+        out.append((q, instruction("instr_arithmetic", INSTRUCTION.format(f"what is {q[:-1]}?"), " " + ans)))
         w = random_word(rng)
         op, ans = ("copy", w) if rng.random() < 0.5 else ("reverse", w[::-1])
-        out.append((f"{op}:{w}", TaskItem("instr_copy", INSTRUCTION.format(f"{op} {w}."), " " + ans)))
+        out.append((f"{op}:{w}", instruction("instr_copy", INSTRUCTION.format(f"{op} {w}."), " " + ans)))
         phrase, plural = agreement_problem(rng)
         ans = " are" if plural else " is"
-        out.append((phrase, TaskItem("instr_agreement", INSTRUCTION.format(f"is or are? {phrase}"), ans)))
+        out.append((phrase, instruction("instr_agreement", INSTRUCTION.format(f"is or are? {phrase}"), ans)))
         start, n = rng.randrange(50), rng.randint(3, 6)
         seq = " ".join(str(start + i) for i in range(n))
         out.append(
-            (seq, TaskItem("instr_count", INSTRUCTION.format(f"what comes after {seq}?"), f" {start + n}"))
+            (seq, instruction("instr_count", INSTRUCTION.format(f"what comes after {seq}?"), f" {start + n}"))
         )
     return out
 
@@ -98,7 +107,7 @@ def read_jsonl_pairs(path: str | Path) -> list[tuple[str, TaskItem]]:
             raise ValueError(f'{where}: expected an object with string fields "prompt" and "response"')
         if not obj["response"].strip():
             raise ValueError(f"{where}: empty response")
-        out.append((obj["prompt"], TaskItem("instructions", obj["prompt"], obj["response"])))
+        out.append((obj["prompt"], instruction("instructions", obj["prompt"], obj["response"])))
     if not out:
         raise ValueError(f"{path}: no prompt/response pairs")
     return out
@@ -128,8 +137,9 @@ def split_items(
 def build_example(
     tokenizer: Tokenizer, prompt: str, response: str, block_size: int
 ) -> tuple[list[int], list[int]]:
-    """(inputs, targets) for <eos> + prompt + response + <eos>, targets -100 except on response + <eos>."""
-    context = [tokenizer.eos_id, *tokenizer.encode(prompt)]
+    """(inputs, targets) for <eos> + prompt + response + <eos>, targets -100 except on response + <eos>;
+    the prompt is the tokenizer's chat template's user turn when it has one (`Tokenizer.chat_prompt_ids`)."""
+    context = encode_prompt(tokenizer, prompt, chat=True)
     answer = [*tokenizer.encode(response), tokenizer.eos_id]
     ids = (context + answer)[-(block_size + 1) :]  # over-long prompts lose their start, never the response
     n_context = max(len(ids) - len(answer), 0)

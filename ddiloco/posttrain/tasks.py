@@ -62,6 +62,8 @@ class TaskItem:
     """The correct continuation."""
     choices: tuple[str, ...] = ()
     """Candidate continuations for multiple choice; empty for exact match."""
+    chat: bool = False
+    """An instruction: the prompt is a user turn, in the tokenizer's chat template when it has one."""
 
     @property
     def metric(self) -> str:
@@ -209,13 +211,18 @@ def _block_size(model: nn.Module, default: int = 1 << 30) -> int:
     return int(getattr(cfg, "block_size", default))
 
 
-def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
-    return [tokenizer.eos_id, *tokenizer.encode(prompt)]
+def encode_prompt(tokenizer: Tokenizer, prompt: str, chat: bool = False) -> list[int]:
+    """<eos> + prompt; an instruction (`chat`) as the tokenizer gives instructions (`chat_prompt_ids`)."""
+    return tokenizer.chat_prompt_ids(prompt) if chat else [tokenizer.eos_id, *tokenizer.encode(prompt)]
 
 
 @torch.no_grad()
 def choice_logprobs(
-    model: nn.Module, tokenizer: Tokenizer, queries: Sequence[tuple[str, Sequence[str]]], batch_size: int = 64
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    queries: Sequence[tuple[str, Sequence[str]]],
+    batch_size: int = 64,
+    chat: Sequence[bool] | None = None,
 ) -> list[list[float]]:
     """For each (prompt, choices): the summed log-probability of each choice's tokens given <eos> + prompt.
 
@@ -225,8 +232,8 @@ def choice_logprobs(
     device, block = _device(model), _block_size(model)
     seqs: list[list[int]] = []
     spans: list[int] = []
-    for prompt, choices in queries:
-        ctx = encode_prompt(tokenizer, prompt)
+    for q, (prompt, choices) in enumerate(queries):
+        ctx = encode_prompt(tokenizer, prompt, bool(chat and chat[q]))
         for c in choices:
             cont = tokenizer.encode(c)
             if not cont:
@@ -270,12 +277,16 @@ def exact_match(generated: str, answer: str) -> bool:
 
 @torch.no_grad()
 def greedy_continuations(
-    model: nn.Module, tokenizer: Tokenizer, prompts: Sequence[str], max_new_tokens: Sequence[int]
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: Sequence[int],
+    chat: Sequence[bool] | None = None,
 ) -> list[str]:
     """Greedy continuation of each prompt (after <eos>), stopping at <eos>. Prompts of equal token length
     are batched together, so no padding ever enters the context."""
     device, block = _device(model), _block_size(model)
-    encoded = [encode_prompt(tokenizer, p)[-block:] for p in prompts]
+    encoded = [encode_prompt(tokenizer, p, bool(chat and chat[i]))[-block:] for i, p in enumerate(prompts)]
     groups: dict[int, list[int]] = defaultdict(list)
     for i, ids in enumerate(encoded):
         groups[len(ids)].append(i)
@@ -311,6 +322,7 @@ def score_items(model: nn.Module, tokenizer: Tokenizer, items: Sequence[TaskItem
             tokenizer,
             [items[i].prompt for i in em],
             [len(tokenizer.encode(items[i].answer)) + 2 for i in em],
+            [items[i].chat for i in em],
         )
         for i, g in zip(em, gens, strict=True):
             credits[i] = float(exact_match(g, items[i].answer))
@@ -318,7 +330,9 @@ def score_items(model: nn.Module, tokenizer: Tokenizer, items: Sequence[TaskItem
     for i in mc:
         if items[i].answer not in items[i].choices:
             raise ValueError(f"item {items[i]} lists choices that do not include its answer")
-    scores = choice_logprobs(model, tokenizer, [(items[i].prompt, items[i].choices) for i in mc])
+    scores = choice_logprobs(
+        model, tokenizer, [(items[i].prompt, items[i].choices) for i in mc], chat=[items[i].chat for i in mc]
+    )
     for i, sc in zip(mc, scores, strict=True):
         credits[i] = mc_credit(sc, items[i].choices.index(items[i].answer))
     model.train(was_training)

@@ -15,9 +15,11 @@ from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config, train_in_process
-from tests._hf import ARCHS, tiny_hf_dir
+from ddiloco.tokenizer import ModelTokenizer
+from tests._hf import ARCHS, SAMPLE, tiny_hf_dir
 
 pytest.importorskip("transformers")
+from transformers import AutoTokenizer  # noqa: E402
 
 
 def _run(name: str, *overrides: str):
@@ -33,8 +35,16 @@ def _loss(root: RunRoot, model, cfg) -> float:
 
 @pytest.mark.parametrize("model_type", sorted(ARCHS))
 def test_each_architecture_trains_to_a_balanced_ledger_and_a_lower_loss(tmp_path, model_type):
-    d = tiny_hf_dir(tmp_path / model_type, model_type)
+    """Each with its own tokenizer (tests/_hf.py: its family's special tokens and chat template)."""
+    d = tiny_hf_dir(tmp_path / model_type, model_type, tokenizer=True)
     store, cfg = _run(f"hf-{model_type}", f"model.hf={d}", "diloco.token_budget=12000")
+    tok = RunRoot(store, cfg.run_id).tokenizer()
+    mine = AutoTokenizer.from_pretrained(d)
+    assert isinstance(tok, ModelTokenizer) and tok.vocab_size == len(mine) == 272
+    assert (
+        tok.eos_id == mine.eos_token_id
+        and tok.encode(SAMPLE) == mine(SAMPLE, add_special_tokens=False)["input_ids"]
+    )
     layout = read_layout(store)
     assert layout.model["kind"] == "hf" and layout.model["hf_config"]["model_type"] == model_type
     model = build_model(layout, cfg.seed)
@@ -117,6 +127,9 @@ def test_bad_model_directories_are_refused_in_one_line_before_anything_is_writte
     assert "model-00002-of-00002.safetensors" in _refused(tmp_path, str(sharded))
     small = tiny_hf_dir(tmp_path / "small-vocab", "llama", vocab_size=100)
     assert "vocab_size 100" in _refused(tmp_path, str(small))  # the byte tokenizer has more ids
+    own = tiny_hf_dir(tmp_path / "own-vocab", "qwen3", tokenizer=True, vocab_size=260)
+    assert "the tokenizer has 272 ids" in _refused(tmp_path, str(own))  # its own tokenizer is larger
+    assert "has none of tokenizer.json" in _refused(tmp_path, str(small), "data.tokenizer=model")
     short = tiny_hf_dir(tmp_path / "short", "llama")
     assert "max_position_embeddings" in _refused(tmp_path, str(short), "model.seq_len=128")
     big = dict(hidden_size=32768, intermediate_size=131072, num_hidden_layers=96, num_attention_heads=256)

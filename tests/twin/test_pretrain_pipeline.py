@@ -75,7 +75,7 @@ def pretrain_run(profile_s3, compiled, tmp_path_factory):
     """The run with namespace team-a's own store key (tests/_kfp_profile.py: the user and bucket policy KFP
     2.17's profile controller writes), not the server's admin key."""
     assert profile_s3.namespace == NAMESPACE
-    twin, args = twin_and_args(compiled, profile_s3, tmp_path_factory.mktemp("twin-pretrain"), 600_000)
+    twin, args = twin_and_args(compiled, profile_s3, tmp_path_factory.mktemp("twin-pretrain"), 150_000)
     twin.timeout_s = 900  # the whole pipeline, report included, on a loaded 2-core runner
     return twin.run(args), profile_s3
 

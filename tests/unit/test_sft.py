@@ -70,7 +70,7 @@ def test_facts_are_held_out_by_entity_attribute_pair():
 def test_jsonl_pairs_are_read_and_bad_lines_named(tmp_path):
     good = tmp_path / "ok.jsonl"
     good.write_text(json.dumps({"prompt": "hi", "response": " there"}) + "\n\n")
-    assert read_jsonl_pairs(good) == [("hi", TaskItem("instructions", "hi", " there"))]
+    assert read_jsonl_pairs(good) == [("hi", TaskItem("instructions", "hi", " there", chat=True))]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "hi"}) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: .*response"):
