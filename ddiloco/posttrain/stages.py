@@ -40,12 +40,19 @@ def posttrain(
 ) -> dict[str, Any]:
     """evaluate(final) -> sft -> evaluate(sft); returns summary fields (see `summary_fields`).
 
-    None configs mean the defaults; with skip_sft only the final model is evaluated (sft_* fields are None).
+    None configs mean the defaults; with skip_sft only the final model is evaluated (sft_* fields are None),
+    and so it is, with a warning, for a user corpus without `sft.data` (no instructions to fine-tune on).
     """
     t0 = time.monotonic()
     sft_cfg = sft_cfg or SFTConfig()
     name = "final" if sft_cfg.base == "final" else None
     pre = evaluate_checkpoint(root, sft_cfg.base, name=name, ecfg=eval_cfg)
+    if not skip_sft and sft_cfg.data is None and root.config().data.source != "synthetic":
+        log.warning(
+            "sft skipped: the run trained on a user corpus and sft.data names no instruction file; set "
+            "sft.data=FILE.jsonl ({prompt, response} per line) to fine-tune, or sft: null to say so"
+        )
+        skip_sft = True
     if skip_sft:
         fields = summary_fields(pre, None, None)
     else:

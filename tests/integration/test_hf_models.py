@@ -68,6 +68,7 @@ def test_each_architecture_trains_to_a_balanced_ledger_and_a_lower_loss(tmp_path
     assert s["tokens_merged"] >= cfg.diloco.token_budget and s["rejected_updates"] == {}
     after = _loss(root, root.final_model(layout), cfg)
     assert after < before - 0.3, (before, after)
+    _exported_matches(root, "final", tmp_path / "export")  # loads with transformers alone, same logits
 
 
 def test_weights_in_the_directory_are_version_0_and_the_same_seed_gives_the_same_init(tmp_path):
@@ -154,7 +155,8 @@ def _exported_matches(root: RunRoot, spec: str, out) -> None:
     text = "def f(x):\n\treturn x ** 2  # wörld ✓"
     ids = root.tokenizer().encode(text)
     assert tok(text, add_special_tokens=False)["input_ids"] == ids and tok.decode(ids) == text
-    assert (tok.eos_token_id, tok.pad_token_id) == (root.tokenizer().eos_id, root.tokenizer().pad_id)
+    assert tok.eos_token_id == root.tokenizer().eos_id
+    assert tok.pad_token_id in (root.tokenizer().pad_id, None)  # a model without a pad token pads with eos
     ours, _ = load_model(root, spec, root.layout())
     x = root.val()[:32].long()[None]
     with torch.no_grad():
