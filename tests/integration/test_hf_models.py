@@ -14,8 +14,8 @@ from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
-from tests._harness import tiny_config, train_in_process
 from ddiloco.tokenizer import ModelTokenizer
+from tests._harness import tiny_config, train_in_process
 from tests._hf import ARCHS, SAMPLE, tiny_hf_dir
 
 pytest.importorskip("transformers")
