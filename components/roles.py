@@ -33,12 +33,14 @@ def prepare(
     token_budget: int = 0,
     chaos: str = "",
     max_learners: int = 64,
+    model_hf: str = "",
 ) -> list[int]:
     """Write the run config, tokenizer, data shards, validation split and global version 0 to the run root;
-    return the learner ids. quorum / token_budget 0 keep the recipe's; chaos is a YAML/JSON chaos section."""
+    return the learner ids. quorum / token_budget 0 keep the recipe's; chaos is a YAML/JSON chaos section;
+    model_hf names a Hugging Face model directory or store prefix to train (`model.hf`), empty: the recipe's."""
     from ddiloco.components.runtime import ddiloco, prepare_settings, run_root
 
-    settings = prepare_settings(overrides, learners, quorum, token_budget, chaos, max_learners)
+    settings = prepare_settings(overrides, learners, quorum, token_budget, chaos, max_learners, model_hf)
     root = run_root(store, run_id)
     ddiloco("prepare", store=root, recipe=recipe, run_id=run_id, set=settings, s3_endpoint=s3_endpoint)
     return list(range(learners))
@@ -150,6 +152,20 @@ def sft(
     store_model(sft_model, root, "sft", s3_endpoint)
 
 
+def export(
+    store: str,
+    hf_model: Output[Model],
+    run_id: str = "",
+    s3_endpoint: str = "",
+    model: str = "final",
+):
+    """A checkpoint (final, sft, latest, round:N) as a Hugging Face directory in the Model artifact:
+    config.json, model.safetensors, generation_config.json and the run's tokenizer (`ddiloco export`)."""
+    from ddiloco.components.runtime import export_model, run_root
+
+    export_model(hf_model, run_root(store, run_id), model, s3_endpoint)
+
+
 def report(
     store: str,
     html: Output[HTML],
@@ -212,6 +228,7 @@ class Components:
     chaos: Any
     evaluate: Any
     sft: Any
+    export: Any
     report: Any
     join_check: Any
     joiner: Any
@@ -234,6 +251,7 @@ def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
         chaos=on(cpu_image, chaos),
         evaluate=on(gpu_image, evaluate),
         sft=on(gpu_image, sft),
+        export=on(cpu_image, export),
         report=on(cpu_image, report),
         join_check=on(cpu_image, join_check),
         joiner=on(gpu_image, joiner),

@@ -194,11 +194,18 @@ def publish_file(src: str | Path, artifact: Any) -> bool:
 
 
 def prepare_settings(
-    overrides: Sequence[str], learners: int, quorum: int, token_budget: int, chaos: str, max_learners: int
+    overrides: Sequence[str],
+    learners: int,
+    quorum: int,
+    token_budget: int,
+    chaos: str,
+    max_learners: int,
+    model_hf: str = "",
 ) -> list[str]:
     """The `--set` list of the prepare step: one shard per learner id up to the pipeline's `max_learners`
     (learners joined mid-run read data of their own; an override of diloco.max_learners wins), the UI's
-    overrides, then the UI's headline knobs (which win)."""
+    overrides, then the UI's headline knobs (which win; model_hf: a Hugging Face model directory or store
+    prefix, `model.hf`)."""
     if not 1 <= learners <= max_learners:
         raise ValueError(
             f"learners={learners}: this pipeline was compiled for 1..{max_learners} concurrent learners; "
@@ -214,6 +221,8 @@ def prepare_settings(
         out.append(f"diloco.token_budget={token_budget}")
     if chaos.strip():
         out.append(f"chaos={chaos.strip()}")
+    if model_hf.strip():
+        out.append(f"model.hf={model_hf.strip()}")
     return out
 
 
@@ -248,6 +257,20 @@ def store_model(model: Any, store_url: str, which: str, s3_endpoint: str = "") -
         raise ValueError(f"unknown checkpoint {which!r}; use final or sft")
     meta = store_json(store_url, meta_key, s3_endpoint) or {}
     model_pointer(model, store_url, key, {"checkpoint": which, "present": bool(meta), **meta})
+
+
+def export_model(model: Any, store_url: str, which: str, s3_endpoint: str = "") -> None:
+    """`ddiloco export` of checkpoint `which` into the Model artifact's directory (a Hugging Face directory:
+    transformers' from_pretrained loads it alone); its metadata says what it holds."""
+    printed = ddiloco("export", store=store_url, model=which, out=model.path, s3_endpoint=s3_endpoint) or {}
+    model.metadata.update(
+        {
+            "format": "huggingface",
+            "checkpoint": which,
+            "architecture": printed.get("architecture"),
+            "files": printed.get("files", []),
+        }
+    )
 
 
 def run_report(store_url: str, html: Any, markdown: Any, summary: Any, s3_endpoint: str = "") -> None:

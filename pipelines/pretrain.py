@@ -1,8 +1,10 @@
-"""The `pretrain` pipeline: prepare → [learners ∥ syncer ∥ chaos] → evaluate → sft → evaluate → report.
+"""The `pretrain` pipeline: prepare → [learners ∥ syncer ∥ chaos] → evaluate → [sft → evaluate ∥ export]
+→ report.
 
 Design choices:
 - Two kinds of settings. Run-time parameters are what a person turns in the KFP UI (recipe, overrides,
-  learners, quorum, token budget, chaos schedule, store bucket/prefix/endpoint/secret, node pools); compile-time
+  learners, quorum, token budget, chaos schedule, a Hugging Face model to train, store bucket/prefix/endpoint/secret,
+  node pools); compile-time
   `ClusterOptions` are what a platform engineer fixes once per cluster (registry, GPUs per learner, resources,
   retries, timeouts, the ParallelFor cap). `ddiloco pipeline compile` exposes the latter as flags.
 - Learners are a ParallelFor over the ids `prepare` returns, with parallelism = `max_learners` (all of a
@@ -19,6 +21,9 @@ Design choices:
   The default prefix `private/{namespace}/ddiloco` is one a profile namespace's store identity may write in
   multi-user Kubeflow (pipelines-profile-controller/sync.py); `{namespace}` is the pod's namespace, from the
   downward API. Store credentials come from a Secret as env (default KFP's `mlpipeline-minio-artifact`).
+- The final model also leaves the run as a Hugging Face directory (`export-final`, a CPU step beside SFT):
+  a KFP Model artifact that transformers' `from_pretrained` loads alone (`ddiloco export`); the `final` and
+  `sft` Model artifacts of the syncer and SFT steps stay pointers into the run root.
 - Caching is off everywhere: every step has side effects in the store.
 - Retries: Argo counts a backoff's `maxDuration` from the first attempt's start and cuts retried attempts at
   that deadline too (argo-workflows v4.0.5 workflow/controller/operator.go, processNodeRetries), so it is
@@ -126,6 +131,7 @@ DEFAULTS: dict[str, Any] = {
     "quorum": 0,
     "token_budget": 0,
     "chaos": "",
+    "model_hf": "",
     "store_bucket": "mlpipeline",
     "store_prefix": "private/{namespace}/ddiloco",
     "s3_endpoint": "seaweedfs.kubeflow:9000",
@@ -172,6 +178,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         quorum: int = d["quorum"],
         token_budget: int = d["token_budget"],
         chaos: str = d["chaos"],
+        model_hf: str = d["model_hf"],
         store_bucket: str = d["store_bucket"],
         store_prefix: str = d["store_prefix"],
         s3_endpoint: str = d["s3_endpoint"],
@@ -195,6 +202,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
                 token_budget=token_budget,
                 chaos=chaos,
                 max_learners=opts.max_learners,
+                model_hf=model_hf,
             )
             k8s.cpu_step(prep, "prepare")
             roles = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
@@ -228,6 +236,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
             k8s.chaos(chaos_task.after(prep))
             common = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
             pre = k8s.gpu_step(c.evaluate(model="final", **common).after(sync), "evaluate-final")
+            k8s.cpu_step(c.export(model="final", **common).after(pre), "export-final")
             tune = k8s.gpu_step(c.sft(**common).after(pre), "sft")
             k8s.gpu_step(c.evaluate(model="sft", **common).after(tune), "evaluate-sft")
 

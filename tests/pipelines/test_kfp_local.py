@@ -120,3 +120,25 @@ def test_sft_and_report_write_their_artifacts(post_trained):
     assert "<html" in Path(report["html"].path).read_text().lower()
     assert Path(report["markdown"].path).read_text().strip()
     assert report["summary"].metadata["tokens_merged"] >= 12000
+
+
+def test_export_leaves_a_hugging_face_directory_in_its_model_artifact(comps, trained):
+    """The pipeline's `export-final` step: transformers loads the artifact's directory alone, with the run's
+    logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ddiloco.posttrain.evaluate import load_model
+    from ddiloco.run import RunRoot
+    from ddiloco.store.url import open_store
+
+    store, _ = trained
+    art = comps.export(store=store, model="final").outputs["hf_model"]
+    assert art.metadata["format"] == "huggingface" and art.metadata["checkpoint"] == "final"
+    assert art.metadata["architecture"] == "GPT2LMHeadModel" and "model.safetensors" in art.metadata["files"]
+    hf = AutoModelForCausalLM.from_pretrained(art.path).eval()
+    root = RunRoot(open_store(store), "kfp-local")
+    ours, _ = load_model(root, "final", root.layout())
+    x = root.val()[:32].long()[None]
+    with torch.no_grad():
+        assert (hf(input_ids=x).logits - ours.eval()(x)[0]).abs().max().item() <= 1e-5

@@ -57,6 +57,8 @@ def test_prepare_settings_put_the_ui_knobs_last():
     assert got == ["diloco.max_learners=8", "diloco.learners=9", "diloco.codec=int4", "diloco.learners=4",
                    "diloco.quorum=2", "diloco.token_budget=5000", "chaos={events: []}"]  # fmt: skip
     assert prepare_settings([], 1, 0, 0, "", 8) == ["diloco.max_learners=8", "diloco.learners=1"]
+    hf = prepare_settings(["model.hf=s3://b/old"], 1, 0, 0, "", 8, " s3://models/qwen3 ")
+    assert hf[-1] == "model.hf=s3://models/qwen3"  # the UI's model parameter wins over an override
     with pytest.raises(ValueError, match="compiled for 1..8"):
         prepare_settings([], 9, 0, 0, "", 8)
     with pytest.raises(ValueError, match="strings like"):

@@ -83,8 +83,21 @@ def pretrain_run(profile_s3, compiled, tmp_path_factory):
 def test_the_pipeline_runs_end_to_end_under_the_profile_identity(pretrain_run):
     run, s3 = pretrain_run
     assert run.phase == "Succeeded", run.explain()
-    for name in ("prepare", "syncer", "chaos", "evaluate", "sft", "evaluate-2", "report"):  # task keys
+    for name in (
+        "prepare",
+        "syncer",
+        "chaos",
+        "evaluate",
+        "export",
+        "sft",
+        "evaluate-2",
+        "report",
+    ):  # task keys
         assert run.task(name).phase == "Succeeded", (name, run.explain())
+    hf = run.task("export").artifacts["hf_model"]  # the final model as a Hugging Face directory
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in Path(hf["uri"]).iterdir()
+    }
     root = f"s3://{s3.bucket}/private/{NAMESPACE}/ddiloco/{run.run_id}"
     store = open_store(root, env=s3.env())
     assert store.get_json("config.json")["run_id"] == run.run_id
