@@ -21,7 +21,7 @@ import torch
 from ddiloco import keys
 from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import build_model, read_global, read_layout
+from ddiloco.globalmodel import build_model, model_config_from_run, read_global, read_layout
 from ddiloco.learner.accel import lr_at, maybe_compile, resolve_precision, to_device, train_step
 from ddiloco.learner.loop import Learner
 from ddiloco.model import configure_optimizer
@@ -48,6 +48,25 @@ def prepared_run(cfg: RunConfig, syncer_threads: int = 1) -> Iterator[tuple[str,
         finally:
             syncer.kill()
             syncer.wait()
+
+
+def hf_dir_like(cfg: RunConfig, model_type: str, path: str) -> str:
+    """A Hugging Face config directory of `model_type` with the run's model sizes (layers, width, heads,
+    context, byte vocabulary) and a 4x MLP, so the HF path is measured at the preset's size."""
+    from transformers import AutoConfig
+
+    m = model_config_from_run(cfg, 258)
+    AutoConfig.for_model(
+        model_type,
+        vocab_size=258,
+        hidden_size=m.n_embd,
+        intermediate_size=4 * m.n_embd,
+        num_hidden_layers=m.n_layer,
+        num_attention_heads=m.n_head,
+        num_key_value_heads=m.n_head,
+        max_position_embeddings=m.block_size,
+    ).save_pretrained(path)
+    return path
 
 
 def sync(device: torch.device) -> None:

@@ -7,6 +7,7 @@ The two alternate for --repeats rounds so machine noise hits both; the last line
 `learner_throughput.py` measures the same by time, with MFU and GPU presets.
 
     python benchmarks/learner_overhead.py [--recipe tiny-cpu] [--steps 200] [--repeats 3] [--set k=v ...]
+                                          [--hf-arch llama]   # a transformers model of the preset's size
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 
 import torch
-from _learner_bench import PlainLoop, prepared_run, sync
+from _learner_bench import PlainLoop, hf_dir_like, prepared_run, sync
 
 from ddiloco import keys
 from ddiloco.learner.accel import resolve_device
@@ -39,11 +41,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap.add_argument("--hf-arch", help="train a transformers model of this model_type (e.g. llama) instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = load_config(
-        args.recipe, None, [*args.overrides, "diloco.token_budget=1000000000000", "diloco.learners=1"]
-    )
+    fixed = ["diloco.token_budget=1000000000000", "diloco.learners=1"]
+    cfg = load_config(args.recipe, None, [*args.overrides, *fixed])
+    if args.hf_arch:
+        path = hf_dir_like(cfg, args.hf_arch, tempfile.mkdtemp(prefix="ddiloco-hf-bench-"))
+        cfg = load_config(args.recipe, None, [*args.overrides, *fixed, f"model.hf={path}"])
     cfg.run_id = "bench"
     device = resolve_device(cfg.train.device)
     with prepared_run(cfg) as (_, store):
@@ -67,6 +72,7 @@ def main() -> None:
     p, d = statistics.median(plain_samples), statistics.median(learner_samples)
     result = {
         "recipe": args.recipe,
+        "model": args.hf_arch or "gpt",
         "steps_per_repeat": args.steps,
         "repeats": args.repeats,
         "tokens_per_s_plain": p,

@@ -13,7 +13,7 @@ sheet for known GPUs at the run's precision (bf16: H100 SXM / H200 989 TFLOP/s; 
 and on CPU an fp32 matmul peak measured in this process (same threads); `peak_flops_source` says which,
 and an unknown GPU gets null.
 
-    python benchmarks/learner_throughput.py [--preset tiny] [--precision auto] [--seconds 10]
+    python benchmarks/learner_throughput.py [--preset tiny] [--precision auto] [--seconds 10] [--hf-arch llama]
         [--device auto] [--batch-size N] [--seq-len T] [--compile] [--repeats 3] [--set key=value ...]
 
 Prints a table, then one JSON object as its last line. GPU presets use the byte tokenizer (no BPE training
@@ -25,15 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import tempfile
 import time
 
 import torch
-from _learner_bench import PlainLoop, learner_step, prepared_run, sync, timed
+from _learner_bench import PlainLoop, hf_dir_like, learner_step, prepared_run, sync, timed
 
 from ddiloco import keys
 from ddiloco.learner.accel import resolve_device, resolve_precision
 from ddiloco.learner.loop import Learner
-from ddiloco.model import count_params, flops_per_token
 from ddiloco.recipes import load_config
 
 # preset: recipe (DiLoCo settings), seq_len, batch_size, synthetic documents
@@ -88,6 +88,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per mode first")
     ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap.add_argument(
+        "--hf-arch", help="a transformers model of this model_type (e.g. llama) at the preset's size"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     recipe, seq_len, batch, docs = PRESET_DEFAULTS[args.preset]
@@ -106,6 +109,9 @@ def main() -> None:
         *args.overrides,
     ]
     cfg = load_config(recipe, None, overrides)
+    if args.hf_arch:
+        path = hf_dir_like(cfg, args.hf_arch, tempfile.mkdtemp(prefix="ddiloco-hf-bench-"))
+        cfg = load_config(recipe, None, [*overrides, f"model.hf={path}"])
     cfg.run_id = "bench"
     device = resolve_device(cfg.train.device)
     precision = resolve_precision(cfg.train.precision, device)
@@ -132,8 +138,7 @@ def main() -> None:
         rounds_answered = learner.exchange.rounds_answered
         learner._finish("max_steps")
         losses = {"plain": plain.loss, "learner": learner.loss}
-    gpt = learner.layout.gpt_config()
-    fpt = flops_per_token(gpt, cfg.model.seq_len)
+    fpt = plain.model.flops_per_token(cfg.model.seq_len)
     tps = {mode: t[0] / t[1] for mode, t in totals.items()}
     mfu = {mode: (fpt * v / peak if peak else None) for mode, v in tps.items()}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -146,7 +151,8 @@ def main() -> None:
     result = {
         "device": name,
         "preset": args.preset,
-        "params": count_params(gpt),
+        "model": args.hf_arch or "gpt",
+        "params": plain.model.num_params(),
         "precision": precision,
         "compile": cfg.train.compile,
         "batch_size": cfg.train.batch_size,

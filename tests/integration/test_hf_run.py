@@ -1,6 +1,7 @@
 """`ddiloco run` on a Hugging Face model directory and a JSONL corpus, with real learner and syncer
 processes: a tiny random-init Qwen3 with its own tokenizer and chat template (built here), fine-tuned on an
-instruction file in that template, then exported and scored with transformers alone."""
+instruction file in that template, then exported and scored with transformers alone. It is also the test
+of the command line's contract: progress on stderr, the summary's path as stdout's last line."""
 
 import json
 import random
@@ -49,7 +50,9 @@ def test_run_on_a_model_directory_trains_fine_tunes_in_its_chat_template_and_exp
         args + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, timeout=400
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    s = json.loads(open(out.stdout.strip().splitlines()[-1]).read())
+    path = out.stdout.strip().splitlines()[-1]
+    assert path.endswith("hf/summary.json") and "val loss" in out.stderr
+    s = json.loads(open(path).read())
     assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
     assert s["final_val_loss"] < s["initial_val_loss"] - 1.0, (s["initial_val_loss"], s["final_val_loss"])
     assert s["sft"]["heldout_response_loss_after"] < s["sft"]["heldout_response_loss_before"]
