@@ -68,7 +68,7 @@ def main() -> None:
             learner_samples.append(tokens_per_s(tick, args.steps, device))
         status = store.get_json_or_none(keys.STATUS) or {}
         rounds_answered = learner.exchange.rounds_answered
-        learner._finish("max_steps")
+        learner.close("max_steps")
     p, d = statistics.median(plain_samples), statistics.median(learner_samples)
     result = {
         "recipe": args.recipe,

@@ -136,7 +136,7 @@ def main() -> None:
                 samples[mode].append(tokens / seconds)
         status = store.get_json_or_none(keys.STATUS) or {}
         rounds_answered = learner.exchange.rounds_answered
-        learner._finish("max_steps")
+        learner.close("max_steps")
         losses = {"plain": plain.loss, "learner": learner.loss}
     fpt = plain.model.flops_per_token(cfg.model.seq_len)
     tps = {mode: t[0] / t[1] for mode, t in totals.items()}

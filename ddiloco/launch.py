@@ -34,7 +34,7 @@ from ddiloco.posttrain.stages import posttrain
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import signing
-from ddiloco.run import RunRoot
+from ddiloco.run import RunRoot, prepared_at_of
 from ddiloco.store.base import Store, StoreError
 from ddiloco.store.url import open_store
 
@@ -216,9 +216,9 @@ class LocalRun:
             self.store,
             LaunchedProcesses(self),
             schedule_from_config(cfg.chaos, cfg.diloco.learners),
-            float(meta["prepared_at"]),
+            prepared_at_of(meta) or time.time(),
         )
-        self.t0 = float(meta["prepared_at"])
+        self.t0 = self.chaos.t0
         self.procs.append(Proc("syncer", None))
         self.spawn(self.procs[0])
         for i in range(cfg.diloco.learners):

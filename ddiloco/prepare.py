@@ -19,13 +19,11 @@ leaving learners that reject version 0 forever. Every object is read and written
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
 import torch
 
-from ddiloco import keys
 from ddiloco.config import RunConfig
 from ddiloco.data import load_texts, split_tokens, tokenize_corpus
 from ddiloco.errors import ConfigError
@@ -184,15 +182,6 @@ def _check_existing_signature(root: RunRoot) -> None:
             f"{root.url} was prepared with another {signing.ENV_VAR} ({e.reason}); "
             "use the same secret as the first prepare, or a new --run-id / store prefix"
         ) from None
-
-
-def prepared_at(store: Store) -> float | None:
-    """When the run was prepared (`prepared_at` of the data meta): the origin of the chaos clock and of
-    `diloco.deadline_s`, and the base time of versions a syncer did not publish (`ddiloco.protocol.claims`);
-    None when the meta has none or it is not a finite number."""
-    meta = store.get_json_or_none(keys.DATA_META)
-    t = meta.get("prepared_at") if isinstance(meta, dict) else None
-    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else None
 
 
 # The learner and the syncer still read these two through here; they go once both open a RunRoot.

@@ -17,6 +17,7 @@ Design choices:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -105,6 +106,10 @@ class RunRoot:
     def data_meta(self) -> dict[str, Any] | None:
         """data/meta.json: written last by prepare, so its presence means "prepared"."""
         return self.store.get_json_or_none(keys.DATA_META, max_bytes=MAX_DOC_BYTES)
+
+    def prepared_at(self) -> float | None:
+        """When the run was prepared (see `prepared_at_of`)."""
+        return prepared_at_of(self.data_meta())
 
     def write_data_meta(self, meta: Mapping[str, Any]) -> None:
         self.store.put_json(keys.DATA_META, dict(meta))
@@ -298,3 +303,11 @@ def load_parameters(model: GPT, tensors: Mapping[str, torch.Tensor], what: str, 
                 raise wire.PayloadError("wrong_shape", f"{what} is missing or mis-shapes parameter {n}")
             p.copy_(t.float())
     return model
+
+
+def prepared_at_of(meta: Mapping[str, Any] | None) -> float | None:
+    """`prepared_at` of a data meta (data/meta.json): the origin of the chaos clock and of
+    `diloco.deadline_s`, and the base time of versions a syncer did not publish (`ddiloco.protocol.claims`);
+    None when there is no meta, or its `prepared_at` is missing or not a finite number."""
+    t = meta.get("prepared_at") if isinstance(meta, Mapping) else None
+    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else None

@@ -53,7 +53,7 @@ def drive(syncer, learners, max_iters: int = 20000) -> int:
             for learner in learners:
                 learner.poller.poll_once()
                 assert learner.tick() is False
-                learner._finish("done")
+                learner.close("done")
             return i
         for learner in learners:
             learner.poller.poll_once()

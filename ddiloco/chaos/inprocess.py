@@ -21,6 +21,7 @@ from typing import Any
 from ddiloco import keys
 from ddiloco.chaos.events import ChaosEvent, schedule_from_config
 from ddiloco.chaos.record import ChaosRecord
+from ddiloco.run import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.store.wrapped import OutageStore
 
@@ -30,8 +31,8 @@ log = logging.getLogger(__name__)
 def load_schedule(store: Store, cfg: Any) -> tuple[list[ChaosEvent], float]:
     """The chaos events of `cfg` (the run's `RunConfig`, read from its run root by the caller) and their
     time origin (`prepared_at`), read from the prepared run root."""
-    meta = store.get_json(keys.DATA_META)
-    return schedule_from_config(cfg.chaos, cfg.diloco.learners), float(meta.get("prepared_at", time.time()))
+    t0 = RunRoot(store, cfg.run_id).prepared_at()
+    return schedule_from_config(cfg.chaos, cfg.diloco.learners), time.time() if t0 is None else t0
 
 
 def chaos_store(store: Store, cfg: Any) -> Store:

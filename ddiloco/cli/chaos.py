@@ -31,6 +31,7 @@ from ddiloco.chaos.local import LocalPids
 from ddiloco.chaos.record import markdown_table
 from ddiloco.chaos.runner import Backend, ChaosRunner
 from ddiloco.config import RunConfig
+from ddiloco.run import MAX_DOC_BYTES, prepared_at_of
 from ddiloco.store.url import open_store
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,7 @@ def namespace(arg: str | None) -> str:
 def cmd_chaos(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     cfg = RunConfig.from_dict(store.get_json(keys.CONFIG))
-    meta = store.get_json_or_none(keys.DATA_META) or {}
-    t0 = float(meta.get("prepared_at") or time.time())
+    t0 = prepared_at_of(store.get_json_or_none(keys.DATA_META, max_bytes=MAX_DOC_BYTES)) or time.time()
     events = schedule_from_config(cfg.chaos, cfg.diloco.learners)
     if args.backend == "kubernetes":
         workflow = args.workflow or os.environ.get("DDILOCO_K8S_WORKFLOW", "")

@@ -80,6 +80,7 @@ from ddiloco.model import configure_optimizer
 from ddiloco.prepare import load_run_config, load_tokens
 from ddiloco.protocol import signing
 from ddiloco.protocol.messages import LearnerReport
+from ddiloco.run import prepared_at_of
 from ddiloco.schedule import GlobalSchedule
 from ddiloco.shards import Assignment, assign_shard
 from ddiloco.store.base import Store, StoreError
@@ -118,7 +119,7 @@ class Opened:
         tokens = load_tokens(
             store, keys.shard_key(shard.shard), cfg.run_id, max_tokens=shard.end - shard.start, run_key=key
         )
-        prepared_at = float(meta.get("prepared_at", time.time()))
+        prepared_at = prepared_at_of(meta) or time.time()
         started_at = time.time()
         incarnation = next_incarnation(store, learner_id, started_at)
         return cls(cfg, layout, key, shard, tokens, prepared_at, started_at, incarnation)
@@ -402,10 +403,12 @@ class Learner:
             reason = "error"
             raise
         finally:
-            self._finish(reason)
+            self.close(reason)
         return reason
 
-    def _finish(self, reason: str) -> None:
+    def close(self, reason: str = "max_steps") -> None:
+        """End this incarnation: stop its background work, settle pending answers when the run is `done`,
+        and write its final report with `reason` (done, max_steps, error, ...)."""
         self._stop.set()
         if self.group is not None:
             self.group.stop()

@@ -57,9 +57,10 @@ from ddiloco import failpoints, keys
 from ddiloco.globalmodel import read_layout
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
-from ddiloco.prepare import load_run_config, prepared_at
+from ddiloco.prepare import load_run_config
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerState
+from ddiloco.run import MAX_DOC_BYTES, prepared_at_of
 from ddiloco.store.base import NotFound, Store, StoreError
 from ddiloco.syncer.adopt import Superseded
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal
@@ -154,7 +155,7 @@ class Syncer:
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
-        run_start = prepared_at(store)
+        run_start = prepared_at_of(store.get_json_or_none(keys.DATA_META, max_bytes=MAX_DOC_BYTES))
         self.deadline = None if d.deadline_s is None else (run_start or wall()) + d.deadline_s
         kw = {"key": self.key, "wall": wall, "retained": self.retention.keeps, "run_start": run_start}
         validator = UpdateValidator(cfg, self.layout, self.fragments, **kw)

@@ -34,7 +34,7 @@ def _losses(store, device: str, steps: int = STEPS) -> tuple[list[float], Learne
     learner = Learner.open(store, 0, device=device)
     learner.start()
     out = [learner.step() for _ in range(steps)]
-    learner._finish("max_steps")
+    learner.close("max_steps")
     if device == "cuda":  # each step returns the previous step's loss; the last is read at the end
         assert out[0] is None and all(isinstance(v, float) for v in out[1:])
         out = [*out[1:], learner.loss]
@@ -88,7 +88,7 @@ def test_restart_from_a_checkpoint_with_fused_adamw_on_cuda():
     first.start()
     for _ in range(4):
         first.tick()
-    first._finish("max_steps")
+    first.close("max_steps")
     second = Learner.open(store, 0, device="cuda")
     second.start()
     assert second.inner_step > 0  # restored
@@ -96,7 +96,7 @@ def test_restart_from_a_checkpoint_with_fused_adamw_on_cuda():
     assert steps and all(t.device.type == "cuda" for t in steps)  # fused AdamW keeps them on the GPU
     for _ in range(3):
         second.tick()
-    second._finish("max_steps")
+    second.close("max_steps")
     assert second.loss is not None and second.loss == second.loss
 
 

@@ -107,7 +107,7 @@ def run(
             for learner in r.learners:
                 learner.poller.poll_once()
                 assert learner.tick() is False
-                learner._finish("done")
+                learner.close("done")
             break
         for rnd in sorted(set(r.syncer.open) - opened):
             opened.add(rnd)
@@ -365,7 +365,7 @@ def test_a_learner_is_told_when_its_answer_is_rejected_and_its_tokens_stay_outst
     for learner in r.learners:
         learner.poller.poll_once()
         learner.tick()
-        learner._finish("done")
+        learner.close("done")
     assert r.syncer.intake.rejected["bad_codec"] == bad.exchange.rounds_answered > 0
     assert bad.exchange.rejected_updates == Counter(bad_codec=bad.exchange.rounds_answered)
     assert r.learners[1].exchange.rejected_updates == Counter()
@@ -416,7 +416,7 @@ def test_a_lying_learner_with_the_run_key_is_rejected_and_the_ledger_stays_balan
     for learner in r.learners:
         learner.poller.poll_once()
         learner.tick()
-        learner._finish("done")
+        learner.close("done")
     assert lying_from is not None, "learner 0 never measured its cadence"
     lies = liar.exchange.rejected_updates["future_steps"]
     assert lies > 0 and r.syncer.intake.rejected == Counter(future_steps=lies)
@@ -491,7 +491,7 @@ def test_roles_start_from_the_newest_version_that_verifies():
     assert [fs.anchor for fs in learner.ledger] == [0, 0]
     assert learner.feed.rejected_globals == Counter(bad_signature=1)
     assert Syncer(r.store, secret=SECRET).versions == [0, 0]  # a restarted syncer does not adopt it
-    learner._finish("max_steps")
+    learner.close("max_steps")
 
 
 def test_a_tampered_checkpoint_is_not_loaded():
@@ -506,7 +506,7 @@ def test_a_tampered_checkpoint_is_not_loaded():
     b = Learner.open(r.store, 0, secret=SECRET)
     b.start()
     assert b.inner_step == 0 and not b.opt.state  # fresh, from the current globals
-    b._finish("max_steps")
+    b.close("max_steps")
 
 
 def test_prepare_refuses_a_store_prepared_with_another_secret():

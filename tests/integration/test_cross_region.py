@@ -42,7 +42,7 @@ def _inner_steps_in(seconds: float, link: Link | None):
         assert learner.tick()
         steps += 1
     after = shaped.link_stats.snapshot() if link else None
-    learner._finish("max_steps")
+    learner.close("max_steps")
     syncer.step = lambda: True  # stop the syncer thread at its next pass
     thread.join(timeout=30)
     return steps, learner, (before, after)

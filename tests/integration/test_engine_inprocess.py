@@ -161,8 +161,8 @@ def test_new_learner_starts_from_the_current_globals_not_its_init():
         assert late.ledger[p].anchor == v
         for n, t in read_global(store, cfg.run_id, layout, p, v).items():
             torch.testing.assert_close(late.params[n].detach(), t)
-    late._finish("max_steps")
-    first._finish("max_steps")
+    late.close("max_steps")
+    first.close("max_steps")
 
 
 def test_learner_waits_for_global_version_zero(tmp_path):
@@ -195,7 +195,7 @@ def test_learner_checkpoint_restores_step_optimizer_and_cursor():
     assert b.loader.state_dict() == cursor
     p = next(iter(b.params.values()))
     assert b.opt.state[p]["exp_avg"].abs().sum() > 0
-    b._finish("max_steps")
+    b.close("max_steps")
 
 
 def _tick(learner) -> bool:
@@ -244,7 +244,7 @@ def test_books_balance_when_a_learner_is_stopped_past_its_merge_leaving_the_stat
     syncer.finish()  # the token budget is reached
     for learner in learners:
         assert _tick(learner) is False
-        learner._finish("done")
+        learner.close("done")
     s = build_summary(store)
     assert s["ledger_balanced"], (
         s["tokens_merged_per_fragment"],

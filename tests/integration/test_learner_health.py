@@ -70,7 +70,7 @@ def test_an_upload_thread_raising_a_bug_is_logged_at_error_and_counted(monkeypat
     assert _io_errors(learner, "upload") == learner.exchange.rounds_answered
     assert _bug_logged(caplog, "upload")
     assert learner.ledger.tokens_processed > 0  # it trained on
-    learner._finish("max_steps")
+    learner.close("max_steps")
 
 
 def test_a_heartbeat_raising_a_bug_is_logged_at_error_and_counted(monkeypatch, caplog):
@@ -90,7 +90,7 @@ def test_a_heartbeat_raising_a_bug_is_logged_at_error_and_counted(monkeypatch, c
     assert _io_errors(learner, "heartbeat") == 3
     assert _bug_logged(caplog, "heartbeat")
     monkeypatch.undo()
-    learner._finish("max_steps")
+    learner.close("max_steps")
 
 
 def test_a_checkpoint_raising_a_bug_is_logged_at_error_and_counted(monkeypatch, caplog):
@@ -103,7 +103,7 @@ def test_a_checkpoint_raising_a_bug_is_logged_at_error_and_counted(monkeypatch, 
     assert _io_errors(learner, "checkpoint") >= 1
     assert _bug_logged(caplog, "checkpoint")
     assert not store.exists(keys.ckpt_latest_key(0))
-    learner._finish("max_steps")
+    learner.close("max_steps")
 
 
 def test_a_download_thread_raising_a_bug_is_logged_counted_and_ends_the_learner(monkeypatch, caplog):
@@ -122,7 +122,7 @@ def test_a_download_thread_raising_a_bug_is_logged_counted_and_ends_the_learner(
             wait(list(learner.feed.downloads.values()))
     assert _io_errors(learner, "download") >= 1
     assert _bug_logged(caplog, "download")
-    learner._finish("error")
+    learner.close("error")
 
 
 class BlockedUpdates(DelegatingStore):
@@ -168,7 +168,7 @@ def test_heartbeats_keep_flowing_while_every_io_thread_is_stuck_in_an_upload():
         assert blocked.blocked >= 3 and not blocked.gate.is_set()  # ... while the uploads were still stuck
     finally:
         blocked.gate.set()
-        learner._finish("max_steps")
+        learner.close("max_steps")
 
 
 class Clock:
@@ -207,7 +207,7 @@ def test_a_learner_whose_answers_never_merge_stops_after_the_bound(monkeypatch):
         _run(syncer, learner, clock, 2000)
     assert 300 <= learner.bound.unmerged_s <= 310, "stopped at the bound"
     assert syncer.books.rounds_abandoned > 0  # the syncer was alive and opened rounds it could not merge
-    learner._finish("error")
+    learner.close("error")
     assert "train.max_unmerged_s" in str(stopped.value)
 
 
@@ -228,7 +228,7 @@ def test_no_stop_during_a_store_outage_or_while_the_syncer_is_down(monkeypatch):
     learners_store[0].windows = []  # the store is back, the syncer goes down: its status stops changing
     _run(None, learner, clock, 600)
     assert learner.bound.unmerged_s - counted <= 120 + 10, "a silent syncer pauses the count"
-    learner._finish("max_steps")
+    learner.close("max_steps")
 
 
 def test_ddiloco_learner_exits_4_when_its_answers_never_merge(monkeypatch, caplog):

@@ -58,7 +58,7 @@ def drive(syncer: Syncer, learners, max_iters: int = 20000) -> None:
     for learner in learners:
         learner.poller.poll_once()
         assert learner.tick() is False
-        learner._finish("done")
+        learner.close("done")
 
 
 def assert_sound(store, crash_versions: list[int] | None = None) -> dict:

@@ -82,7 +82,7 @@ def test_updates_of_merged_and_abandoned_rounds_are_deleted():
     assert any(how == "abandoned" and answers == 1 for how, *_, answers in closed), closed
     assert syncer.books.rounds_abandoned >= 1
     for learner in learners:
-        learner._finish("max_steps")
+        learner.close("max_steps")
 
 
 def test_an_answer_on_a_pruned_base_is_rejected_and_the_books_still_balance():
@@ -172,4 +172,4 @@ def test_a_joining_learner_falls_back_to_the_newest_kept_version_without_trying_
     assert late.ledger[0].anchor == fallback()
     assert late.feed.rejected_globals == {"wrong_shape": 2}, "only the versions in the store were tried"
     for each in (late, learner):
-        each._finish("max_steps")
+        each.close("max_steps")

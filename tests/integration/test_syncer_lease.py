@@ -85,7 +85,7 @@ def test_a_syncer_whose_lease_was_taken_over_stops_publishing_and_exits_fenced()
     for learner in learners:
         learner.poller.poll_once()
         learner.tick()
-        learner._finish("done")
+        learner.close("done")
     a.join(timeout=30)
     b.join(timeout=30)
     assert codes == {"a": FENCED_EXIT, "b": 0}

@@ -190,7 +190,7 @@ def test_learner_on_cpu_with_bf16_autocast():
     losses = [learner.step() for _ in range(8)]
     assert all(isinstance(v, float) and v == v for v in losses)  # read every step on CPU, finite
     assert learner.ledger.tokens_processed == 8 * learner.loader.tokens_per_batch
-    learner._finish("max_steps")
+    learner.close("max_steps")
 
 
 class _DeferredPool:
@@ -229,8 +229,8 @@ def test_checkpoint_writer_writes_the_newest_waiting_snapshot_only():
         torch.testing.assert_close(
             restored.opt.state[p]["exp_avg"], learner.opt.state[learner.params[name]]["exp_avg"]
         )
-    restored._finish("max_steps")
-    learner._finish("max_steps")
+    restored.close("max_steps")
+    learner.close("max_steps")
 
 
 def test_deferred_loss_reading_reports_the_same_curve_one_step_late():
@@ -243,7 +243,7 @@ def test_deferred_loss_reading_reports_the_same_curve_one_step_late():
         learner._defer_loss = defer
         learner.start()
         curves.append([learner.step() for _ in range(5)])
-        learner._finish("max_steps")
+        learner.close("max_steps")
         curves[-1].append(learner.loss)
     now, late = curves  # now: the five losses, then learner.loss; late: None, four losses, the fifth at exit
     assert len(set(now[:5])) == 5 and now[5] == now[4]

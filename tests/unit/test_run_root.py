@@ -112,3 +112,13 @@ def test_documents_round_trip_under_their_keys(root):
     assert root.done() is None and not root.is_done() and root.has_final_model()
     with pytest.raises(ConfigError, match="run `ddiloco prepare"):
         RunRoot.read_config(open_store("memory://empty-run-root"))
+
+
+def test_prepared_at_is_a_finite_number_of_the_data_meta_or_none():
+    from ddiloco.run import prepared_at_of
+
+    assert prepared_at_of({"prepared_at": 1700000000.5}) == 1700000000.5
+    assert prepared_at_of({"prepared_at": 17}) == 17.0
+    for bad in (None, {}, {"prepared_at": None}, {"prepared_at": "1700000000"}, {"prepared_at": True},
+                {"prepared_at": float("nan")}, {"prepared_at": float("inf")}, ["prepared_at"]):  # fmt: skip
+        assert prepared_at_of(bad) is None, bad

@@ -173,4 +173,4 @@ def test_learner_optimizer_lr_follows_the_runs_global_progress():
     store.put_json(keys.STATUS, _status(cfg, budget * 1.2))  # past the budget: the floor
     assert _tick(early) == pytest.approx(t.lr_min_ratio * t.lr) == _tick(late)
     for learner in (early, late):
-        learner._finish("max_steps")
+        learner.close("max_steps")
