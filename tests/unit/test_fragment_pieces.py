@@ -11,8 +11,9 @@ import torch
 
 from ddiloco.fragments import Piece, balanced, imbalance, partition, split_rows
 from ddiloco.globalmodel import Layout, make_layout
-from ddiloco.merge import OuterNesterov, merge, rda
+from ddiloco.merge import OuterNesterov
 from ddiloco.model import GPT, gpt_config, init_model
+from tests.merge_reference import merge, rda
 
 
 def meta_model(preset: str, vocab: int, block: int) -> GPT:

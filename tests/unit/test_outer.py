@@ -6,13 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from ddiloco.merge import (
-    OuterNesterov,
+from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
+from tests.merge_reference import (
     merge,
     merge_with_stats,
     rda,
-    staleness_discount,
-    token_weight,
     weighted_mean,
 )
 
