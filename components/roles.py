@@ -125,14 +125,22 @@ def evaluate(
     run_id: str = "",
     s3_endpoint: str = "",
     model: str = "final",
+    lm_eval: bool = False,
     extra_args: list = [],  # noqa: B006 (a KFP default, never mutated)
 ):
-    """Validation loss, perplexity and task accuracy of a checkpoint (final, sft, latest, round:N);
-    extra_args go to `ddiloco evaluate` as they are."""
+    """Validation loss, perplexity and task accuracy of a checkpoint (final, sft, latest, round:N); with
+    lm_eval also lm-evaluation-harness on the same tasks (metrics lm_eval.TASK.METRIC); extra_args go to
+    `ddiloco evaluate` as they are."""
     from ddiloco.components.runtime import ddiloco, log_metrics, run_root
 
     root = run_root(store, run_id)
-    log_metrics(metrics, ddiloco("evaluate", *extra_args, store=root, model=model, s3_endpoint=s3_endpoint))
+    result = ddiloco("evaluate", *extra_args, store=root, model=model, s3_endpoint=s3_endpoint) or {}
+    if lm_eval:
+        lm = ddiloco(
+            "evaluate", *extra_args, store=root, model=model, harness="lm-eval", s3_endpoint=s3_endpoint
+        )
+        result["lm_eval"] = (lm or {}).get("lm_eval")
+    log_metrics(metrics, result)
 
 
 def sft(

@@ -3,8 +3,8 @@
 
 Design choices:
 - Two kinds of settings. Run-time parameters are what a person turns in the KFP UI (recipe, overrides,
-  learners, quorum, token budget, chaos schedule, a Hugging Face model to train, store bucket/prefix/endpoint/secret,
-  node pools); compile-time
+  learners, quorum, token budget, chaos schedule, a Hugging Face model to train, lm-evaluation-harness in the
+  evaluate steps, store bucket/prefix/endpoint/secret, node pools); compile-time
   `ClusterOptions` are what a platform engineer fixes once per cluster (registry, GPUs per learner, resources,
   retries, timeouts, the ParallelFor cap). `ddiloco pipeline compile` exposes the latter as flags.
 - Learners are a ParallelFor over the ids `prepare` returns, with parallelism = `max_learners` (all of a
@@ -132,6 +132,7 @@ DEFAULTS: dict[str, Any] = {
     "token_budget": 0,
     "chaos": "",
     "model_hf": "",
+    "lm_eval": False,
     "store_bucket": "mlpipeline",
     "store_prefix": "private/{namespace}/ddiloco",
     "s3_endpoint": "seaweedfs.kubeflow:9000",
@@ -179,6 +180,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         token_budget: int = d["token_budget"],
         chaos: str = d["chaos"],
         model_hf: str = d["model_hf"],
+        lm_eval: bool = d["lm_eval"],
         store_bucket: str = d["store_bucket"],
         store_prefix: str = d["store_prefix"],
         s3_endpoint: str = d["s3_endpoint"],
@@ -235,10 +237,12 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
             )
             k8s.chaos(chaos_task.after(prep))
             common = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
-            pre = k8s.gpu_step(c.evaluate(model="final", **common).after(sync), "evaluate-final")
+            pre = k8s.gpu_step(
+                c.evaluate(model="final", lm_eval=lm_eval, **common).after(sync), "evaluate-final"
+            )
             k8s.cpu_step(c.export(model="final", **common).after(pre), "export-final")
             tune = k8s.gpu_step(c.sft(**common).after(pre), "sft")
-            k8s.gpu_step(c.evaluate(model="sft", **common).after(tune), "evaluate-sft")
+            k8s.gpu_step(c.evaluate(model="sft", lm_eval=lm_eval, **common).after(tune), "evaluate-sft")
 
     return pretrain
 

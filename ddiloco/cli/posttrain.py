@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import logging
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ddiloco.cli.args import add_set_arg, with_section_overrides
@@ -29,7 +30,9 @@ log = logging.getLogger(__name__)
 Section = TypeVar("Section", EvalConfig, SFTConfig)
 
 
-def _tasks(value: str) -> list[str]:
+def _tasks(value: str) -> list[str] | Path:
+    if Path(value).expanduser().is_dir():  # a directory of lm-eval task YAMLs
+        return Path(value).expanduser()
     names = [t.strip() for t in value.split(",") if t.strip()]
     if not names:
         raise argparse.ArgumentTypeError("give task names separated by commas, e.g. fact_mc,arithmetic")
@@ -49,15 +52,36 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     root = RunRoot.from_env(open_store(args.store), role="evaluate")
     cfg = with_section_overrides(root.config(), "eval", args.overrides)
-    ecfg = with_flags(
-        cfg.eval, items_per_task=args.items, tasks=args.tasks, seed=args.seed, device=args.device
-    )
+    task_dir = args.tasks if isinstance(args.tasks, Path) else None
+    if task_dir is not None and args.harness != "lm-eval":
+        raise ValueError(f"--tasks {task_dir} is a directory of lm-eval task YAMLs: add --harness lm-eval")
+    names = None if task_dir is not None else args.tasks
+    ecfg = with_flags(cfg.eval, items_per_task=args.items, tasks=names, seed=args.seed, device=args.device)
     spec = args.model
     if spec is None:
         spec = "final" if root.has_final_model() else "latest"
+    if args.harness == "lm-eval":
+        return _evaluate_lm_eval(root, cfg, ecfg, spec, args.name, task_dir)
     result = evaluate_checkpoint(root, spec, name=args.name, ecfg=ecfg)
     brief = {k: result[k] for k in ("model", "val_loss", "perplexity", "task_accuracy") if k in result}
     print(json.dumps(brief, sort_keys=True))
+    return 0
+
+
+def _evaluate_lm_eval(
+    root: Any, cfg: Any, ecfg: EvalConfig, spec: str, name: str | None, task_dir: Any
+) -> int:
+    from ddiloco.posttrain.evaluate import build_tasks, resolve_device
+    from ddiloco.posttrain.lmeval import metrics_of, run_lm_eval
+
+    name = name or spec.replace(":", "-").replace("/", "_")
+    device = str(resolve_device(ecfg.device))
+    if task_dir is None:
+        tasks = build_tasks(root, cfg, root.tokenizer(), root.val(), ecfg)
+        result = run_lm_eval(root, spec, name=name, tasks=tasks, device=device)
+    else:
+        result = run_lm_eval(root, spec, name=name, task_dir=task_dir, device=device)
+    print(json.dumps({"model": spec, "harness": "lm-eval", "lm_eval": metrics_of(result)}, sort_keys=True))
     return 0
 
 
@@ -127,7 +151,16 @@ def register(sub: Any) -> None:
         "--tasks",
         type=_tasks,
         default=None,
-        help="comma-separated task names (default: eval.tasks, else all)",
+        help="comma-separated task names (default: eval.tasks, else all); with --harness lm-eval also a "
+        "directory of lm-eval task YAMLs (every task it defines runs)",
+    )
+    p.add_argument(
+        "--harness",
+        choices=["builtin", "lm-eval"],
+        default="builtin",
+        help="builtin: this package's evaluator (also validation loss); lm-eval: EleutherAI's "
+        "lm-evaluation-harness on the checkpoint exported as a Hugging Face model, results in "
+        "eval/lm-NAME.json",
     )
     p.add_argument("--items", type=int, default=None, help="items per task (default: eval.items_per_task)")
     p.add_argument(

@@ -25,12 +25,14 @@ from ddiloco import keys
 from ddiloco.posttrain import plots
 from ddiloco.posttrain.report_data import (
     GOODPUT_NOTES,
+    LM_EVAL_HEADER,
     SITE_HEADER,
     RunData,
     comparison_rows,
     flat_metrics,
     fmt,
     instruction_rows,
+    lm_eval_rows,
     load_run,
     overview_rows,
     site_rows,
@@ -122,6 +124,11 @@ def render_run_html(run: RunData) -> str:
             + "".join(f'<p class="note">{html.escape(n)}</p>' for n in GOODPUT_NOTES),
         ),
         ("Evaluation", eval_html),
+        *(
+            [("lm-evaluation-harness", _table(LM_EVAL_HEADER, lm_rows))]
+            if (lm_rows := lm_eval_rows(run.evals))
+            else []
+        ),
         (
             "Loss",
             '<div class="plots">'
@@ -184,6 +191,11 @@ def render_run_markdown(run: RunData) -> str:
             "|---|---|---:|---:|---:|",
         ]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if lm_eval_rows(run.evals):
+        lines += ["", "## lm-evaluation-harness", "", "| " + " | ".join(LM_EVAL_HEADER) + " |"]
+        lines += ["|---|---|---|---:|---:|---:|"] + [
+            "| " + " | ".join(r) + " |" for r in lm_eval_rows(run.evals)
+        ]
     if site_rows(s):
         lines += ["", "## Sites", "", "| " + " | ".join(SITE_HEADER) + " |", "|---|---|---:|---:|---:|"]
         lines += ["| " + " | ".join(r) + " |" for r in site_rows(s)]

@@ -280,6 +280,26 @@ def task_rows(s: dict[str, Any], evals: dict[str, dict[str, Any]]) -> list[list[
     return [["validation loss", "nats/token", "", *losses], ["perplexity", "", "", *ppl], *rows]
 
 
+LM_EVAL_HEADER = ["checkpoint", "task", "metric", "value", "stderr", "items"]
+
+
+def lm_eval_rows(evals: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """One row per (checkpoint, task, metric) of the lm-evaluation-harness results (eval/lm-NAME.json)."""
+    rows = []
+    for name in sorted(n for n in evals if n.startswith("lm-")):
+        e = evals[name]
+        n_samples = e.get("n-samples") or {}
+        for task, values in sorted((e.get("results") or {}).items()):
+            for key, value in sorted(values.items()):
+                if "," not in key or "_stderr," in key or not isinstance(value, int | float):
+                    continue
+                metric, flt = key.split(",", 1)
+                stderr = values.get(f"{metric}_stderr,{flt}")
+                items = (n_samples.get(task) or {}).get("effective")
+                rows.append([e.get("model") or name[3:], task, metric, fmt(value), fmt(stderr), fmt(items)])
+    return rows
+
+
 def site_rows(s: dict[str, Any]) -> list[list[str]]:
     """[site, learner ids, tokens processed, tokens merged, share of merged] per site (learners joined from
     elsewhere report their --site; everything else is `local`)."""

@@ -78,7 +78,7 @@ def trained(comps, tmp_path_factory):
 def post_trained(comps, trained):
     """evaluate(final) → sft → evaluate(sft) → report, as the pipeline chains them."""
     c, (store, tasks) = comps, trained
-    tasks["evaluate-final"] = c.evaluate(store=store, model="final")
+    tasks["evaluate-final"] = c.evaluate(store=store, model="final", lm_eval=True)
     tasks["sft"] = c.sft(store=store)
     tasks["evaluate-sft"] = c.evaluate(store=store, model="sft")
     tasks["report"] = c.report(store=store)
@@ -109,6 +109,8 @@ def test_evaluate_logs_metrics(post_trained):
     for step in ("evaluate-final", "evaluate-sft"):
         metrics = tasks[step].outputs["metrics"].metadata
         assert 0 < metrics["val_loss"] < 10 and metrics["perplexity"] > 1, (step, metrics)
+    lm = tasks["evaluate-final"].outputs["metrics"].metadata  # lm_eval=True: lm-evaluation-harness too
+    assert 0 <= lm["lm_eval.ddiloco_fact_mc.acc"] <= 1 and "lm_eval.ddiloco_fact_mc.acc_stderr" in lm
 
 
 def test_sft_and_report_write_their_artifacts(post_trained):
