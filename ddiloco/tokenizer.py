@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,24 @@ class ByteTokenizer(Tokenizer):
         return "ByteTokenizer(vocab_size=258)"
 
 
-class BPETokenizer(Tokenizer):
+class _RustBacked(Tokenizer):
+    """Encoding and decoding through a `tokenizers.Tokenizer` (`_tok`) that never produces special tokens
+    from text (`encode_special_tokens`); ids out of range and special ids are dropped when decoding."""
+
+    _tok: Any
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        valid = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
+        return self._tok.decode(valid, skip_special_tokens=True)
+
+
+class BPETokenizer(_RustBacked):
     """Byte-level BPE (GPT-2 style pre-tokenisation) wrapping a trained `tokenizers.Tokenizer`."""
 
     def __init__(self, tok: object) -> None:
@@ -90,16 +108,6 @@ class BPETokenizer(Tokenizer):
         self.eos_id = eos
         self.pad_id = pad
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        valid = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
-        return self._tok.decode(valid, skip_special_tokens=True)
-
     def to_json(self) -> str:
         return json.dumps({"type": "bpe", "tokenizer": json.loads(self._tok.to_str())})
 
@@ -107,7 +115,7 @@ class BPETokenizer(Tokenizer):
         return f"BPETokenizer(vocab_size={self.vocab_size})"
 
 
-class ModelTokenizer(Tokenizer):
+class ModelTokenizer(_RustBacked):
     """A model's own tokenizer (see the module docstring); vocab_size is its largest id + 1."""
 
     def __init__(
@@ -129,25 +137,15 @@ class ModelTokenizer(Tokenizer):
                 "directory's tokenizer_config.json to the token that ends a document"
             )
         pad = tok.token_to_id(pad_token) if pad_token else None
-        self._text = HFTokenizer.from_str(tok.to_str())
-        self._text.encode_special_tokens = True  # text never forges a special token
-        self._raw = tok
+        self._tok = HFTokenizer.from_str(tok.to_str())
+        self._tok.encode_special_tokens = True  # text never forges a special token
+        self._raw = tok  # special tokens recognised: what a chat template renders
         self.eos_token, self.pad_token, self.bos_token = eos_token, pad_token, bos_token
         self.chat_template = chat_template or None
         self.vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
         self.eos_id = eos
         self.pad_id = eos if pad is None else pad
         self._chat: object | None = None
-
-    def encode(self, text: str) -> list[int]:
-        return self._text.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._text.encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        valid = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
-        return self._raw.decode(valid, skip_special_tokens=True)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -228,29 +226,26 @@ def tokenizer_from_json(s: str) -> Tokenizer:
     if kind == "byte":
         return ByteTokenizer()
     if kind == "bpe":
-        from tokenizers import Tokenizer as HFTokenizer
-
-        if not isinstance(obj.get("tokenizer"), dict):
-            raise ValueError('BPE tokenizer JSON lacks its "tokenizer" object')
-        try:
-            tok = HFTokenizer.from_str(json.dumps(obj["tokenizer"]))
-        except Exception as e:  # the Rust side raises plain Exception
-            raise ValueError(f"BPE tokenizer JSON is malformed ({e})") from e
-        return BPETokenizer(tok)
+        return BPETokenizer(_rust_tokenizer(obj, "BPE"))
     if kind == "model":
         return _model_tokenizer_from(obj)
     raise ValueError(f'unknown tokenizer type {kind!r}; expected "byte", "bpe" or "model"')
 
 
-def _model_tokenizer_from(obj: dict) -> ModelTokenizer:
+def _rust_tokenizer(obj: dict, what: str) -> Any:
+    """The `tokenizers.Tokenizer` a BPE or model tokenizer's JSON embeds."""
     from tokenizers import Tokenizer as HFTokenizer
 
     if not isinstance(obj.get("tokenizer"), dict):
-        raise ValueError('model tokenizer JSON lacks its "tokenizer" object')
+        raise ValueError(f'{what} tokenizer JSON lacks its "tokenizer" object')
     try:
-        tok = HFTokenizer.from_str(json.dumps(obj["tokenizer"]))
+        return HFTokenizer.from_str(json.dumps(obj["tokenizer"]))
     except Exception as e:  # the Rust side raises plain Exception
-        raise ValueError(f"model tokenizer JSON is malformed ({e})") from e
+        raise ValueError(f"{what} tokenizer JSON is malformed ({e})") from e
+
+
+def _model_tokenizer_from(obj: dict) -> ModelTokenizer:
+    tok = _rust_tokenizer(obj, "model")
     fields = {k: obj.get(k) for k in ("eos_token", "pad_token", "bos_token", "chat_template")}
     if not all(v is None or isinstance(v, str) for v in fields.values()):
         raise ValueError(

@@ -42,8 +42,8 @@ def test_run_on_a_model_directory_trains_fine_tunes_in_its_chat_template_and_exp
 
     model = tiny_hf_dir(tmp_path / "qwen3", "qwen3", tokenizer=True)
     docs, instr = _corpus(tmp_path)
-    sets = [f"model.hf={model}", f"data.source={docs}", f"sft.data={instr}", "sft.steps=30", "model.seq_len=32",
-            "train.batch_size=4", "diloco.learners=2", "diloco.fragments=2", "diloco.token_budget=40000",
+    sets = [f"model.hf={model}", f"data.source={docs}", f"sft.data={instr}", "sft.steps=20", "model.seq_len=32",
+            "train.batch_size=4", "diloco.learners=2", "diloco.fragments=2", "diloco.token_budget=24000",
             "eval.val_batches=2", "train.threads=1"]  # fmt: skip
     args = [sys.executable, "-m", "ddiloco.cli", "run", "--workdir", str(tmp_path / "w"), "--run-id", "hf"]
     out = subprocess.run(

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def trained(tmp_path_factory):
     url = f"file://{tmp_path_factory.mktemp('lm-eval')}/run"
     store = open_store(url)
-    cfg = tiny_config("lm-eval", "diloco.token_budget=40000")
+    cfg = tiny_config("lm-eval", "diloco.token_budget=24000")
     prepare(store, cfg)
     train_in_process(store, 2)
     return url, store
