@@ -18,7 +18,9 @@ from ddiloco.store.url import open_store
 from tests.twin import stragglers
 from tests.twin.test_pretrain_pipeline import KILLS_AT_S, NAMESPACE, twin_and_args
 
-pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.twin, pytest.mark.s3, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1500)]
+"""long: the stock whole-group retry is the fallback path (keepers bring roles back without it), and the
+run goes through the pipeline twice (~100 s): `pytest -m long`."""
 
 
 def test_the_run_group_ends_error_is_rerun_and_the_run_succeeds_without_redoing_prepare_or_chaos(
