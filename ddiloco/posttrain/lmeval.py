@@ -189,7 +189,7 @@ def _defined_tasks(task_dir: Path) -> list[str]:
     names = []
     for path in sorted(task_dir.rglob("*.yaml")):
         try:
-            doc = yaml.load(path.read_text(), Loader=_Tolerant)
+            doc = _read_yaml(path.read_text())
         except yaml.YAMLError as e:
             raise ValueError(f"{path}: not a readable task YAML ({e})") from e
         if isinstance(doc, dict) and isinstance(doc.get("task"), str):
@@ -204,6 +204,15 @@ class _Tolerant(yaml.SafeLoader):
 
 
 _Tolerant.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+def _read_yaml(text: str) -> Any:
+    """One YAML document through the safe loader above (what `yaml.safe_load` does, with `!function`)."""
+    loader = _Tolerant(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _version() -> str | None:
