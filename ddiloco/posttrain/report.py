@@ -191,11 +191,10 @@ def render_run_markdown(run: RunData) -> str:
             "|---|---|---:|---:|---:|",
         ]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
-    if lm_eval_rows(run.evals):
+    lm_rows = lm_eval_rows(run.evals)
+    if lm_rows:
         lines += ["", "## lm-evaluation-harness", "", "| " + " | ".join(LM_EVAL_HEADER) + " |"]
-        lines += ["|---|---|---|---:|---:|---:|"] + [
-            "| " + " | ".join(r) + " |" for r in lm_eval_rows(run.evals)
-        ]
+        lines += ["|---|---|---|---:|---:|---:|"] + ["| " + " | ".join(r) + " |" for r in lm_rows]
     if site_rows(s):
         lines += ["", "## Sites", "", "| " + " | ".join(SITE_HEADER) + " |", "|---|---|---:|---:|---:|"]
         lines += ["| " + " | ".join(r) + " |" for r in site_rows(s)]

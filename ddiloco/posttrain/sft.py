@@ -244,6 +244,11 @@ def _accuracy(model: GPT, tokenizer: Tokenizer, test: dict[str, list[TaskItem]])
     return acc
 
 
+def has_instructions(cfg: Any, scfg: SFTConfig) -> bool:
+    """Whether SFT has data: `sft.data`, or the synthetic instruction set of a synthetic corpus."""
+    return scfg.data is not None or cfg.data.source == "synthetic"
+
+
 def run_sft(root: RunRoot, scfg: SFTConfig | None = None) -> dict[str, Any]:
     """Fine-tune `scfg.base` of the run, write sft/model.safetensors (signed) + sft/meta.json, return metrics."""
     scfg = scfg or SFTConfig()
@@ -252,14 +257,14 @@ def run_sft(root: RunRoot, scfg: SFTConfig | None = None) -> dict[str, Any]:
     seed = cfg.seed if scfg.seed is None else scfg.seed
     layout = root.layout()
     tokenizer = root.tokenizer()
+    if not has_instructions(cfg, scfg):
+        raise ValueError("this run trained on a user corpus: pass an instruction JSONL file with --data")
     if scfg.data is not None:
         keyed = read_jsonl_pairs(scfg.data)
-    elif cfg.data.source == "synthetic":
+    else:
         meta = root.data_meta() or {}
         world = make_world(meta.get("world_seed", cfg.seed), n_entities=cfg.data.synthetic_entities)
         keyed = synthetic_instructions(world, seed, scfg.items_per_kind)
-    else:
-        raise ValueError("this run trained on a user corpus: pass an instruction JSONL file with --data")
     train, test = split_items(keyed, seed, scfg.heldout_fraction, scfg.eval_items)
     model, info = load_model(root, scfg.base, layout)
     model.to(resolve_device(scfg.device))
