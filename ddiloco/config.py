@@ -217,6 +217,10 @@ class DilocoConfig:
     """H: inner steps between two syncs of the same fragment (a round opens every H/P learner steps)."""
     overlap: int = 2
     """τ: maximum number of rounds in flight."""
+    sync_from: str = "publish"
+    """What a fragment's H learner steps are counted from before its next round opens: `publish` (its newest
+    version: an answer covers ~H steps, a fragment is synced every H + overlap steps) or `open` (its last
+    round's opening: synced every H steps as in the paper, the overlap taken out of them)."""
     grace: GraceConfig | None = field(default_factory=GraceConfig)
     """Adaptive grace window after quorum; null merges as soon as K learners answered."""
     outer_lr: float = 0.7
@@ -273,6 +277,7 @@ class DilocoConfig:
             f"diloco.overlap={self.overlap} must be between 1 and diloco.fragments={self.fragments}",
         )
         _check(self.sync_every >= 1, "diloco.sync_every must be ≥ 1")
+        _choose("diloco.sync_from", self.sync_from, ("publish", "open"))
         _check(self.merge in MERGES, f"diloco.merge={self.merge!r}: choose one of {', '.join(MERGES)}")
         _check(self.codec in CODECS, f"diloco.codec={self.codec!r}: choose one of {', '.join(CODECS)}")
         _choose("diloco.global_dtype", self.global_dtype, ("fp32", "bf16"))

@@ -42,6 +42,7 @@ from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
 from ddiloco.protocol import wire
 from ddiloco.protocol.validation import packing
 from ddiloco.store.base import ObjectTooLarge, Store
+from ddiloco.store.blob import Blob, Lend
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def publish_global(
 ) -> int:
     """Write global version `version` of fragment p (signed with the run `key`, if any), then its latest
     pointer. Returns bytes written. (The syncer creates versions write-once instead: `ddiloco.syncer.state`.)"""
-    blob = pack_global(run_id, p, version, tensors, dtype, extra, key=key)
+    blob = pack_global_blob(run_id, p, version, tensors, dtype, extra, key=key)
     store.put(keys.global_key(p, version), blob)
     put_latest(store, p, version)
     return len(blob)
@@ -206,8 +207,23 @@ def pack_global(
 ) -> bytes:
     """The payload of global version `version` of fragment p in `dtype`, its header extended by `extra`.
     `digest`: `ddiloco.downlink.digest(tensors, dtype)` when the caller computed it already (not rehashed)."""
+    return bytes(pack_global_blob(run_id, p, version, tensors, dtype, extra, key=key, digest=digest))
+
+
+def pack_global_blob(
+    run_id: str,
+    p: int,
+    version: int,
+    tensors: dict[str, torch.Tensor],
+    dtype: str,
+    extra: dict | None = None,
+    *,
+    key: bytes | None = None,
+    digest: str | None = None,
+) -> Blob:
+    """`pack_global` as a `Blob` that borrows the tensors' memory where they are already in `dtype`."""
     tdtype = _DTYPES[dtype]
-    return wire.pack(
+    return wire.pack_blob(
         {n: t.detach().to(tdtype) for n, t in tensors.items()},
         {"run_id": run_id, "kind": "global", "fragment_id": p, "version": version, **(extra or {})},
         key=key,
@@ -278,12 +294,30 @@ def read_global(
 
 
 def read_global_full(
-    store: Store, run_id: str, layout: Layout, p: int, version: int, *, key: bytes | None = None
+    store: Store,
+    run_id: str,
+    layout: Layout,
+    p: int,
+    version: int,
+    *,
+    key: bytes | None = None,
+    lend: Lend | None = None,
 ) -> Received:
-    """`read_global`, with the payload's digest and size (what a learner needs to take deltas after it)."""
-    blob = get_capped(store, keys.global_key(p, version), layout.fragment_max_bytes(p))
+    """`read_global`, with the payload's digest and size (what a learner needs to take deltas after it).
+    `lend`: read into memory the caller lends (`Store.get_into`); fp32 tensors then are views of it."""
+    gkey, cap = keys.global_key(p, version), layout.fragment_max_bytes(p)
+    if lend is None:
+        blob: bytes | memoryview = get_capped(store, gkey, cap)
+    else:
+        try:
+            blob = store.get_into(gkey, lend, max_bytes=cap)
+        except ObjectTooLarge as e:
+            raise wire.PayloadError("too_large", str(e)) from None
     payload = wire.unpack(
-        blob, expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version}, key=key
+        blob,
+        expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version},
+        key=key,
+        borrow=lend is not None,
     )
     frag = layout.fragments[p]
     if set(payload.tensors) != set(frag.names):

@@ -131,6 +131,56 @@ class OuterNesterov:
                 d = torch.add(gc, bc, alpha=m, out=scratch[: gc.numel()])  # g + m·buf
                 pc.add_(d, alpha=-lr)
 
+    def step_to(
+        self,
+        params: Mapping[str, Tensor],
+        outer_grad: Mapping[str, Tensor],
+        new_params: Mapping[str, Tensor],
+        new_buf: Mapping[str, Tensor],
+        lr_scale: float = 1.0,
+    ) -> OuterNesterov:
+        """`step` out of place: the stepped parameters into `new_params` and the new momentum into `new_buf`
+        (contiguous fp32, the shapes of `params`; lent memory the caller reuses), reading `params` and this
+        optimizer without changing them; returns the optimizer that holds `new_buf`. The same operations as
+        `step` on copies, bit for bit, in one pass instead of a copy and a pass."""
+        if not (math.isfinite(lr_scale) and lr_scale >= 0):
+            raise ValueError(f"outer step: lr_scale must be finite and >= 0, got {lr_scale}")
+        if set(params) != set(outer_grad) or set(params) != set(new_params) or set(params) != set(new_buf):
+            raise ValueError("outer step: parameters, outer_grad and the outputs name different tensors")
+        m, lr, prev = self.momentum, self.lr, self.lr_scale
+        decay = m * (lr_scale / prev) if prev is not None and prev > 0 else m
+        out = OuterNesterov(lr=self.lr, momentum=self.momentum)
+        out.lr_scale = float(lr_scale)
+        for name, p in params.items():
+            g = outer_grad[name].to(torch.float32).reshape(-1)
+            np_, nb = new_params[name], new_buf[name]
+            for t in (p, np_, nb):
+                if (
+                    t.dtype != torch.float32
+                    or not t.is_contiguous()
+                    or t.shape != p.shape
+                    or g.numel() != p.numel()
+                ):
+                    raise ValueError(f"outer step: {name!r} needs contiguous float32 tensors of one shape")
+            buf = self._buf.get(name)
+            if buf is not None and buf.shape != p.shape:
+                raise ValueError(
+                    f"outer step: momentum for {name!r} has shape {list(buf.shape)}, parameter {list(p.shape)}"
+                )
+            pflat, npflat, nbflat = p.view(-1), np_.view(-1), nb.view(-1)
+            bflat = None if buf is None else buf.reshape(-1)
+            scratch = torch.empty(min(_CHUNK, pflat.numel()), dtype=torch.float32, device=p.device)
+            for s in range(0, pflat.numel(), _CHUNK):
+                gc, nbc = g[s : s + _CHUNK], nbflat[s : s + _CHUNK]
+                if bflat is None:  # torch: momentum_buffer = clone(grad) on the first step, no update
+                    nbc.copy_(gc)
+                else:
+                    torch.mul(bflat[s : s + _CHUNK], decay, out=nbc).add_(gc)
+                d = torch.add(gc, nbc, alpha=m, out=scratch[: gc.numel()])  # g + m·buf
+                torch.add(pflat[s : s + _CHUNK], d, alpha=-lr, out=npflat[s : s + _CHUNK])
+            out._buf[name] = nb
+        return out
+
     def state_dict(self) -> dict[str, Tensor]:
         """Momentum buffers by parameter name (the live tensors, as torch optimizers do; fp32)."""
         return dict(self._buf)

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 QUORUM_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+STEPS_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 IO_KINDS = ("upload", "heartbeat", "checkpoint", "download", "record")
 """What a learner's I/O threads do (`ddiloco.learner.health`): the `kind` of `ddiloco_learner_io_errors_total`."""
 
@@ -154,6 +155,14 @@ class _SyncerCollector(Collector):
         )
         share.add_metric([], s["merged_token_share"])
         yield share
+        lag = GaugeMetricFamily(
+            "ddiloco_syncer_lag",
+            "How much less often than every H learner steps fragments are synced (mean sync period / H - 1, "
+            "at least 0; `ddiloco.syncer.pace`); absent before two versions of a fragment were published",
+        )
+        if s.get("syncer_lag") is not None:
+            lag.add_metric([], s["syncer_lag"])
+        yield lag
         version = GaugeMetricFamily(
             "ddiloco_syncer_global_version", "Latest global version per fragment", labels=["fragment"]
         )
@@ -195,6 +204,18 @@ class SyncerMetrics:
             "Merge + publish time per round",
             registry=registry,
             buckets=SECONDS_BUCKETS,
+        )
+        self.overlap_steps = Histogram(
+            f"{ns}_overlap_steps",
+            "Learner steps from a round's opening to its version being published (the paper's tau)",
+            registry=registry,
+            buckets=STEPS_BUCKETS,
+        )
+        self.sync_period_steps = Histogram(
+            f"{ns}_sync_period_steps",
+            "Learner steps between two published versions of a fragment (H when the syncer keeps up)",
+            registry=registry,
+            buckets=STEPS_BUCKETS,
         )
         self.staleness = Histogram(
             f"{ns}_answer_staleness",
@@ -274,6 +295,7 @@ METRIC_NAMES = frozenset(
             "live_learners",
             "goodput",
             "merged_token_share",
+            "lag",
             "global_version",
             "outer_gradient_norm",
         )
@@ -285,6 +307,8 @@ METRIC_NAMES = frozenset(
             "grace_wait_seconds",
             "time_to_quorum_seconds",
             "merge_seconds",
+            "overlap_steps",
+            "sync_period_steps",
             "answer_staleness",
         )
         for s in ("bucket", "sum", "count")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreError
+from ddiloco.store.blob import Blob
 
 ContractCheck = Callable[[Store], None]
 
@@ -293,6 +294,33 @@ def create_counts_in_stats(store: Store) -> None:
     assert delta["creates"] == 2 and delta["create_conflicts"] == 1 and delta["bytes_written"] == 5
 
 
+def blobs_are_written_as_their_parts_joined(store: Store) -> None:
+    """A `Blob` (a header and borrowed buffers: how the syncer publishes) is stored as its parts joined, by
+    put and by create, and `get_into` reads an object into lent memory, refusing one over max_bytes."""
+    head, body = b"header:", memoryview(bytearray(os.urandom(70_001)))
+    blob = Blob([head, body, b"", bytearray(b"tail")])
+    joined = head + bytes(body) + b"tail"
+    assert len(blob) == len(joined)
+    store.put("blob/put", blob)
+    assert store.get("blob/put") == joined
+    assert store.create("blob/create", blob) and store.get("blob/create") == joined
+    assert not store.create("blob/create", Blob([b"other"])) and store.get("blob/create") == joined
+    lent: list[int] = []
+
+    def lend(n: int) -> memoryview:
+        lent.append(n)
+        return memoryview(bytearray(n + 13))  # more than asked: only the object's bytes come back
+
+    assert bytes(store.get_into("blob/put", lend)) == joined and lent[-1] >= len(joined)
+    with pytest.raises(ObjectTooLarge):
+        store.get_into("blob/put", lend, max_bytes=len(joined) - 1)
+    with pytest.raises(NotFound):
+        store.get_into("blob/absent", lend)
+    with pytest.raises(TypeError):
+        store.put("blob/text", ["not", "a", "blob"])  # type: ignore[arg-type]
+    store.delete_prefix("blob")
+
+
 CONTRACT: list[ContractCheck] = [
     put_get_roundtrip,
     pointer_overwrite,
@@ -312,4 +340,5 @@ CONTRACT: list[ContractCheck] = [
     create_json_roundtrip,
     create_race_has_exactly_one_winner,
     create_counts_in_stats,
+    blobs_are_written_as_their_parts_joined,
 ]

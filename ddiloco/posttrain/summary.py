@@ -65,6 +65,9 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     meta = store.get_json(keys.DATA_META)
     layout = store.get_json(keys.LAYOUT)
     state = store.get_json_or_none(keys.SYNCER_STATE) or {}
+    pace_doc = store.get_json_or_none(keys.SYNCER_PACE, max_bytes=1 << 16)
+    pace = pace_doc.get("figures") if isinstance(pace_doc, dict) else None
+    pace = pace if isinstance(pace, dict) else {}
     done = store.get_json_or_none(keys.DONE)
     events = store.get_json_or_none(keys.LAUNCHER_EVENTS) or {}
     reports = read_reports(store)
@@ -203,6 +206,8 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "mean_grace_seconds": _mean([r["grace_s"] for r in records]),
         "mean_time_to_quorum_seconds": _mean([r["time_to_quorum"] for r in records]),
         "mean_staleness": _mean([c["staleness"] for r in records for c in r["contributors"].values()]),
+        "syncer_lag": pace.get("syncer_lag"),
+        "sync_pace": pace,
         "entropy_floor": meta.get("entropy_floor"),
         "initial_val_loss": None,
         "final_val_loss": None,

@@ -32,6 +32,8 @@ import re
 import threading
 from typing import Any
 
+from ddiloco.store.blob import Blob, Data, Lend, as_bytes
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -152,7 +154,7 @@ class Store(abc.ABC):
     # ---- raw backend operations on full keys (relative to the backend root, prefix already applied) ----
 
     @abc.abstractmethod
-    def _put(self, full_key: str, data: bytes) -> None: ...
+    def _put(self, full_key: str, data: Data) -> None: ...
 
     @abc.abstractmethod
     def _get(self, full_key: str, max_bytes: int | None) -> bytes:
@@ -181,7 +183,7 @@ class Store(abc.ABC):
         """Delete the object; do nothing if it does not exist."""
 
     @abc.abstractmethod
-    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+    def _create(self, full_key: str, data: Data, strict: bool) -> bool:
         """Write the object only if the key is free, atomically; True if this call wrote it. `strict`: raise
         AtomicCreateUnsupported rather than fall back to a racy create where atomicity is impossible."""
 
@@ -202,13 +204,14 @@ class Store(abc.ABC):
     def _relative(self, full_key: str) -> str:
         return full_key[len(self._prefix) + 1 :] if self._prefix else full_key
 
-    def put(self, key: str, data: bytes) -> None:
-        """Write the object atomically: a reader sees the previous object, the whole new one, or nothing."""
-        data = _as_bytes("put", key, data)
+    def put(self, key: str, data: Data) -> None:
+        """Write the object atomically: a reader sees the previous object, the whole new one, or nothing.
+        `data`: bytes, or a `Blob` of buffers written in order without being joined (`ddiloco.store.blob`)."""
+        data = _as_data("put", key, data)
         self._put(self._full(key), data)
         self.stats.add(puts=1, bytes_written=len(data))
 
-    def create(self, key: str, data: bytes, *, strict: bool = False) -> bool:
+    def create(self, key: str, data: Data, *, strict: bool = False) -> bool:
         """Write the object only if no object exists at `key`, atomically (write-once).
 
         Returns True if this call created it, False if the key was already taken (that object is left
@@ -219,7 +222,7 @@ class Store(abc.ABC):
         A caller that retries create itself after StoreUnavailable should do the same: on False, compare
         `get(key)` with its own bytes, since the failed call may have created the object.
         """
-        data = _as_bytes("create", key, data)
+        data = _as_data("create", key, data)
         created = self._create(self._full(key), data, strict)
         if created:
             self.stats.add(creates=1, bytes_written=len(data))
@@ -227,14 +230,14 @@ class Store(abc.ABC):
             self.stats.add(creates=1, create_conflicts=1)
         return created
 
-    def _holds(self, full_key: str, data: bytes) -> bool:
+    def _holds(self, full_key: str, data: Data) -> bool:
         """Whether the object at `full_key` is exactly `data`: how a backend settles a create it retried
         after an ambiguous failure and then found taken (identical bytes: it was that call's own write)."""
         try:
             existing = self._get(full_key, len(data))
         except (NotFound, ObjectTooLarge):
             return False
-        if existing != data:
+        if existing != as_bytes(data):
             return False
         logger.info(
             "create %s: a retried attempt found its own bytes there; counting it as created", full_key
@@ -248,6 +251,22 @@ class Store(abc.ABC):
         data = self._get(full, max_bytes)
         self.stats.add(bytes_read=len(data))
         return data
+
+    def get_into(self, key: str, lend: Lend, *, max_bytes: int | None = None) -> memoryview:
+        """Read the object into memory the caller lends (`lend(size)`, a pooled buffer) and return the view
+        of its bytes there; errors as `get`. Backends that know the size first read straight into it (file);
+        the others read it and copy it in."""
+        full = self._full(key)
+        self.stats.add(gets=1)
+        view = self._get_into(full, lend, max_bytes)
+        self.stats.add(bytes_read=len(view))
+        return view
+
+    def _get_into(self, full_key: str, lend: Lend, max_bytes: int | None) -> memoryview:
+        data = self._get(full_key, max_bytes)
+        out = lend(len(data))[: len(data)]
+        out[:] = data
+        return out
 
     def exists(self, key: str) -> bool:
         full = self._full(key)
@@ -323,7 +342,9 @@ class Store(abc.ABC):
         return f"{type(self).__name__}({self.url!r})"
 
 
-def _as_bytes(op: str, key: str, data: object) -> bytes:
+def _as_data(op: str, key: str, data: object) -> Data:
+    if isinstance(data, Blob):
+        return data
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"store {op}({key!r}) needs bytes, got {type(data).__name__}")
+        raise TypeError(f"store {op}({key!r}) needs bytes or a Blob, got {type(data).__name__}")
     return bytes(data)

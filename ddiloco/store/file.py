@@ -39,6 +39,7 @@ from ddiloco.store.base import (
     StoreError,
     validate_key,
 )
+from ddiloco.store.blob import Data, Lend, parts_of
 from ddiloco.store.retry import RetryPolicy, call_with_retry
 
 logger = logging.getLogger(__name__)
@@ -116,11 +117,11 @@ class FileStore(Store):
 
     # ---- raw operations ----
 
-    def _put(self, full_key: str, data: bytes) -> None:
+    def _put(self, full_key: str, data: Data) -> None:
         path = self._path(full_key)
         self._io("write", path, lambda: self._put_once(full_key, path, data))
 
-    def _put_once(self, full_key: str, path: Path, data: bytes) -> None:
+    def _put_once(self, full_key: str, path: Path, data: Data) -> None:
         for _ in range(_RACE_ATTEMPTS):
             tmp = self._write_temp("put", full_key, path, data)
             if tmp is None:
@@ -136,7 +137,7 @@ class FileStore(Store):
             return
         raise StoreError(f"cannot put {self._where(full_key)}: its directory keeps disappearing")
 
-    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+    def _create(self, full_key: str, data: Data, strict: bool) -> bool:
         path = self._path(full_key)
         attempts = 0
 
@@ -148,7 +149,7 @@ class FileStore(Store):
         # A transient errno (NFS) may come after the link landed: a retry then finds the key taken.
         return self._io("create", path, once) or (attempts > 1 and self._holds(full_key, data))
 
-    def _create_once(self, full_key: str, path: Path, data: bytes) -> bool:
+    def _create_once(self, full_key: str, path: Path, data: Data) -> bool:
         for _ in range(_RACE_ATTEMPTS):
             tmp = self._write_temp("create", full_key, path, data)
             if tmp is None:
@@ -165,7 +166,7 @@ class FileStore(Store):
             return created
         raise StoreError(f"cannot create {self._where(full_key)}: its directory keeps disappearing")
 
-    def _write_temp(self, op: str, full_key: str, path: Path, data: bytes) -> Path | None:
+    def _write_temp(self, op: str, full_key: str, path: Path, data: Data) -> Path | None:
         """Write `data` to a new temp file beside `path`, creating the directory; None when a concurrent
         delete pruned the directory meanwhile (the caller tries again)."""
         try:
@@ -181,7 +182,8 @@ class FileStore(Store):
             return None  # a concurrent delete pruned the directory between mkdir and open
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for part in parts_of(data):  # a Blob's buffers in order, never joined
+                    f.write(part)
                 if self._fsync:
                     f.flush()
                     os.fsync(f.fileno())
@@ -253,6 +255,27 @@ class FileStore(Store):
                         f"object {self._where(full_key)} has {size} bytes > max_bytes {max_bytes}"
                     )
             return f.read()
+
+    def _get_into(self, full_key: str, lend: Lend, max_bytes: int | None) -> memoryview:
+        path = self._path(full_key)
+        return self._io("read", path, lambda: self._get_into_once(full_key, path, lend, max_bytes))
+
+    def _get_into_once(self, full_key: str, path: Path, lend: Lend, max_bytes: int | None) -> memoryview:
+        try:
+            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below; open errors are mapped first
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise NotFound(f"no object {self._where(full_key)}") from exc
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if max_bytes is not None and size > max_bytes:
+                raise ObjectTooLarge(
+                    f"object {self._where(full_key)} has {size} bytes > max_bytes {max_bytes}"
+                )
+            out = lend(size)[:size]  # objects are replaced by rename: an open file keeps its size
+            n = 0
+            while n < size and (got := f.readinto(out[n:])):
+                n += got
+            return out[:n]
 
     def _exists(self, full_key: str) -> bool:
         path = self._path(full_key)

@@ -13,6 +13,7 @@ import logging
 import threading
 
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreError, StoreStats
+from ddiloco.store.blob import Data, as_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -63,18 +64,18 @@ class MemoryStore(Store):
     def _where(self, full_key: str) -> str:
         return f"memory://{self.name}/{full_key}"
 
-    def _put(self, full_key: str, data: bytes) -> None:
+    def _put(self, full_key: str, data: Data) -> None:
         with self._ns.lock:
             self._put_locked(full_key, data)
 
-    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+    def _create(self, full_key: str, data: Data, strict: bool) -> bool:
         with self._ns.lock:  # the check and the write are one step for every store of this namespace
             if full_key in self._ns.objects:
                 return False
             self._put_locked(full_key, data)
             return True
 
-    def _put_locked(self, full_key: str, data: bytes) -> None:
+    def _put_locked(self, full_key: str, data: Data) -> None:
         ns = self._ns
         if ns.dirs.get(full_key):
             raise StoreError(f"cannot put {self._where(full_key)}: it is a prefix of other keys")
@@ -84,7 +85,7 @@ class MemoryStore(Store):
         if full_key not in ns.objects:
             for parent in _parents(full_key):
                 ns.dirs[parent] += 1
-        ns.objects[full_key] = data
+        ns.objects[full_key] = as_bytes(data)  # a Blob's buffers are borrowed: keep a copy
 
     def _get(self, full_key: str, max_bytes: int | None) -> bytes:
         with self._ns.lock:

@@ -26,7 +26,6 @@ Design choices:
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import os
 import re
@@ -43,6 +42,7 @@ from minio.error import InvalidResponseError, MinioException, S3Error, ServerErr
 from minio.helpers import MAX_PART_SIZE, check_bucket_name
 
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreConfigError, StoreError, validate_key
+from ddiloco.store.blob import Data, reader_of
 from ddiloco.store.retry import RetryPolicy, call_with_retry
 from ddiloco.store.s3_create import CreateSupport, S3CreateMixin
 
@@ -362,13 +362,11 @@ class S3Store(S3CreateMixin, Store):
 
     # ---- raw operations ----
 
-    def _put(self, full_key: str, data: bytes) -> None:
+    def _put(self, full_key: str, data: Data) -> None:
         conn = self._conn
 
         def once() -> None:
-            conn.client.put_object(
-                conn.bucket, full_key, io.BytesIO(data), len(data), part_size=MAX_PART_SIZE
-            )
+            conn.client.put_object(conn.bucket, full_key, reader_of(data), len(data), part_size=MAX_PART_SIZE)
 
         self._call(f"put {full_key}", once)
 

@@ -39,6 +39,7 @@ from minio import Minio
 from minio.error import InvalidResponseError, S3Error
 
 from ddiloco.store.base import AtomicCreateUnsupported, StoreConfigError, StoreError, StoreUnavailable
+from ddiloco.store.blob import Data, as_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -98,11 +99,11 @@ class S3CreateMixin:
         @property
         def _endpoint(self) -> str: ...
         def _call(self, what: str, fn: Callable[[], T], *, check_bucket: bool = True) -> T: ...
-        def _put(self, full_key: str, data: bytes) -> None: ...
+        def _put(self, full_key: str, data: Data) -> None: ...
         def _exists(self, full_key: str) -> bool: ...
-        def _holds(self, full_key: str, data: bytes) -> bool: ...
+        def _holds(self, full_key: str, data: Data) -> bool: ...
 
-    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+    def _create(self, full_key: str, data: Data, strict: bool) -> bool:
         if not self._atomic_create():
             if strict:
                 raise AtomicCreateUnsupported(
@@ -117,12 +118,12 @@ class S3CreateMixin:
         def once() -> bool:
             nonlocal attempts
             attempts += 1
-            return put_if_absent(conn.client, conn.bucket, full_key, data)
+            return put_if_absent(conn.client, conn.bucket, full_key, as_bytes(data))
 
         created = self._call(f"create {full_key}", once)
         return created or (attempts > 1 and self._holds(full_key, data))
 
-    def _create_racy(self, full_key: str, data: bytes) -> bool:
+    def _create_racy(self, full_key: str, data: Data) -> bool:
         """Best effort for endpoints without conditional PUT: NOT atomic (a racer may slip in between)."""
         if self._exists(full_key):
             return False

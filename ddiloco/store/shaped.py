@@ -31,6 +31,7 @@ from typing import Any
 
 from ddiloco.errors import ConfigError
 from ddiloco.store.base import Store
+from ddiloco.store.blob import Data
 from ddiloco.store.wrapped import DelegatingStore
 
 logger = logging.getLogger(__name__)
@@ -231,14 +232,14 @@ class ShapedStore(DelegatingStore):
         if seconds > 0:
             self.sleep(seconds)
 
-    def _put(self, full_key: str, data: bytes) -> None:
+    def _put(self, full_key: str, data: Data) -> None:
         transfer = self.up.reserve(len(data)) if self.up else 0.0
         self._wait(self.link.latency + transfer)  # the request and its body reach the store
         self.inner._put(self.inner._full(full_key), data)
         self._wait(self.link.latency)  # the answer comes back
         self.link_stats.add(2 * self.link.latency + transfer, up=len(data))
 
-    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+    def _create(self, full_key: str, data: Data, strict: bool) -> bool:
         """Priced like a put whatever the outcome: the body goes up before the store can refuse it."""
         transfer = self.up.reserve(len(data)) if self.up else 0.0
         self._wait(self.link.latency + transfer)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ddiloco.store.base import Store, StoreUnavailable
+from ddiloco.store.blob import Data
 
 
 class DelegatingStore(Store):
@@ -25,7 +26,7 @@ class DelegatingStore(Store):
     def before(self, op: str, key: str) -> None:
         """Hook called before every raw operation."""
 
-    def _put(self, full_key: str, data: bytes) -> None:
+    def _put(self, full_key: str, data: Data) -> None:
         self.before("put", full_key)
         self.inner._put(self.inner._full(full_key), data)
 
@@ -50,7 +51,7 @@ class DelegatingStore(Store):
         self.before("delete", full_key)
         self.inner._delete(self.inner._full(full_key))
 
-    def _create(self, full_key: str, data: bytes, strict: bool) -> bool:
+    def _create(self, full_key: str, data: Data, strict: bool) -> bool:
         self.before("create", full_key)
         return self.inner._create(self.inner._full(full_key), data, strict)
 

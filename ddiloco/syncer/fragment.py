@@ -25,14 +25,16 @@ Design choices:
   published is rounded (`globalmodel.published_values`); updates below half a bf16 ulp accumulate in the
   master until they show. The master of each version is persisted by `ddiloco.syncer.state` so a restart
   does not fall back to the rounded values.
-- Memory: a fragment holds Θ_p and its momentum, nothing else between merges. The merge no longer needs the
+- Memory: a fragment holds Θ_p and its momentum, nothing else between merges. A proposal writes the new
+  ones into pooled buffers (`ddiloco.bufferpool`) in one pass, and the commit gives the replaced ones back:
+  only the fragment reads its own Θ_p and momentum, and a fragment has one round in flight at a time. The merge no longer needs the
   base an answer names (Δ_m = −δ_m), so no published version is kept in memory; the intake decides from the
   version numbers whether a base is acceptable. The one published version a merge needs, L_{v−1} for the
   download delta, is read back from the store when the delta is made (one fragment read per merge), so the
   syncer's resident state stays 2× the model whatever the download codec.
 - Compressed downloads (`diloco.download_codec`, `ddiloco.downlink`): what is published for version v is
-  L_v = L_{v−1} + deq(Q(Θ_v − L_{v−1})), not Θ_v rounded; `propose` hands the publisher a way to read
-  L_{v−1} with the proposal.
+  L_v = L_{v−1} + deq(Q(Θ_v − L_{v−1})), not Θ_v rounded; the publisher reads L_{v−1}
+  back from the store (`ddiloco.syncer.state.SyncerFiles.publish`).
 """
 
 from __future__ import annotations
@@ -40,13 +42,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
 
 from ddiloco.accumulate import Reread, RoundSums
-from ddiloco.bufferpool import SYNCER_POOL
+from ddiloco.bufferpool import SYNCER_POOL, carve
 from ddiloco.config import DilocoConfig, TrainConfig
 from ddiloco.globalmodel import Layout
 from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
@@ -120,12 +121,8 @@ class Proposal:
     contributors: dict[str, Contribution]
     clipped: dict[str, float]
     stats: dict[str, float]
-    base: Callable[[], Tensors] = dict
-    """Reads the values learners hold for `version - 1` (L_{v−1}, the published payload), what a download
-    delta is taken against; called only when one is published."""
-    published: Tensors | None = None
-    """The values learners will hold for `version` (L_v), set by `SyncerFiles.publish`; None: Θ_p rounded
-    to the global dtype (`globalmodel.published_values`)."""
+    pooled: tuple[torch.Tensor, ...] = ()
+    """The pooled buffers `theta` and the momentum are views of (given back when they are replaced)."""
 
     def record(self, rnd: Round, *, now: float, merged_at: float) -> RoundRecord:
         """The round record of this merge of `rnd` (`now`: the syncer's clock when the merge began)."""
@@ -163,6 +160,8 @@ class GlobalFragment:
     """version -> wall time just before it was written (no learner can hold it earlier)."""
     merged_clock: float = -math.inf
     """The syncer's clock when this syncer published the current version (round pacing)."""
+    pooled: tuple[torch.Tensor, ...] = ()
+    """The pooled buffers `theta` and the momentum are views of (none when they were read from the store)."""
 
     def base(self, version: int) -> Tensors:
         """Θ_p as published at `version`: what learners hold, read from the store (PayloadError/NotFound from
@@ -246,32 +245,26 @@ class GlobalFragment:
         # finalize applies with the freshest answer's discount (1.0 when any answer is fresh) in its pass
         done = sums.finalize(reread, rule.robust_clip, scale=-max(discounts))
         merged, stats = done.merged, dict(done.stats)
-        outer = rule.optimizer()
-        outer.load_state_dict(self.outer.state_dict())  # load_state_dict copies the buffers
-        outer.lr_scale = self.outer.lr_scale
-        theta = _clone(self.theta)
-        outer.step(theta, merged, lr_scale=rule.lr_scale(tokens_merged))
-        sums.recycle(done)  # the step consumed the merged gradient (momentum keeps its own copy)
-        return Proposal(
-            self.version + 1,
-            theta,
-            outer,
-            contributors,
-            dict(done.clipped),
-            stats,
-            base=partial(self.base, self.version),
+        # the new Θ_p and momentum go to pooled memory (a closed round's, or the buffers this fragment gives
+        # back at its commit), written in one pass that reads the current ones: no copies, no fresh pages
+        numel, shapes = (
+            sum(t.numel() for t in self.theta.values()),
+            {n: t.shape for n, t in self.theta.items()},
         )
+        pooled = (SYNCER_POOL.take(numel), SYNCER_POOL.take(numel))
+        theta, buf = carve(pooled[0], shapes), carve(pooled[1], shapes)
+        outer = self.outer.step_to(self.theta, merged, theta, buf, lr_scale=rule.lr_scale(tokens_merged))
+        sums.recycle(done)  # the step consumed the merged gradient (momentum keeps its own copy)
+        return Proposal(self.version + 1, theta, outer, contributors, dict(done.clipped), stats, pooled)
 
     def commit(self, proposal: Proposal, *, published_at: float, clock: float, dtype: str) -> None:
         """Adopt a persisted proposal, published as `dtype`. `published_at`: wall time before it was
         written; `clock`: now. `theta` stays the fp32 master; the published values (L_v) become the version's
         base."""
+        for buf in self.pooled:  # the replaced Θ_p and momentum: no one else holds them (module docstring)
+            SYNCER_POOL.give(buf)
         self.theta, self.outer, self.version = proposal.theta, proposal.outer, proposal.version
+        self.pooled, proposal.pooled = proposal.pooled, ()
         self.published_at[self.version] = published_at
         self.published_at.pop(self.version - KEEP_PUBLISHED, None)
         self.merged_clock = clock
-        proposal.published = None  # learners hold it; this fragment reads it back when it needs it
-
-
-def _clone(tensors: Mapping[str, torch.Tensor]) -> Tensors:
-    return {n: t.clone() for n, t in tensors.items()}

@@ -25,14 +25,18 @@ Design choices:
   versions, outer momentum, the final model) is signed.
 - Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped
   answers are still merged and counted under `clipped` (state, status, metrics, round record).
-- Persist order per merge: outer momentum → fp32 master (bf16 globals, download deltas) → round record →
-  download delta → global payload + latest pointer → status → state; a restart adopts what a crash left
-  between them (`ddiloco.syncer.state`, `ddiloco.syncer.adopt`). A store error inside a publish leaves the
-  round open with its proposal and record kept: the next pass publishes exactly those again (no second
-  outer step), and the writes that landed are recognised as its own. A version an older epoch published
-  meanwhile (`Superseded`) is adopted and the round abandoned. Then the round's updates are deleted and
-  the fragment's old versions pruned (`ddiloco.syncer.retention`). The steps of a publish are failpoints
-  (`ddiloco.failpoints`).
+- Rounds of different fragments are in flight at once: a merge's publish runs on the publisher's thread
+  (`ddiloco.syncer.publisher`) while this loop collects and merges other rounds, and is committed here
+  once it returned (`ddiloco.syncer.commit`); a round stays open until then. Persist order per merge:
+  outer momentum → fp32 master (bf16 globals, download deltas) → round record → download delta → global
+  payload + latest pointer → status → state; a restart adopts what a crash left between them
+  (`ddiloco.syncer.state`, `ddiloco.syncer.adopt`). A store error inside a publish leaves the round open
+  with its proposal and record kept: a later pass publishes exactly those again (no second outer step),
+  and the writes that landed are recognised as its own. A version an older epoch published meanwhile
+  (`Superseded`) is adopted and the round abandoned. Then the round's updates are deleted and the
+  fragment's old versions pruned (`ddiloco.syncer.retention`) on the cleaner's thread. The steps of a
+  publish are failpoints (`ddiloco.failpoints`). How closely the rounds keep H and τ is measured per
+  merge (`ddiloco.syncer.pace`: overlap, sync period, `syncer_lag`).
 - An abandoned round (and one still open when the run finishes) has no round record: a record there is
   what a publish that died before its global version left, and is deleted before the status says the round
   closed, so no learner reads it as a merge (its ledger would credit tokens the syncer never merged).
@@ -53,19 +57,21 @@ from functools import partial
 import torch
 from prometheus_client import CollectorRegistry
 
-from ddiloco import failpoints, keys
+from ddiloco import keys
 from ddiloco.globalmodel import read_layout
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.prepare import load_run_config
 from ddiloco.protocol import signing, wire
-from ddiloco.protocol.messages import OpenRound, RoundRecord, Status, SyncerState
+from ddiloco.protocol.messages import OpenRound, Status
 from ddiloco.run import MAX_DOC_BYTES, prepared_at_of
 from ddiloco.store.base import NotFound, Store, StoreError
-from ddiloco.syncer.adopt import Superseded
-from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal
+from ddiloco.syncer.commit import commit_published, state_of
+from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.lease import Lease
+from ddiloco.syncer.pace import Pace
+from ddiloco.syncer.publisher import Pending, Publisher
 from ddiloco.syncer.retention import Retention
 from ddiloco.syncer.roster import Roster
 from ddiloco.syncer.rounds import (
@@ -79,9 +85,8 @@ from ddiloco.syncer.rounds import (
     decide,
     ema,
     grace_window,
-    link_time,
 )
-from ddiloco.syncer.state import SyncerFiles, credit
+from ddiloco.syncer.state import SyncerFiles
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +117,13 @@ class Syncer:
         robust_clip: float | None = None,
         threads: int | None = None,
         lease: Lease | None = None,
+        publish_beside: bool = True,
     ) -> None:
         """`secret`: the master key from DDILOCO_RUN_KEY (None: unsigned). `robust_clip`: robust mode
         factor; default `cfg.diloco.robust_clip` when the config has it. `lease`: held (`Lease.acquire`)
         before the syncer resumes from the store; None seizes the next epoch at once and renews it from
-        `step` (in-process use)."""
+        `step` (in-process use). `publish_beside`: publishes run beside the loop (False: each merge waits for
+        its publish, so an in-process run driven pass by pass is deterministic)."""
         self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
         self.cfg = cfg = load_run_config(store)
         self.run_id, d = cfg.run_id, cfg.diloco
@@ -140,9 +147,14 @@ class Syncer:
         self.open: dict[int, Round] = {  # resume collecting; answers are re-read from the store
             r.round: Round(r.round, r.fragment_id, clock(), r.opened_wall) for r in resumed.open_rounds
         }
-        self.unpublished: dict[int, tuple[Proposal, RoundRecord, float]] = {}
-        """Round -> (proposal, record, published_at) of a merge whose publish failed: published again as is."""
+        self.unpublished: dict[int, Pending] = {}
+        """Round -> a merge not handed to the publisher yet (it was busy) or whose publish failed: published
+        (again) as it is, never merged twice."""
+        self.publisher, self.publish_beside = Publisher(self.files), publish_beside
+        self.pace = Pace.from_json(store.get_json_or_none(keys.SYNCER_PACE, max_bytes=1 << 16), since=clock())
         self.last_open = -math.inf
+        self.opened_clock: dict[int, float] = {}
+        """Fragment -> the syncer's clock when its last round opened (`diloco.sync_from: open`)."""
         self._next_refresh = 0.0
         self.roster = Roster(
             store,
@@ -191,6 +203,7 @@ class Syncer:
             "live_learners": len(self.roster.live()),
             "goodput": self.roster.goodput(),
             "merged_token_share": min(self.tokens_merged() / processed, 1.0) if processed else 0.0,
+            "syncer_lag": self.pace_figures()["syncer_lag"],
             "versions": self.versions,
             "quarantined": dict(self.files.slots.quarantined),
         }
@@ -229,6 +242,11 @@ class Syncer:
         state = state_of(self)
         self.lease.raise_if_fenced()
         self.files.save_state(state)
+        self.store.put_json(keys.SYNCER_PACE, self.pace.to_json(self.pace_figures()))
+
+    def pace_figures(self) -> dict[str, object]:
+        d = self.cfg.diloco
+        return self.pace.figures(d.sync_every, d.overlap, self.threads, self.clock())
 
     # --- pacing -----------------------------------------------------------------------------------------------
     def xi_step(self) -> float:
@@ -250,15 +268,19 @@ class Syncer:
             last_open=self.last_open,
             published_clock=self.fragments[p].merged_clock,
             measured_step=self.roster.measured_step(),
+            opened_clock=self.opened_clock.get(p, -math.inf),
         ):
             return
         self.open[b.next_round] = Round(b.next_round, p, now, self.wall())
+        self.opened_clock[p] = now
         b.next_round += 1
         self.last_open = now
         self.publish_status()
 
     def progress(self, rnd: Round, now: float) -> None:
-        if rnd.round in self.unpublished:  # its publish failed half-way: finish exactly that one
+        if self.publisher.holds(rnd.round):  # being published: committed by `commit_published`
+            return
+        if rnd.round in self.unpublished:  # merged, waiting for the publisher or to be published again
             self.merge(rnd, now)
             return
         self.intake.collect(rnd)
@@ -290,11 +312,13 @@ class Syncer:
         self.publish_status()
 
     def merge(self, rnd: Round, now: float) -> None:
-        """Merge a round's answers into its fragment, persist (module docstring's order) and close it."""
-        frag, dtype = self.fragments[rnd.fragment_id], self.cfg.diloco.global_dtype
-        if rnd.round in self.unpublished:
-            proposal, record, published_at = self.unpublished[rnd.round]
-        else:
+        """Merge a round's answers into a proposal and hand its publish to the publisher
+        (`ddiloco.syncer.publisher`); `commit_published` closes the round once it is persisted. Waits (the
+        round stays open) while the publisher holds as many merges as it may."""
+        if rnd.round not in self.unpublished:
+            if self.publisher.busy():
+                return
+            frag, m0 = self.fragments[rnd.fragment_id], self.clock()
             try:
                 reread, merged = partial(self.intake.reread, rnd), self.tokens_merged()
                 proposal = frag.propose(rnd.answers, self.rule, rnd.sums, reread, tokens_merged=merged)
@@ -304,54 +328,39 @@ class Syncer:
                 )
                 self._abandon(rnd)
                 return
+            if rnd.sums is not None:  # the proposal holds what the round's sums were for
+                rnd.sums.release()
+                rnd.sums = None
             record = proposal.record(rnd, now=now, merged_at=self.wall())
             record.epoch = self.lease.epoch
             published_at = self.wall()  # before the write: no learner can hold this version any earlier
-            self.unpublished[rnd.round] = (proposal, record, published_at)
-        self.lease.check(publish_s=self.books.xi_sync)
-        try:
-            published = self.files.publish(proposal, record)
-        except Superseded as e:
-            del self.unpublished[rnd.round]
-            adopt_superseding(self, rnd, e)
+            self.unpublished[rnd.round] = Pending(proposal, record, published_at, now, self.clock() - m0)
+        if self.publisher.busy():
             return
-        del self.unpublished[rnd.round]
-        frag.commit(proposal, published_at=published_at, clock=self.clock(), dtype=dtype)
-        self.books.bytes_published += published
-        self.metrics.published.inc(published)
-        credit(frag.ledger, record)
-        self.books.account(record)
-        for c, f in record.clipped.items():
-            log.warning(
-                "syncer: round %d: outer gradient of %s clipped by %.3g (robust mode)", rnd.round, c, f
-            )
-            self.books.clipped["norm_outlier"] += 1
-            self.metrics.clipped.labels(reason="norm_outlier").inc()
-        del self.open[rnd.round]
-        if rnd.sums is not None:
-            rnd.sums.release()
-        self.books.xi_sync = ema(self.books.xi_sync, self.clock() - now, self.ema_alpha)
-        if (link := link_time(rnd.answers.values())) is not None:
-            self.books.xi_link = ema(self.books.xi_link, link, self.ema_alpha)
-        observe_merge(self.metrics, record, self.clock() - now)
-        self.publish_status()
-        failpoints.hit("publish", "after_status")
-        self.save_state()
-        failpoints.hit("publish", "after_state")
-        self.store.delete_prefix(keys.update_prefix(frag.fragment_id, rnd.round))
-        self._sweep_late(frag)
-        self.retention.after_merge(frag.fragment_id, self.versions, self.books.rounds_merged)
-        log.debug(
-            "syncer: round %d fragment %d -> v%d from %d answers",
-            rnd.round,
-            frag.fragment_id,
-            frag.version,
-            record.quorum,
-        )
+        self.lease.check(publish_s=self.books.xi_sync)
+        self.publisher.submit(rnd, self.unpublished.pop(rnd.round))
+        if not self.publish_beside or all(
+            self.publisher.holds(r) for r in self.open
+        ):  # nothing to do meanwhile
+            self.commit_published(wait=True)
 
-    def _sweep_late(self, frag: GlobalFragment) -> None:
+    def commit_published(self, wait: bool = False) -> None:
+        """Close the rounds whose publish returned, in order (`ddiloco.syncer.commit`); `wait`: all of them.
+        A store error is raised once every finished publish was looked at (its proposal is kept)."""
+        failed: StoreError | None = None
+        for done in self.publisher.finished(wait):
+            try:
+                commit_published(self, done)
+            except StoreError as e:
+                failed = e
+        if failed is not None:
+            raise failed
+
+    def sweep_late(self, frag: GlobalFragment, cleaning: int | None = None) -> None:
+        """Sweep late answers of fragment p's closed rounds; `cleaning`: a round whose updates the cleaner
+        deletes (left alone here: its merged answers are not late)."""
         p = frag.fragment_id
-        open_rounds = {r.round for r in self.open.values() if r.fragment_id == p}
+        open_rounds = {r.round for r in self.open.values() if r.fragment_id == p} | {cleaning} - {None}
         merged = {m.round: m.contributors.keys() for m in self.books.merged_recent if m.fragment_id == p}
         self.intake.sweep_late(p, open_rounds, merged)
 
@@ -366,15 +375,19 @@ class Syncer:
             # Until a learner reported its cadence, rounds are paced by a guess: look again soon.
             measured = self.roster.measured_step() is not None
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)
+        self.commit_published()
         if reason := finished_by(self):
             self.finish(reason)
             return True
         self.maybe_open_round(now)
         for rnd in list(self.open.values()):
-            self.progress(rnd, self.clock())
+            if rnd.round in self.open:  # not closed by a commit earlier in this pass
+                self.progress(rnd, self.clock())
         return False
 
     def finish(self, reason: str = "budget") -> None:
+        self.commit_published(wait=True)  # what is being published is part of the final model
+        self.publisher.wait_clean()
         self.lease.check(publish_s=self.books.xi_sync)
         for rnd in list(self.open.values()):
             self.store.delete(keys.round_record_key(rnd.round))  # left by a publish that died
@@ -403,61 +416,6 @@ def finished_by(syncer: Syncer) -> str | None:
     if syncer.tokens_merged() >= syncer.cfg.diloco.token_budget:
         return "budget"
     return "deadline" if syncer.deadline is not None and syncer.wall() >= syncer.deadline else None
-
-
-def state_of(syncer: Syncer) -> SyncerState:
-    """What `Syncer.save_state` writes: the syncer's books now."""
-    b = syncer.books
-    return SyncerState(
-        run_id=syncer.run_id,
-        incarnation=b.incarnation,
-        versions=syncer.versions,
-        ledger=[f.ledger for f in syncer.fragments],
-        rejected=dict(syncer.intake.rejected),
-        clipped=dict(b.clipped),
-        next_round=b.next_round,
-        rounds_merged=b.rounds_merged,
-        rounds_abandoned=b.rounds_abandoned,
-        merged_recent=list(b.merged_recent),
-        xi_quorum=b.xi_quorum,
-        xi_sync=b.xi_sync,
-        xi_link=b.xi_link,
-        started_wall=b.started_wall,
-        open_rounds=syncer._open_rounds(),
-        bytes_published=b.bytes_published,
-        late_answers=syncer.intake.late_answers,
-        learner_events=list(syncer.roster.events),
-        epoch=syncer.lease.epoch,
-        quarantined=dict(syncer.files.slots.quarantined),
-    )
-
-
-def adopt_superseding(syncer: Syncer, rnd: Round, e: Superseded) -> None:
-    """An older epoch published the version this round was to become (`ddiloco.syncer.adopt`): adopt it
-    and what follows it, and abandon the round (its answers were merged against the version before)."""
-    p, frag = rnd.fragment_id, syncer.fragments[rnd.fragment_id]
-    log.error("syncer: %s; adopting it and abandoning round %d", e, rnd.round)
-    version, adopted = syncer.files.slots.adopt_after(p, frag.version, syncer.lease.epoch)
-    for rec in adopted:
-        credit(frag.ledger, rec)
-        syncer.books.account(rec)
-        syncer.books.next_round = max(syncer.books.next_round, rec.round + 1)
-    syncer.fragments[p] = syncer.files.load_fragment(p, version, frag.ledger, syncer.rule)
-    syncer._abandon(rnd)
-
-
-def observe_merge(m: SyncerMetrics, record: RoundRecord, seconds: float) -> None:
-    """The metrics of one merged round; `seconds`: how long merging and publishing it took."""
-    p = str(record.fragment_id)
-    m.rounds.labels(outcome="merged").inc()
-    m.merges.labels(fragment=p).inc()
-    m.quorum.observe(record.quorum)
-    m.grace.observe(record.grace_s)
-    m.time_to_quorum.observe(record.time_to_quorum)
-    m.merge_seconds.observe(seconds)
-    for c in record.contributors.values():
-        m.staleness.observe(c.staleness)
-    m.outer_grad_norm.labels(fragment=p).set(record.merged_norm)
 
 
 def run_until_done(syncer: Syncer, max_seconds: float | None = None) -> None:

@@ -96,15 +96,18 @@ class Round:
 class OpenRule:
     """When the next round may open: at most τ in flight, never two for one fragment, one per (H/P)·ξ_step,
     and a fragment's round no sooner than H·ξ_step after its newest version was published (learners still
-    train on it). Until a learner reported its cadence, only the first three hold, with a guessed ξ_step."""
+    train on it) or, with `sync_from="open"`, after its previous round opened (the paper's schedule: a
+    fragment synced every H steps, the round's overlap inside them). Until a learner reported its cadence,
+    only the first three hold, with a guessed ξ_step."""
 
     overlap: int
     sync_every: int
     num_fragments: int
+    sync_from: str = "publish"
 
     @classmethod
     def of(cls, d: DilocoConfig, num_fragments: int) -> OpenRule:
-        return cls(d.overlap, d.sync_every, num_fragments)
+        return cls(d.overlap, d.sync_every, num_fragments, d.sync_from)
 
     def may_open(
         self,
@@ -115,15 +118,18 @@ class OpenRule:
         last_open: float,
         published_clock: float,
         measured_step: float | None,
+        opened_clock: float = float("-inf"),
     ) -> bool:
-        """Whether a round of `fragment` may open at `now` (the syncer's clock, like `last_open` and
-        `published_clock`, when the fragment's newest version was published: -inf if not by this syncer)."""
+        """Whether a round of `fragment` may open at `now` (the syncer's clock, like `last_open`,
+        `published_clock`, when the fragment's newest version was published, and `opened_clock`, when its
+        last round opened: -inf if not by this syncer)."""
         if len(open_fragments) >= self.overlap or fragment in open_fragments:
             return False
         xi = measured_step or DEFAULT_STEP_S
         if now - last_open < (self.sync_every / self.num_fragments) * xi:
             return False
-        return measured_step is None or now - published_clock >= self.sync_every * xi
+        since = opened_clock if self.sync_from == "open" else published_clock
+        return measured_step is None or now - since >= self.sync_every * xi
 
 
 class Verdict(enum.Enum):

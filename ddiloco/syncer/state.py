@@ -38,20 +38,22 @@ import json
 import logging
 import math
 from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from ddiloco import failpoints, keys
-from ddiloco.bufferpool import SYNCER_POOL
+from ddiloco.bufferpool import SYNCER_POOL, Loan
 from ddiloco.compression import all_finite
 from ddiloco.downlink import digest, encode_step
 from ddiloco.globalmodel import (
     Layout,
     latest_version,
-    pack_global,
+    pack_global_blob,
     pack_global_delta,
-    published_values,
     put_latest,
     read_global_full,
 )
@@ -67,6 +69,7 @@ from ddiloco.protocol.messages import (
     SyncerState,
 )
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store
+from ddiloco.store.blob import Data, Lend
 from ddiloco.syncer import adopt
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal, Tensors
 from ddiloco.syncer.lease import Fenced
@@ -137,6 +140,8 @@ class SyncerFiles:
         self._judged: tuple[int, int, int] | None = None
         """(fragment, version, round) whose global version key this publish attempt already judged (`_create`)."""
         """What is at the global version keys: adoption, judging a taken key, the quarantine."""
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddiloco-publish")
+        """Writes a publish's first objects while the publishing thread computes the download delta."""
         self._digests: dict[int, tuple[int, str]] = {}
         """Fragment -> (version, SHA-256 of its published values) as last read and verified: a publish reads
         its base back and names the base's digest in the delta; hashing a 193 MB fragment again costs ~0.1 s."""
@@ -167,12 +172,13 @@ class SyncerFiles:
         return [RoundRecord.from_json(self.store.get_json(k), k) for k in self.store.list(keys.ROUNDS)]
 
     # --- tensors ------------------------------------------------------------------------------------------
-    def read_global(self, p: int, version: int) -> Tensors:
-        got = read_global_full(self.store, self.run_id, self.layout, p, version, key=self.key)
+    def read_global(self, p: int, version: int, lend: Lend | None = None) -> Tensors:
+        """Version `version` of fragment p as published, verified; `lend`: read into the caller's memory."""
+        got = read_global_full(self.store, self.run_id, self.layout, p, version, key=self.key, lend=lend)
         self._digests[p] = (version, got.digest)  # verified against the data as read
         return got.tensors
 
-    def _digest_of(self, p: int, version: int, values: Tensors) -> str:
+    def digest_of(self, p: int, version: int, values: Tensors) -> str:
         """The digest of fragment p's published `version`, whose `values` the caller holds."""
         known = self._digests.get(p)
         return known[1] if known is not None and known[0] == version else digest(values, self.dtype)
@@ -244,9 +250,13 @@ class SyncerFiles:
 
     def publish(self, proposal: Proposal, record: RoundRecord) -> int:
         """Persist one merge of fragment `record.fragment_id` (momentum → master → record → download delta →
-        global + pointer), each write-once object created conditionally and naming `record.epoch`, and set
-        `proposal.published` (L_v); returns the bytes of the global payloads. `Fenced` when another syncer
-        published this version first."""
+        global + pointer), each write-once object created conditionally and naming `record.epoch`; returns the
+        bytes of the global payloads. `Fenced` when another syncer published this version first.
+
+        From reused memory: payloads are written from the tensors' own memory (`wire.pack_blob`), L_{v−1} is
+        read back into a pooled buffer and L_v computed in it, and the first three objects are packed and written
+        on the writer thread, in order, while this thread reads L_{v−1} and encodes the delta; the delta and the
+        global version follow once they landed, so the persist order is unchanged."""
         p, version, epoch = record.fragment_id, proposal.version, record.epoch
         self._judged = None  # a retried publish judges the global version key again
         meta = {
@@ -256,66 +266,59 @@ class SyncerFiles:
             "version": version,
             "epoch": epoch,
         }
-        # Each payload is dropped as soon as it is written: at the 1b preset one is a 193 MB fragment, and
-        # the syncer's peak memory is its resident state plus what one publish holds at once.
         scale = {} if proposal.outer.lr_scale is None else {"lr_scale": proposal.outer.lr_scale}
-        self._create(
-            keys.momentum_key(p, version),
-            wire.pack(proposal.outer.state_dict(), {**meta, **scale}, key=self.key),
-            p,
-            version,
-            record,
-            "after_momentum",
-        )
-        if self.keeps_master:  # the published version is not the master: keep the master itself
-            master = wire.pack(proposal.theta, {**meta, "kind": "master"}, key=self.key)
-            self._create(keys.master_key(p, version), master, p, version, record, "after_master")
-            del master
-        record_json = _json_bytes(record.to_json())
-        self._create(keys.round_record_key(record.round), record_json, p, version, record, "after_record")
-        written, values_digest = 0, None
-        if self.download_codec == "none":
-            proposal.published = published_values(proposal.theta, self.dtype)
-        else:  # the delta first: whoever sees version v named anywhere finds both objects
-            held = proposal.base()  # L_{v−1}, read back from the store (ours to overwrite)
-            base_digest = self._digest_of(p, version - 1, held)
-            scratch = SYNCER_POOL.take(sum(t.numel() for t in proposal.theta.values()))
-            try:
-                step = encode_step(held, proposal.theta, self.download_codec, self.dtype, scratch=scratch)
-            finally:
-                SYNCER_POOL.give(scratch)
-            del held
-            proposal.published = step.values
-            values_digest = digest(step.values, self.dtype)
-            delta = pack_global_delta(
-                self.run_id,
-                p,
-                version,
-                step,
-                codec=self.download_codec,
-                dtype=self.dtype,
-                base_digest=base_digest,
-                digest=values_digest,
-                key=self.key,
+        first: list[tuple[str, Callable[[], Data], str]] = [
+            (
+                keys.momentum_key(p, version),
+                partial(wire.pack_blob, proposal.outer.state_dict(), {**meta, **scale}, key=self.key),
+                "after_momentum",
             )
-            del step
-            self._create(keys.global_delta_key(p, version), delta, p, version, record, "after_delta")
-            written += len(delta)
-            del delta
-        extra = {"round": record.round, "epoch": epoch}
-        blob = pack_global(
-            self.run_id, p, version, proposal.published, self.dtype, extra, key=self.key, digest=values_digest
+        ]
+        if self.keeps_master:  # the published version is not the master: keep the master itself
+            master = partial(wire.pack_blob, proposal.theta, {**meta, "kind": "master"}, key=self.key)
+            first.append((keys.master_key(p, version), master, "after_master"))
+        first.append(
+            (keys.round_record_key(record.round), partial(_json_bytes, record.to_json()), "after_record")
         )
-        gkey = keys.global_key(p, version)
-        if not self.store.create(gkey, blob) and not self.slots.ours(record, version):
-            if not self.store.create(gkey, blob):  # the slot was free again: another writer raced us
-                raise Fenced(f"global version {version} of fragment {p} was published by another syncer")
+        loan = Loan(SYNCER_POOL)
+        writes = self._writer.submit(self._create_all, first, p, version, record)
+        try:
+            published, values_digest, delta = _values_to_publish(self, proposal, p, version, loan)
+        finally:  # waits: the first objects are written, or failed, before going on
+            first_error = writes.exception()
+        if first_error is not None:
+            loan.give_back()
+            raise first_error
+        try:
+            written = 0
+            if delta is not None:  # the delta first: whoever sees version v named anywhere finds both objects
+                self._create(keys.global_delta_key(p, version), delta, p, version, record, "after_delta")
+                written += len(delta)
+                del delta
+            extra = {"round": record.round, "epoch": epoch}
+            blob = pack_global_blob(
+                self.run_id, p, version, published, self.dtype, extra, key=self.key, digest=values_digest
+            )
+            gkey = keys.global_key(p, version)
+            if not self.store.create(gkey, blob) and not self.slots.ours(record, version):
+                if not self.store.create(gkey, blob):  # the slot was free again: another writer raced us
+                    raise Fenced(f"global version {version} of fragment {p} was published by another syncer")
+            written += len(blob)
+        finally:
+            loan.give_back()  # L_v lived in it; the blob that borrowed it is written
         failpoints.hit("publish", "after_global")
         put_latest(self.store, p, version)
         failpoints.hit("publish", "after_pointer")
-        return written + len(blob)
+        return written
 
-    def _create(self, key: str, data: bytes, p: int, version: int, record: RoundRecord, step: str) -> None:
+    def _create_all(
+        self, objects: list[tuple[str, Callable[[], Data], str]], p: int, version: int, record: RoundRecord
+    ) -> None:
+        """Pack (hashing it) and create each object in order, on the writer thread."""
+        for key, pack, step in objects:
+            self._create(key, pack(), p, version, record, step)
+
+    def _create(self, key: str, data: Data, p: int, version: int, record: RoundRecord, step: str) -> None:
         """Create a write-once object of the merge publishing version `version` of fragment p, then pass the
         failpoint `step`. Found taken, the global version decides (`VersionSlots.ours`): none yet or this
         publish's own → the object is what a publish that died before its global version left (or this
@@ -391,6 +394,35 @@ class SyncerFiles:
             saved.learner_events,
             dict(self.slots.quarantined),
         )
+
+
+def _values_to_publish(
+    files: SyncerFiles, proposal: Proposal, p: int, version: int, loan: Loan
+) -> tuple[Tensors, str | None, bytes | None]:
+    """(L_v, its digest when already known, the signed download delta or None) of a publish. With a
+    download codec, L_{v−1} is read back into `loan`'s memory and L_v is computed there."""
+    if files.download_codec == "none":  # Θ_p rounded to the dtype: packing converts it (no copy for fp32)
+        return proposal.theta, None, None
+    held = files.read_global(p, version - 1, lend=loan)  # L_{v−1}, in pooled memory we may overwrite
+    base_digest = files.digest_of(p, version - 1, held)
+    scratch = SYNCER_POOL.take(sum(t.numel() for t in proposal.theta.values()))
+    try:
+        step = encode_step(held, proposal.theta, files.download_codec, files.dtype, scratch=scratch)
+    finally:
+        SYNCER_POOL.give(scratch)
+    values_digest = digest(step.values, files.dtype)
+    delta = pack_global_delta(
+        files.run_id,
+        p,
+        version,
+        step,
+        codec=files.download_codec,
+        dtype=files.dtype,
+        base_digest=base_digest,
+        digest=values_digest,
+        key=files.key,
+    )
+    return step.values, values_digest, delta
 
 
 def _json_bytes(obj: object) -> bytes:

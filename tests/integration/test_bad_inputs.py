@@ -78,7 +78,9 @@ def start(name: str, *overrides: str, robust=None, learners: int = 2) -> Run:
     store = open_store(f"memory://{name}")
     prepare(store, tiny_config(name, *DETERMINISTIC, *overrides), secret=SECRET)
     now = [0.0]
-    syncer = Syncer(store, poll_s=0, clock=lambda: now[0], secret=SECRET, robust_clip=robust)
+    syncer = Syncer(  # passes in lock step with the learners: a run repeats bit for bit
+        store, poll_s=0, clock=lambda: now[0], secret=SECRET, robust_clip=robust, publish_beside=False
+    )
     r = Run(name, store, syncer, [Learner.open(store, i, secret=SECRET) for i in range(learners)], now=now)
     for learner in r.learners:
         learner.pool.shutdown()

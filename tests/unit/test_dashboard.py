@@ -60,6 +60,7 @@ def test_every_exported_metric_name_is_real():
         "live_learners": 1,
         "goodput": 0.5,
         "merged_token_share": 0.9,
+        "syncer_lag": 0.1,
         "versions": [0],
     }
     syncer = SyncerMetrics(reg, lambda: state)

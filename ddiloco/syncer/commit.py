@@ -1,0 +1,150 @@
+"""Closing a merged round once its publish returned, and the books the syncer saves.
+
+Design choices:
+- The loop commits publishes in the order they were handed to the publisher (`ddiloco.syncer.publisher`),
+  on its own thread: the fragment adopts the proposal, the ledger and books are credited, the pace is
+  measured (`ddiloco.syncer.pace`), then the status and the state are written, the round's updates deleted
+  and old versions pruned: the order a merge always had after its publish.
+- The functions take the loop's `ddiloco.syncer.loop.Syncer` (typed `Any`: that module imports this one).
+- What the publish raised decides the rest: an older epoch's version (`Superseded`) is adopted and the
+  round abandoned; a store error keeps the proposal to publish again; anything else ends the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ddiloco import failpoints, keys
+from ddiloco.metrics import SyncerMetrics
+from ddiloco.protocol.messages import RoundRecord, SyncerState
+from ddiloco.store.base import StoreError
+from ddiloco.syncer.adopt import Superseded
+from ddiloco.syncer.publisher import InFlight
+from ddiloco.syncer.rounds import Round, ema, link_time
+from ddiloco.syncer.state import credit
+
+log = logging.getLogger(__name__)
+
+
+def commit_published(syncer: Any, done: InFlight) -> None:
+    """Close the round of a publish that returned (module docstring)."""
+    rnd, pending = done.rnd, done.pending
+    error = done.future.exception()
+    if isinstance(error, Superseded):
+        adopt_superseding(syncer, rnd, error)
+        return
+    if isinstance(error, StoreError):  # nothing of it counts until its global version is written
+        syncer.unpublished[rnd.round] = pending
+        raise error
+    if error is not None:
+        raise error
+    written, publish_s = done.future.result()
+    frag, record = syncer.fragments[rnd.fragment_id], pending.record
+    now = syncer.clock()
+    xi = syncer.xi_step()
+    period = (now - frag.merged_clock) / xi if frag.merged_clock > -float("inf") else None
+    overlap = (now - rnd.opened_at) / xi
+    syncer.pace.add(overlap, period, pending.merge_seconds + publish_s)
+    syncer.metrics.overlap_steps.observe(overlap)
+    if period is not None:
+        syncer.metrics.sync_period_steps.observe(period)
+    frag.commit(
+        pending.proposal, published_at=pending.published_at, clock=now, dtype=syncer.cfg.diloco.global_dtype
+    )
+    syncer.books.bytes_published += written
+    syncer.metrics.published.inc(written)
+    credit(frag.ledger, record)
+    syncer.books.account(record)
+    for c, f in record.clipped.items():
+        log.warning("syncer: round %d: outer gradient of %s clipped by %.3g (robust mode)", rnd.round, c, f)
+        syncer.books.clipped["norm_outlier"] += 1
+        syncer.metrics.clipped.labels(reason="norm_outlier").inc()
+    del syncer.open[rnd.round]
+    if rnd.sums is not None:
+        rnd.sums.release()
+    alpha = syncer.ema_alpha
+    syncer.books.xi_sync = ema(syncer.books.xi_sync, syncer.clock() - pending.began, alpha)
+    if (link := link_time(rnd.answers.values())) is not None:
+        syncer.books.xi_link = ema(syncer.books.xi_link, link, alpha)
+    observe_merge(syncer.metrics, record, syncer.clock() - pending.began)
+    syncer.publish_status()
+    failpoints.hit("publish", "after_status")
+    syncer.save_state()
+    failpoints.hit("publish", "after_state")
+    syncer.sweep_late(frag, cleaning=rnd.round)  # the round's own updates are the cleaner's
+    p, versions, merges = frag.fragment_id, syncer.versions, syncer.books.rounds_merged
+
+    def clean() -> None:
+        syncer.store.delete_prefix(keys.update_prefix(p, rnd.round))
+        syncer.retention.after_merge(p, versions, merges)
+
+    if syncer.publish_beside:
+        syncer.publisher.clean(clean)
+    else:  # everything in the loop's order (a deterministic in-process run)
+        clean()
+    d = syncer.cfg.diloco
+    syncer.pace.warn_if_behind(d.sync_every, d.overlap, syncer.threads, now)
+    log.debug(
+        "syncer: round %d fragment %d -> v%d from %d answers (overlap %.1f steps)",
+        rnd.round,
+        frag.fragment_id,
+        frag.version,
+        record.quorum,
+        overlap,
+    )
+
+
+def state_of(syncer: Any) -> SyncerState:
+    """What `Syncer.save_state` writes: the syncer's books now."""
+    b = syncer.books
+    return SyncerState(
+        run_id=syncer.run_id,
+        incarnation=b.incarnation,
+        versions=syncer.versions,
+        ledger=[f.ledger for f in syncer.fragments],
+        rejected=dict(syncer.intake.rejected),
+        clipped=dict(b.clipped),
+        next_round=b.next_round,
+        rounds_merged=b.rounds_merged,
+        rounds_abandoned=b.rounds_abandoned,
+        merged_recent=list(b.merged_recent),
+        xi_quorum=b.xi_quorum,
+        xi_sync=b.xi_sync,
+        xi_link=b.xi_link,
+        started_wall=b.started_wall,
+        open_rounds=syncer._open_rounds(),
+        bytes_published=b.bytes_published,
+        late_answers=syncer.intake.late_answers,
+        learner_events=list(syncer.roster.events),
+        epoch=syncer.lease.epoch,
+        quarantined=dict(syncer.files.slots.quarantined),
+    )
+
+
+def adopt_superseding(syncer: Any, rnd: Round, e: Superseded) -> None:
+    """An older epoch published the version this round was to become (`ddiloco.syncer.adopt`): adopt it
+    and what follows it, and abandon the round (its answers were merged against the version before)."""
+    p, frag = rnd.fragment_id, syncer.fragments[rnd.fragment_id]
+    log.error("syncer: %s; adopting it and abandoning round %d", e, rnd.round)
+    version, adopted = syncer.files.slots.adopt_after(p, frag.version, syncer.lease.epoch)
+    for rec in adopted:
+        credit(frag.ledger, rec)
+        syncer.books.account(rec)
+        syncer.books.next_round = max(syncer.books.next_round, rec.round + 1)
+    syncer.fragments[p] = syncer.files.load_fragment(p, version, frag.ledger, syncer.rule)
+    syncer._abandon(rnd)
+
+
+def observe_merge(m: SyncerMetrics, record: RoundRecord, seconds: float) -> None:
+    """The metrics of one merged round; `seconds`: how long merging and publishing it took."""
+    p = str(record.fragment_id)
+    m.rounds.labels(outcome="merged").inc()
+    m.merges.labels(fragment=p).inc()
+    m.quorum.observe(record.quorum)
+    m.grace.observe(record.grace_s)
+    m.time_to_quorum.observe(record.time_to_quorum)
+    m.merge_seconds.observe(seconds)
+    for c in record.contributors.values():
+        m.staleness.observe(c.staleness)
+    m.outer_grad_norm.labels(fragment=p).set(record.merged_norm)

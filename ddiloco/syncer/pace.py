@@ -1,0 +1,118 @@
+"""Whether the syncer keeps the paper's pace: per merged round, the overlap it had and its fragment's sync
+period, in learner steps, and what a syncer that falls behind would need.
+
+Design choices:
+- Measured when a version is published (its publish returned), on the syncer's clock, in steps of ξ_step
+  (the live learners' median wall seconds per step at that moment). The overlap of a round is the time
+  from its opening (learners answer at their next step boundary and go on training) until its version is
+  readable: the paper's τ, which is what learners spend training on a fragment that is about to be
+  overwritten. The sync period of a fragment is the time between two of its published versions: H when the
+  syncer keeps up (rounds of one fragment open no sooner than H·ξ_step after its last version).
+- `syncer_lag` = max(0, mean sync period / H − 1): how much less often than every H steps fragments are
+  synced. A lag can come from learners (a quorum that is slow to form) or from the syncer; the syncer's
+  `busy_share` (merging and publishing seconds over wall seconds; publishing runs beside the loop, so it can
+  exceed 1 with overlapping rounds) says which. Behind (lag > 25% while busy ≥ 80% of the time), the syncer
+  logs a warning with the threads it would need: today's × (mean period / H), assuming the round work
+  scales with threads (it does up to the number of rounds in flight: merges of different fragments are
+  independent; `docs/cluster.md` has the measured scaling).
+- Aggregates, not a list per round: the state stays small at any run length; `syncer/pace.json` (the
+  aggregates and the figures) is written beside the state, and the summary reports its figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LAG_WARN = 0.25
+"""Sync period above (1 + LAG_WARN)·H while busy: warn."""
+BUSY_WARN = 0.8
+
+
+@dataclass(slots=True)
+class Pace:
+    """Run-long aggregates of the pace figures (module docstring)."""
+
+    rounds: int = 0
+    overlap_steps_sum: float = 0.0
+    overlap_steps_max: float = 0.0
+    periods: int = 0
+    period_steps_sum: float = 0.0
+    busy_seconds: float = 0.0
+    """Seconds spent merging (propose) and publishing, summed over rounds."""
+    since: float = 0.0
+    """Syncer clock when measuring began (this process)."""
+    warned_at: float = -math.inf
+
+    def add(self, overlap_steps: float, period_steps: float | None, busy_seconds: float) -> None:
+        self.rounds += 1
+        self.overlap_steps_sum += overlap_steps
+        self.overlap_steps_max = max(self.overlap_steps_max, overlap_steps)
+        if period_steps is not None:
+            self.periods += 1
+            self.period_steps_sum += period_steps
+        self.busy_seconds += busy_seconds
+
+    def figures(self, sync_every: int, overlap: int, threads: int, now: float) -> dict[str, Any]:
+        """The summary's `sync_pace`: means in learner steps, the lag, the busy share, the threads needed."""
+        mean_overlap = self.overlap_steps_sum / self.rounds if self.rounds else None
+        period = self.period_steps_sum / self.periods if self.periods else None
+        lag = max(0.0, period / sync_every - 1.0) if period is not None else None
+        busy = self.busy_seconds / (now - self.since) if now > self.since else None
+        behind = lag is not None and lag > LAG_WARN and busy is not None and busy >= BUSY_WARN
+        return {
+            "rounds_measured": self.rounds,
+            "mean_overlap_steps": mean_overlap,
+            "max_overlap_steps": self.overlap_steps_max if self.rounds else None,
+            "overlap_bound_steps": overlap,
+            "mean_sync_period_steps": period,
+            "sync_every": sync_every,
+            "syncer_lag": lag,
+            "busy_share": busy,
+            "syncer_threads": threads,
+            "syncer_threads_needed": math.ceil(threads * (1.0 + lag)) if behind and lag is not None else None,
+        }
+
+    def warn_if_behind(self, sync_every: int, overlap: int, threads: int, now: float) -> None:
+        """One warning per minute at most while the syncer cannot keep up (module docstring)."""
+        f = self.figures(sync_every, overlap, threads, now)
+        if f["syncer_threads_needed"] is None or now - self.warned_at < 60.0:
+            return
+        self.warned_at = now
+        log.warning(
+            "syncer: cannot keep up: fragments are synced every %.1f learner steps (H = %d), rounds overlap "
+            "%.1f steps on average (τ = %d), busy %.0f%% of the time; give the syncer about %d threads/CPUs "
+            "(now %d) or raise diloco.sync_every",
+            f["mean_sync_period_steps"],
+            sync_every,
+            f["mean_overlap_steps"],
+            overlap,
+            100 * f["busy_share"],
+            f["syncer_threads_needed"],
+            threads,
+        )
+
+    def to_json(self, figures: dict[str, Any]) -> dict[str, Any]:
+        """The aggregates (what a restarted syncer continues from) and the `figures` now (what the summary
+        reports). The busy share is this process's: a restart measures it afresh."""
+        out = asdict(self)
+        del out["since"], out["warned_at"]  # this process's clock: meaningless to the next one
+        return {**out, "figures": figures}
+
+    @classmethod
+    def from_json(cls, obj: Any, since: float) -> Pace:
+        """What a restarted syncer continues from (anything unreadable starts afresh)."""
+        pace = cls(since=since)
+        if isinstance(obj, dict):
+            for name in ("rounds", "periods"):
+                if isinstance(obj.get(name), int) and not isinstance(obj.get(name), bool) and obj[name] >= 0:
+                    setattr(pace, name, obj[name])
+            for name in ("overlap_steps_sum", "overlap_steps_max", "period_steps_sum"):
+                x = obj.get(name)
+                if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0:
+                    setattr(pace, name, float(x))
+        return pace

@@ -1,0 +1,119 @@
+"""Publishing beside the loop: a merge's writes run on one publisher thread while the syncer's loop goes on
+collecting and merging the rounds of other fragments.
+
+Design choices:
+- One thread, publishes in the order they were handed over: each fragment's state still has one writer
+  (a fragment has at most one round open, so at most one publish in flight), and a publish writes its
+  objects in the persist order of `ddiloco.syncer.state.SyncerFiles.publish`, whatever the loop does
+  meanwhile. The loop commits a publish (books, ledger, status, state, retention) only once it returned:
+  until then the round is still open in the status and state, exactly as while a publish ran inline, so
+  every crash point is what it was (a restart adopts a version whose state write never came).
+- At most `depth` publishes handed over and not yet committed (one by default): each holds its proposal
+  (Θ_p and momentum of one fragment), so memory grows by a bounded number of fragments. A round that may
+  merge while the publisher is full waits, collecting, and proposes once it is free. Measured at the 1b
+  preset (docs/results.md §14): a second one waiting bought nothing on two cores (0.37 against 0.35
+  rounds/s, within the noise) and took peak RSS over 2.5× the model.
+- Deleting what a committed round left (its updates, the versions retention prunes) runs on a second
+  thread, in order: it is page-cache work the loop need not wait for, and nothing reads those objects.
+- Whatever the publish raised is re-raised in the loop when it is committed: `Superseded` is adopted,
+  a `StoreError` leaves the proposal to be published again, `Fenced` and crashes end the loop as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ddiloco.protocol.messages import RoundRecord
+from ddiloco.store.base import StoreError
+from ddiloco.syncer.fragment import Proposal
+from ddiloco.syncer.rounds import Round
+from ddiloco.syncer.state import SyncerFiles
+
+log = logging.getLogger(__name__)
+
+DEPTH = 1
+
+
+@dataclass(slots=True)
+class Pending:
+    """A merge to publish: kept as it is until it is persisted (a failed publish is retried with it)."""
+
+    proposal: Proposal
+    record: RoundRecord
+    published_at: float
+    """Wall time before anything of it was written (no learner can hold the version earlier)."""
+    began: float
+    """The syncer's clock when the merge began."""
+    merge_seconds: float
+    """How long proposing it took."""
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A merge handed to the publisher, not yet committed."""
+
+    rnd: Round
+    pending: Pending
+    future: Future[tuple[int, float]]
+    """The publish: (bytes of the global payloads, seconds it took), or what it raised."""
+
+
+class Publisher:
+    def __init__(self, files: SyncerFiles, depth: int = DEPTH) -> None:
+        self.files, self.depth = files, depth
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddiloco-publisher")
+        self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddiloco-cleaner")
+        self._cleaning: Future[None] | None = None
+        self.flight: dict[int, InFlight] = {}
+        """Round -> its merge in flight, in the order handed over."""
+
+    def busy(self) -> bool:
+        return len(self.flight) >= self.depth
+
+    def holds(self, round_: int) -> bool:
+        return round_ in self.flight
+
+    def submit(self, rnd: Round, pending: Pending) -> None:
+        future = self._thread.submit(self._publish, pending)
+        self.flight[rnd.round] = InFlight(rnd, pending, future)
+
+    def _publish(self, pending: Pending) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        written = self.files.publish(pending.proposal, pending.record)
+        return written, time.perf_counter() - t0
+
+    def finished(self, wait: bool = False) -> list[InFlight]:
+        """The merges whose publish returned (or raised), oldest first, stopping at the first still running
+        (commits keep the order of publishes); `wait`: all of them, waiting."""
+        out = []
+        for round_, f in list(self.flight.items()):
+            if not (wait or f.future.done()):
+                break
+            f.future.exception()  # waits when asked to
+            out.append(self.flight.pop(round_))
+        return out
+
+    def clean(self, fn: Callable[[], None]) -> None:
+        """Run `fn` (deleting what a committed round left: its updates, pruned versions) on the cleaner's
+        thread, in order: unlinking a round's objects takes a fragment's worth of page-cache work the loop
+        need not wait for. What it raises is logged (what is left is swept at the fragment's next merge)."""
+        self._cleaning = self._cleaner.submit(_logged, fn)
+
+    def wait_clean(self) -> None:
+        if self._cleaning is not None:
+            self._cleaning.result()
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+        self._cleaner.shutdown(wait=True)
+
+
+def _logged(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except StoreError as e:
+        log.warning("syncer: cleaning after a merge deferred (%s)", e)
