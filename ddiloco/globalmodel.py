@@ -194,20 +194,9 @@ def publish_global(
     return len(blob)
 
 
-def pack_global(
-    run_id: str,
-    p: int,
-    version: int,
-    tensors: dict[str, torch.Tensor],
-    dtype: str,
-    extra: dict | None = None,
-    *,
-    key: bytes | None = None,
-    digest: str | None = None,
-) -> bytes:
-    """The payload of global version `version` of fragment p in `dtype`, its header extended by `extra`.
-    `digest`: `ddiloco.downlink.digest(tensors, dtype)` when the caller computed it already (not rehashed)."""
-    return bytes(pack_global_blob(run_id, p, version, tensors, dtype, extra, key=key, digest=digest))
+def pack_global(*args: Any, **kwargs: Any) -> bytes:
+    """`pack_global_blob` (same arguments) joined into one bytes object."""
+    return bytes(pack_global_blob(*args, **kwargs))
 
 
 def pack_global_blob(
@@ -221,7 +210,9 @@ def pack_global_blob(
     key: bytes | None = None,
     digest: str | None = None,
 ) -> Blob:
-    """`pack_global` as a `Blob` that borrows the tensors' memory where they are already in `dtype`."""
+    """The payload of global version `version` of fragment p in `dtype`, its header extended by `extra`, as
+    a `Blob` that borrows the tensors' memory where they are already in `dtype`. `digest`:
+    `ddiloco.downlink.digest(tensors, dtype)` when the caller computed it already (not rehashed)."""
     tdtype = _DTYPES[dtype]
     return wire.pack_blob(
         {n: t.detach().to(tdtype) for n, t in tensors.items()},

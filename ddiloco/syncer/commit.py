@@ -72,7 +72,7 @@ def commit_published(syncer: Any, done: InFlight) -> None:
     failpoints.hit("publish", "after_status")
     syncer.save_state()
     failpoints.hit("publish", "after_state")
-    syncer.sweep_late(frag, cleaning=rnd.round)  # the round's own updates are the cleaner's
+    sweep_late(syncer, frag.fragment_id, cleaning=rnd.round)  # the round's own updates are the cleaner's
     p, versions, merges = frag.fragment_id, syncer.versions, syncer.books.rounds_merged
 
     def clean() -> None:
@@ -148,3 +148,13 @@ def observe_merge(m: SyncerMetrics, record: RoundRecord, seconds: float) -> None
     for c in record.contributors.values():
         m.staleness.observe(c.staleness)
     m.outer_grad_norm.labels(fragment=p).set(record.merged_norm)
+
+
+def sweep_late(syncer: Any, p: int, cleaning: int | None = None) -> None:
+    """Sweep late answers of fragment p's closed rounds; `cleaning`: a round whose updates the cleaner
+    deletes (left alone here: its merged answers are not late)."""
+    open_rounds = {r.round for r in syncer.open.values() if r.fragment_id == p}
+    if cleaning is not None:
+        open_rounds.add(cleaning)
+    merged = {m.round: m.contributors.keys() for m in syncer.books.merged_recent if m.fragment_id == p}
+    syncer.intake.sweep_late(p, open_rounds, merged)

@@ -67,7 +67,7 @@ from ddiloco.protocol.messages import OpenRound, Status
 from ddiloco.run import MAX_DOC_BYTES, prepared_at_of
 from ddiloco.store.base import NotFound, Store, StoreError
 from ddiloco.syncer.commit import commit_published, state_of
-from ddiloco.syncer.fragment import GlobalFragment, MergeRule
+from ddiloco.syncer.fragment import MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.lease import Lease
 from ddiloco.syncer.pace import Pace
@@ -355,14 +355,6 @@ class Syncer:
                 failed = e
         if failed is not None:
             raise failed
-
-    def sweep_late(self, frag: GlobalFragment, cleaning: int | None = None) -> None:
-        """Sweep late answers of fragment p's closed rounds; `cleaning`: a round whose updates the cleaner
-        deletes (left alone here: its merged answers are not late)."""
-        p = frag.fragment_id
-        open_rounds = {r.round for r in self.open.values() if r.fragment_id == p} | {cleaning} - {None}
-        merged = {m.round: m.contributors.keys() for m in self.books.merged_recent if m.fragment_id == p}
-        self.intake.sweep_late(p, open_rounds, merged)
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def step(self) -> bool:

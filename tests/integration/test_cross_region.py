@@ -86,6 +86,7 @@ def test_summary_report_and_metrics_break_merged_tokens_down_by_site():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # two sites of real processes (50 s); the link and by-site accounting tests stay in CI
 def test_two_sites_both_contribute_merged_tokens(tmp_path):
     """Site a: `ddiloco run`'s learners (LocalRun) over file://; site b: a learner joined with `--join` from
     another path resolving to the same run (a symlink, as a second mount or prefix would), with its own

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.long  # three real runs (43 s): the quality preset (`--preset small`) is checked by hand per change
 def test_parity_quick_prints_a_table_and_one_json_object(tmp_path):
     out = tmp_path / "parity.json"
     proc = subprocess.run(

@@ -27,7 +27,7 @@ def test_at_p_equal_h_each_fragment_is_synced_about_every_h_steps_and_the_summar
         f"diloco.sync_every={H}",
         "diloco.overlap=2",
         "diloco.sync_from=open",
-        "diloco.token_budget=30000",
+        "diloco.token_budget=20000",
         "retention=null",
     )
     prepare(store, cfg)
