@@ -441,4 +441,4 @@ def run_until_done(syncer: Syncer, max_seconds: float | None = None) -> None:
                 syncer.books.rounds_merged,
                 len(syncer.roster.live()),
             )
-        time.sleep(syncer.poll_s)
+        syncer.publisher.wait_any(syncer.poll_s)  # a publish that lands is committed at once

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from ddiloco.protocol.messages import RoundRecord
@@ -96,6 +96,15 @@ class Publisher:
             f.future.exception()  # waits when asked to
             out.append(self.flight.pop(round_))
         return out
+
+    def wait_any(self, timeout: float) -> None:
+        """Sleep up to `timeout` seconds, waking as soon as the oldest publish in flight returns (the loop's
+        idle wait: a round published is committed and the next one may open without a poll's delay)."""
+        oldest = next(iter(self.flight.values()), None)
+        if oldest is None:
+            time.sleep(timeout)
+        else:
+            wait([oldest.future], timeout=timeout)
 
     def clean(self, fn: Callable[[], None]) -> None:
         """Run `fn` (deleting what a committed round left: its updates, pruned versions) on the cleaner's

@@ -182,6 +182,8 @@ def test_a_store_outage_is_ridden_out(tmp_path):
     assert sum(s["incarnations"].values()) == 4, "nobody crashed"
 
 
+@pytest.mark.long  # two 1M-token runs (53 s); joining ids and shards are checked in-process (test_join,
+# test_shards)
 def test_a_learner_added_mid_run_contributes_and_takes_work_off_the_first(tmp_path):
     # Steps of 32 sequences and H = 16: rounds far enough apart that the syncer is not the bottleneck (with
     # the harness's 4-sequence steps a round is due every ~12 ms and the syncer's round rate, not the
