@@ -74,7 +74,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -165,8 +165,9 @@ class Prepared:
     rule: MergeRule
     frag: GlobalFragment
     intake: Intake
+    timers: dict[str, float]
+    """Stage seconds and the round's timeline (`prepare_round` starts the merge's own)."""
     rnd: Round | None = None
-    timers: dict[str, float] = field(default_factory=lambda: {"finalize": 0.0})
 
 
 def prepare_round(

@@ -240,27 +240,17 @@ class FileStore(Store):
 
     def _get(self, full_key: str, max_bytes: int | None) -> bytes:
         path = self._path(full_key)
-        return self._io("read", path, lambda: self._get_once(full_key, path, max_bytes))
-
-    def _get_once(self, full_key: str, path: Path, max_bytes: int | None) -> bytes:
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed below; open errors are mapped first
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
-            raise NotFound(f"no object {self._where(full_key)}") from exc
-        with f:
-            if max_bytes is not None:
-                size = os.fstat(f.fileno()).st_size
-                if size > max_bytes:
-                    raise ObjectTooLarge(
-                        f"object {self._where(full_key)} has {size} bytes > max_bytes {max_bytes}"
-                    )
-            return f.read()
+        return self._io("read", path, lambda: bytes(self._read_once(full_key, path, max_bytes, None)))
 
     def _get_into(self, full_key: str, lend: Lend, max_bytes: int | None) -> memoryview:
         path = self._path(full_key)
-        return self._io("read", path, lambda: self._get_into_once(full_key, path, lend, max_bytes))
+        return self._io("read", path, lambda: memoryview(self._read_once(full_key, path, max_bytes, lend)))
 
-    def _get_into_once(self, full_key: str, path: Path, lend: Lend, max_bytes: int | None) -> memoryview:
+    def _read_once(
+        self, full_key: str, path: Path, max_bytes: int | None, lend: Lend | None
+    ) -> bytes | memoryview:
+        """The object's bytes, read whole, or into `lend(size)` when given (objects are replaced by rename:
+        an open file keeps its size)."""
         try:
             f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below; open errors are mapped first
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
@@ -271,8 +261,9 @@ class FileStore(Store):
                 raise ObjectTooLarge(
                     f"object {self._where(full_key)} has {size} bytes > max_bytes {max_bytes}"
                 )
-            out = lend(size)[:size]  # objects are replaced by rename: an open file keeps its size
-            n = 0
+            if lend is None:
+                return f.read()
+            out, n = lend(size)[:size], 0
             while n < size and (got := f.readinto(out[n:])):
                 n += got
             return out[:n]

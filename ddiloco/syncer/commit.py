@@ -13,6 +13,7 @@ Design choices:
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from ddiloco import failpoints, keys
@@ -43,7 +44,7 @@ def commit_published(syncer: Any, done: InFlight) -> None:
     frag, record = syncer.fragments[rnd.fragment_id], pending.record
     now = syncer.clock()
     xi = syncer.xi_step()
-    period = (now - frag.merged_clock) / xi if frag.merged_clock > -float("inf") else None
+    period = (now - frag.merged_clock) / xi if math.isfinite(frag.merged_clock) else None
     overlap = (now - rnd.opened_at) / xi
     syncer.pace.add(overlap, period, pending.merge_seconds + publish_s)
     syncer.metrics.overlap_steps.observe(overlap)
@@ -79,10 +80,7 @@ def commit_published(syncer: Any, done: InFlight) -> None:
         syncer.store.delete_prefix(keys.update_prefix(p, rnd.round))
         syncer.retention.after_merge(p, versions, merges)
 
-    if syncer.publish_beside:
-        syncer.publisher.clean(clean)
-    else:  # everything in the loop's order (a deterministic in-process run)
-        clean()
+    syncer.publisher.clean(clean)
     d = syncer.cfg.diloco
     syncer.pace.warn_if_behind(d.sync_every, d.overlap, syncer.threads, now)
     log.debug(

@@ -150,7 +150,7 @@ class Syncer:
         self.unpublished: dict[int, Pending] = {}
         """Round -> a merge not handed to the publisher yet (it was busy) or whose publish failed: published
         (again) as it is, never merged twice."""
-        self.publisher, self.publish_beside = Publisher(self.files), publish_beside
+        self.publisher = Publisher(self.files, beside=publish_beside)
         self.pace = Pace.from_json(store.get_json_or_none(keys.SYNCER_PACE, max_bytes=1 << 16), since=clock())
         self.last_open = -math.inf
         self.opened_clock: dict[int, float] = {}
@@ -339,7 +339,7 @@ class Syncer:
             return
         self.lease.check(publish_s=self.books.xi_sync)
         self.publisher.submit(rnd, self.unpublished.pop(rnd.round))
-        if not self.publish_beside or all(
+        if not self.publisher.beside or all(
             self.publisher.holds(r) for r in self.open
         ):  # nothing to do meanwhile
             self.commit_published(wait=True)

@@ -63,8 +63,10 @@ class InFlight:
 
 
 class Publisher:
-    def __init__(self, files: SyncerFiles, depth: int = DEPTH) -> None:
-        self.files, self.depth = files, depth
+    def __init__(self, files: SyncerFiles, depth: int = DEPTH, beside: bool = True) -> None:
+        """`beside`: False runs cleaning inline and the loop waits for each publish (a lock-step,
+        deterministic in-process run)."""
+        self.files, self.depth, self.beside = files, depth, beside
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddiloco-publisher")
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddiloco-cleaner")
         self._cleaning: Future[None] | None = None
@@ -109,8 +111,12 @@ class Publisher:
     def clean(self, fn: Callable[[], None]) -> None:
         """Run `fn` (deleting what a committed round left: its updates, pruned versions) on the cleaner's
         thread, in order: unlinking a round's objects takes a fragment's worth of page-cache work the loop
-        need not wait for. What it raises is logged (what is left is swept at the fragment's next merge)."""
-        self._cleaning = self._cleaner.submit(_logged, fn)
+        need not wait for. What it raises is logged (what is left is swept at the fragment's next merge);
+        not `beside`: here and now, in the loop's order."""
+        if self.beside:
+            self._cleaning = self._cleaner.submit(_logged, fn)
+        else:
+            fn()
 
     def wait_clean(self) -> None:
         if self._cleaning is not None:
