@@ -152,11 +152,13 @@ def sft(
     extra_args: list = [],  # noqa: B006 (a KFP default, never mutated)
 ):
     """Supervised fine-tuning of the final model; the result stays in the store (Model = pointer);
-    extra_args go to `ddiloco sft` as they are."""
+    extra_args go to `ddiloco sft` as they are. A user corpus without sft.data skips it (and the evaluation
+    of `sft` after it) with a warning: the Model's metadata says present false."""
     from ddiloco.components.runtime import ddiloco, log_metrics, run_root, store_model
 
     root = run_root(store, run_id)
-    log_metrics(metrics, ddiloco("sft", *extra_args, store=root, s3_endpoint=s3_endpoint))
+    done = ddiloco("sft", *extra_args, store=root, skip_without_data=True, s3_endpoint=s3_endpoint)
+    log_metrics(metrics, done)
     store_model(sft_model, root, "sft", s3_endpoint)
 
 

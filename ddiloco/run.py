@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -268,6 +269,16 @@ class RunRoot:
 
     def write_sft_meta(self, meta: Mapping[str, Any]) -> None:
         self.store.put_json(keys.SFT_META, dict(meta))
+
+    def sft_skipped(self) -> str | None:
+        """Why fine-tuning was skipped, when it was and no fine-tuned model exists; else None."""
+        doc = self.document(keys.SFT_SKIPPED)
+        if doc is None or self.store.exists(keys.SFT_MODEL):
+            return None
+        return str(doc.get("reason", "skipped"))
+
+    def write_sft_skipped(self, reason: str) -> None:
+        self.store.put_json(keys.SFT_SKIPPED, {"reason": reason, "at": time.time()})
 
     def learner_checkpoint_key(self, learner_id: int) -> str:
         """The key of a learner's newest checkpoint (NotFound when it has none)."""

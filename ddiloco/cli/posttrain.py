@@ -60,6 +60,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     spec = args.model
     if spec is None:
         spec = "final" if root.has_final_model() else "latest"
+    if spec == "sft" and (why := root.sft_skipped()) is not None:
+        print(json.dumps({"model": spec, "skipped": why}, sort_keys=True))
+        return 0
     if args.harness == "lm-eval":
         return _evaluate_lm_eval(root, cfg, ecfg, spec, args.name, task_dir)
     result = evaluate_checkpoint(root, spec, name=args.name, ecfg=ecfg)
@@ -86,7 +89,7 @@ def _evaluate_lm_eval(
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from ddiloco.posttrain.sft import run_sft  # imports torch: only when it runs
+    from ddiloco.posttrain.sft import run_sft, skip_without_instructions  # imports torch: only when it runs
     from ddiloco.run import RunRoot
 
     root = RunRoot.from_env(open_store(args.store), role="sft")
@@ -102,6 +105,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
         seed=args.seed,
         device=args.device,
     )
+    if args.skip_without_data and (why := skip_without_instructions(root, scfg)) is not None:
+        print(json.dumps({"skipped": why}, sort_keys=True))
+        return 0
     metrics = run_sft(root, scfg)
     print(json.dumps({k: v for k, v in metrics.items() if k not in ("loss_curve", "config")}, sort_keys=True))
     return 0
@@ -199,6 +205,12 @@ def register(sub: Any) -> None:
         help="seed of split and batches (default: sft.seed, else the run's seed)",
     )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="(default: sft.device)")
+    p.add_argument(
+        "--skip-without-data",
+        action="store_true",
+        help="a user corpus without sft.data: warn and skip (evaluate --model sft then skips too) "
+        "instead of failing",
+    )
     add_set_arg(p, "sft.steps=100")
     p.set_defaults(func=cmd_sft)
 

@@ -244,9 +244,25 @@ def _accuracy(model: GPT, tokenizer: Tokenizer, test: dict[str, list[TaskItem]])
     return acc
 
 
+NO_INSTRUCTIONS = (
+    "sft skipped: the run trained on a user corpus and sft.data names no instruction file; set "
+    "sft.data=FILE.jsonl ({prompt, response} per line) to fine-tune, or sft: null to say so"
+)
+
+
 def has_instructions(cfg: Any, scfg: SFTConfig) -> bool:
     """Whether SFT has data: `sft.data`, or the synthetic instruction set of a synthetic corpus."""
     return scfg.data is not None or cfg.data.source == "synthetic"
+
+
+def skip_without_instructions(root: RunRoot, scfg: SFTConfig) -> str | None:
+    """When SFT has no data (see `has_instructions`): warn, leave `sft/skipped.json` (so the evaluation of
+    `sft` skips too) and return why; None when there is data to fine-tune on."""
+    if has_instructions(root.config(), scfg):
+        return None
+    log.warning(NO_INSTRUCTIONS)
+    root.write_sft_skipped(NO_INSTRUCTIONS)
+    return NO_INSTRUCTIONS
 
 
 def run_sft(root: RunRoot, scfg: SFTConfig | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ddiloco.posttrain.evaluate import EvalTasksConfig, evaluate_checkpoint
-from ddiloco.posttrain.sft import SFTConfig, has_instructions, run_sft
+from ddiloco.posttrain.sft import SFTConfig, run_sft, skip_without_instructions
 from ddiloco.run import RunRoot
 
 log = logging.getLogger(__name__)
@@ -47,11 +47,7 @@ def posttrain(
     sft_cfg = sft_cfg or SFTConfig()
     name = "final" if sft_cfg.base == "final" else None
     pre = evaluate_checkpoint(root, sft_cfg.base, name=name, ecfg=eval_cfg)
-    if not skip_sft and not has_instructions(root.config(), sft_cfg):
-        log.warning(
-            "sft skipped: the run trained on a user corpus and sft.data names no instruction file; set "
-            "sft.data=FILE.jsonl ({prompt, response} per line) to fine-tune, or sft: null to say so"
-        )
+    if not skip_sft and skip_without_instructions(root, sft_cfg) is not None:
         skip_sft = True
     if skip_sft:
         fields = summary_fields(pre, None, None)
