@@ -7,8 +7,9 @@ import json
 import logging
 from pathlib import Path
 
-from ddiloco import keys
 from ddiloco.components.roles import evaluate, sft
+
+from ddiloco import keys
 from ddiloco.posttrain.stages import posttrain
 from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
