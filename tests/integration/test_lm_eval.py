@@ -1,10 +1,13 @@
 """`ddiloco evaluate --harness lm-eval`: a trained run's final model scored by lm-evaluation-harness (the
 pinned library, no network) on this package's own tasks as lm-eval task YAMLs and on a user's task
-directory; both evaluators agree on the same items; the results land in eval/ and in the report."""
+directory; both evaluators agree on the same items; the results land in eval/ and in the report, whose
+table headless Chromium renders."""
 
 import contextlib
 import io
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,7 @@ from ddiloco.cli.main import main
 from ddiloco.prepare import prepare
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config, train_in_process
+from tests.integration.test_report_browser import CHROMIUM, chromium
 
 pytest.importorskip("lm_eval")
 pytestmark = pytest.mark.slow
@@ -34,7 +38,7 @@ def _cli(*args: str) -> dict:
     return json.loads(out.getvalue().strip().splitlines()[-1])
 
 
-def test_lm_eval_agrees_with_the_builtin_evaluator_on_the_same_items(trained):
+def test_lm_eval_agrees_with_the_builtin_evaluator_on_the_same_items_and_its_table_renders(trained, tmp_path):
     url, store = trained
     ours = _cli("evaluate", "--store", url, "--items", "30")["task_accuracy"]
     printed = _cli("evaluate", "--store", url, "--items", "30", "--harness", "lm-eval")
@@ -53,7 +57,22 @@ def test_lm_eval_agrees_with_the_builtin_evaluator_on_the_same_items(trained):
     paths = _cli("report", url, "--out", url.removeprefix("file://") + "-report")
     text = open(paths["markdown"]).read()
     assert "## lm-evaluation-harness" in text and "| final | ddiloco_fact_mc | acc |" in text
-    assert "lm-evaluation-harness" in open(paths["html"]).read()
+    if CHROMIUM is None:
+        pytest.skip("Debian `chromium` is not installed: the page was checked as text only; CI installs it")
+    # The page as a person sees it: headless Chromium's DOM holds the table, a row per task with its stderr.
+    out = chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", Path(paths["html"]).as_uri())
+    assert out.returncode == 0, out.stderr[-2000:]
+    section = out.stdout.split("<h2>lm-evaluation-harness</h2>", 1)[1].split("<h2>", 1)[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", section, flags=re.S)
+    cells = [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", r) for r in rows]
+    assert cells[0] == ["checkpoint", "task", "metric", "value", "stderr", "items"], cells[0]
+    by_task = {c[1]: c for c in cells[1:]}
+    assert set(by_task) == {f"ddiloco_{t}" for t in ours}
+    for name, row in by_task.items():
+        want = lm[name]
+        assert row[0] == "final" and row[5] == "30", row
+        assert abs(float(row[3]) - want[row[2]]) < 1e-3, row
+        assert abs(float(row[4]) - want[f"{row[2]}_stderr"]) < 1e-3, row  # the stderr column
 
 
 def test_a_user_task_directory_runs_and_the_builtin_harness_refuses_it(trained, tmp_path, capsys):
