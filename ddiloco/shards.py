@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddiloco.protocol.messages import DataRead
+from ddiloco.protocol.learner_report import DataRead
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,8 @@ from ddiloco.learner.io import ReportWriter, RoundRecords, pack_update
 from ddiloco.learner.ledger import FragmentLedger, Settled
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
-from ddiloco.protocol.messages import LearnerReport, credited
+from ddiloco.protocol.learner_report import LearnerReport
+from ddiloco.protocol.messages import credited
 from ddiloco.store.base import Store, StoreError
 
 __all__ = ["Exchange"]

@@ -10,7 +10,7 @@ Design choices:
   else since the anchor is discarded (the version overwrote it).
 - A pending answer the syncer rejected, or whose round closed without a merge, is dropped without settling:
   its tokens stay outstanding and go into the next answer for that fragment.
-- The per-fragment record is the report's schema (`ddiloco.protocol.messages.FragmentBooks`), so what the
+- The per-fragment record is the report's schema (`ddiloco.protocol.learner_report.FragmentBooks`), so what the
   summary reads is exactly what the ledger keeps.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from ddiloco.protocol.messages import FragmentBooks, PendingAnswer
+from ddiloco.protocol.learner_report import FragmentBooks, PendingAnswer
 
 __all__ = ["FragmentLedger", "Settled"]
 

@@ -78,8 +78,9 @@ from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import load_run_config, load_tokens
+from ddiloco.procinfo import peak_rss_bytes
 from ddiloco.protocol import signing
-from ddiloco.protocol.messages import LearnerReport
+from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.run import prepared_at_of
 from ddiloco.schedule import GlobalSchedule
 from ddiloco.shards import Assignment, assign_shard
@@ -300,6 +301,7 @@ class Learner:
             lr=self.schedule.last_lr,
             progress=self.schedule.progress,
             data=self.shard.read(self.loader.epochs_read),
+            peak_rss_bytes=peak_rss_bytes(),
         )
 
     def _put_report(self, final: bool = False, reason: str | None = None) -> None:

@@ -220,13 +220,15 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
 
 def learner_accounting(reports: list[dict[str, Any]], end: float | None, P: int) -> dict[str, dict[str, Any]]:
     """Per learner: seconds provisioned, up, in the training loop (`productive`, `ddiloco.chiptime`) and
-    computing inner steps (`training`), its goodput, and the share of its tokens that were merged."""
+    computing inner steps (`training`), its goodput, the share of its tokens that were merged, and the peak
+    resident memory of its largest incarnation (None when its reports predate the field)."""
     out: dict[str, dict[str, Any]] = {}
     for lid in sorted({r["learner_id"] for r in reports}):
         incs = sorted((r for r in reports if r["learner_id"] == lid), key=lambda r: r["incarnation"])
         productive, provisioned = chiptime.learner_chip_time(incs, end)
         processed = sum(r["tokens_processed"] for r in incs)
         merged = sum(f["merged_tokens"] for r in incs for f in r["fragments"].values()) / P
+        rss = [r["peak_rss_bytes"] for r in incs if r.get("peak_rss_bytes")]
         out[str(lid)] = {
             "incarnations": len(incs),
             "provisioned_seconds": provisioned,
@@ -237,6 +239,7 @@ def learner_accounting(reports: list[dict[str, Any]], end: float | None, P: int)
             "merged_seconds": sum(f["merged_seconds"] for r in incs for f in r["fragments"].values()) / P,
             "tokens_processed": processed,
             "merged_token_share": merged / processed if processed else None,
+            "peak_rss_bytes": max(rss, default=None),
         }
     return out
 

@@ -28,6 +28,8 @@ def test_local_run_with_real_processes(tmp_path):
     assert s["incarnations"] == {"0": 1, "1": 1, "2": 1}
     assert s["final_val_loss"] < s["initial_val_loss"]
     assert 0.9 <= s["goodput"] <= 1, s["learner_accounting"]  # no failures: (almost) no learner time lost
+    rss = [a["peak_rss_bytes"] for a in s["learner_accounting"].values()]
+    assert all(64 << 20 < r < 4 << 30 for r in rss), rss  # each learner process's own peak (torch loaded)
     assert 0 < s["merged_token_share"] < 1 and s["steps_per_answer"] > 1
     assert json.loads(open(run.summary_location).read())["run_id"] == "e2e"
     store = open_store(run.url)

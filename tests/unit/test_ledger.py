@@ -8,7 +8,8 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.learner.ledger import FragmentLedger, Settled
-from ddiloco.protocol.messages import FragmentBooks, LearnerReport, PendingAnswer, credited
+from ddiloco.protocol.learner_report import FragmentBooks, LearnerReport, PendingAnswer
+from ddiloco.protocol.messages import credited
 
 
 def _balanced(ledger: FragmentLedger) -> None:
@@ -191,6 +192,7 @@ def test_learner_report_round_trips_as_the_same_json():
         "lr",
         "progress",
         "data",
+        "peak_rss_bytes",
     ]
     assert list(obj["fragments"]["0"]) == [
         "anchor",

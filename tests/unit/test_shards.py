@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from ddiloco.protocol.messages import DataRead, LearnerReport
+from ddiloco.protocol.learner_report import DataRead, LearnerReport
 from ddiloco.shards import assign_shard, data_read
 from tests.unit.test_ledger import _report as learner_report
 

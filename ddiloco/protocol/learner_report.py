@@ -1,0 +1,175 @@
+"""The learner's report (heartbeat): learners/<id>/report-<incarnation>.json and the records inside it.
+
+The report is plain, unsigned JSON read by the syncer (pacing, liveness, loss), the summary (the token books)
+and chaos. Field order is the JSON's order; `from_json` raises ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ddiloco.protocol.fields import Fields, plain
+
+_OPT_NUM = (int, float, type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAnswer:
+    """A fragment's answer in flight: its round and the counters it carried (c_tokens, c_seconds, c_steps)."""
+
+    round: int
+    tokens: int
+    seconds: float
+    steps: int
+
+    @classmethod
+    def from_json(cls, obj: Any, doc: str = "pending") -> PendingAnswer:
+        f = Fields(obj, doc)
+        return cls(f.integer("round"), f.integer("tokens"), f.number("seconds"), f.integer("steps"))
+
+
+@dataclass(slots=True)
+class FragmentBooks:
+    """One fragment's token books in a learner incarnation (report `fragments`, by fragment): counters since
+    the anchor (the global version last received), what was merged and discarded, the answer in flight.
+    `ddiloco.learner.ledger.FragmentLedger` keeps one per fragment."""
+
+    anchor: int = 0
+    c_steps: int = 0
+    c_tokens: int = 0
+    c_seconds: float = 0.0
+    merged_tokens: int = 0
+    merged_seconds: float = 0.0
+    discarded_tokens: int = 0
+    pending: PendingAnswer | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return plain(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, doc: str = "fragment") -> FragmentBooks:
+        f = Fields(obj, doc)
+        pending = f.get("pending", (Mapping, type(None)))
+        return cls(
+            anchor=f.integer("anchor"),
+            c_steps=f.integer("c_steps"),
+            c_tokens=f.integer("c_tokens"),
+            c_seconds=f.number("c_seconds"),
+            merged_tokens=f.integer("merged_tokens"),
+            merged_seconds=f.number("merged_seconds"),
+            discarded_tokens=f.integer("discarded_tokens"),
+            pending=None if pending is None else PendingAnswer.from_json(pending, f"{doc}.pending"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DataRead:
+    """Which data a learner reads (report `data`, `ddiloco.shards`): shard `shard`, tokens [start, end) of the
+    training stream; `own`: false when its id has no shard of its own and shares this one; `epochs`: passes
+    its data cursor (kept across incarnations) has made over the shard."""
+
+    shard: int
+    start: int
+    end: int
+    own: bool
+    epochs: float
+
+    def to_json(self) -> dict[str, Any]:
+        return plain(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, doc: str = "data") -> DataRead:
+        f = Fields(obj, doc)
+        span = (f.integer("shard"), f.integer("start"), f.integer("end"))
+        return cls(*span, f.get("own", bool), f.number("epochs"))
+
+
+@dataclass(slots=True)
+class LearnerReport:
+    """learners/<id>/report-<incarnation>.json, rewritten by every heartbeat and before every upload (`seq`
+    orders them). `history`: [wall time, inner_step, tokens_processed, loss_ema] points, bounded."""
+
+    run_id: str
+    learner_id: int
+    incarnation: int
+    seq: int
+    time: float
+    started_at: float
+    joined_at: float | None
+    inner_step: int
+    host: str
+    pid: int
+    site: str
+    tokens_processed: int
+    busy_seconds: float
+    loss: float | None
+    loss_ema: float | None
+    step_time_ema: float | None
+    rounds_answered: int
+    step_wall_ema: float | None
+    productive_seconds: float
+    bytes_up: int
+    bytes_down: int
+    upload_failures: int
+    final: bool
+    exit_reason: str | None
+    fragments: dict[str, FragmentBooks]
+    rejected_globals: dict[str, int]
+    rejected_updates: dict[str, int]
+    history: list[list[float]]
+    lr: float | None
+    progress: float
+    data: DataRead | None = None
+    """The data it reads (absent in reports from before `ddiloco.shards`)."""
+    peak_rss_bytes: int | None = None
+    """The learner process's peak resident memory so far (`ddiloco.procinfo`; rank 0 under DDP)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return plain(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> LearnerReport:
+        f = Fields(obj, "learner report")
+        frags = f.mapping("fragments", Mapping)
+        history = f.get("history", list)
+        if any(not isinstance(h, list) for h in history):
+            raise f.bad("history", "is not a list of points")
+        data = f.get("data", (Mapping, type(None)), None)
+        return cls(
+            run_id=f.get("run_id", str),
+            learner_id=f.integer("learner_id"),
+            incarnation=f.integer("incarnation"),
+            seq=f.integer("seq"),
+            time=f.number("time"),
+            started_at=f.number("started_at"),
+            joined_at=f.get("joined_at", _OPT_NUM),
+            inner_step=f.integer("inner_step"),
+            host=f.get("host", str),
+            pid=f.integer("pid"),
+            site=f.get("site", str),
+            tokens_processed=f.integer("tokens_processed"),
+            busy_seconds=f.number("busy_seconds"),
+            loss=f.get("loss", _OPT_NUM),
+            loss_ema=f.get("loss_ema", _OPT_NUM),
+            step_time_ema=f.get("step_time_ema", _OPT_NUM),
+            rounds_answered=f.integer("rounds_answered"),
+            step_wall_ema=f.get("step_wall_ema", _OPT_NUM),
+            productive_seconds=f.number("productive_seconds"),
+            bytes_up=f.integer("bytes_up"),
+            bytes_down=f.integer("bytes_down"),
+            upload_failures=f.integer("upload_failures"),
+            final=f.get("final", bool),
+            exit_reason=f.get("exit_reason", (str, type(None))),
+            fragments={
+                p: FragmentBooks.from_json(x, f"learner report.fragments.{p}") for p, x in frags.items()
+            },
+            rejected_globals=f.mapping("rejected_globals", int),
+            rejected_updates=f.mapping("rejected_updates", int),
+            history=history,
+            lr=f.get("lr", _OPT_NUM),
+            progress=f.number("progress"),
+            data=None if data is None else DataRead.from_json(data, "learner report.data"),
+            peak_rss_bytes=f.get("peak_rss_bytes", (int, type(None)), None),
+        )
