@@ -41,9 +41,11 @@ class Assignment:
     end: int
     own: bool
 
-    def read(self, epochs: float) -> DataRead:
-        """The report's `data` once the data cursor has made `epochs` passes over the shard."""
-        return DataRead(shard=self.shard, start=self.start, end=self.end, own=self.own, epochs=epochs)
+    def read(self, epochs: float, started: float | None = None) -> DataRead:
+        """The report's `data` once the data cursor has made `epochs` passes over the shard (`started`: where
+        this incarnation's reading began)."""
+        span = {"shard": self.shard, "start": self.start, "end": self.end, "own": self.own}
+        return DataRead(**span, epochs=epochs, started=started)
 
 
 def assign_shard(who: int, shard_tokens: Sequence[int], *, role: str = "learner") -> Assignment:
@@ -90,7 +92,8 @@ def data_read(reports: Iterable[Mapping[str, Any]], num_shards: int) -> dict[str
         entry: dict[str, Any] = {"shard": None, "tokens_processed": processed[lid]}
         if d is not None:
             readers.setdefault(d.shard, []).append(lid)
-            entry = {**d.to_json(), "tokens_processed": processed[lid]}
+            where = {k: v for k, v in d.to_json().items() if k != "started"}  # one incarnation's
+            entry = {**where, "tokens_processed": processed[lid]}
         per_learner[str(lid)] = entry
     return {
         "data_shards": num_shards,

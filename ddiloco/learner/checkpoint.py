@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ddiloco import keys
+from ddiloco.learner.accel import place_optimizer_steps
 from ddiloco.protocol import wire
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store
 
@@ -155,3 +156,27 @@ def load_learner_checkpoint(
         return None
     load_optimizer_tensors(model, opt, payload.tensors)
     return payload.meta
+
+
+def restore_learner(
+    store: Store,
+    learner_id: int,
+    run_id: str,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    loader: Any,
+    *,
+    key: bytes | None,
+) -> dict[str, Any] | None:
+    """A learner's own newest checkpoint into `model`, `opt` (AdamW state, its steps placed on the device)
+    and `loader` (data cursor); returns it (None when there is none). Parameters come from the globals."""
+    ckpt = load_learner_checkpoint(store, learner_id, run_id, model, opt, key=key)
+    if ckpt is None:
+        return None
+    place_optimizer_steps(opt)
+    try:
+        loader.load_state_dict(ckpt["cursor"])
+    except ValueError as e:  # another number of ranks cut the shard differently
+        log.warning("learner %d: data cursor not restored (%s); reading afresh", learner_id, e)
+    log.info("learner %d: restored checkpoint at inner step %d", learner_id, int(ckpt["inner_step"]))
+    return ckpt

@@ -54,13 +54,12 @@ from ddiloco.hostname import host_name
 from ddiloco.learner.accel import (
     HostCopier,
     maybe_compile,
-    place_optimizer_steps,
     resolve_device,
     resolve_precision,
     to_device,
     train_step,
 )
-from ddiloco.learner.checkpoint import checkpoint_every_s, load_learner_checkpoint
+from ddiloco.learner.checkpoint import checkpoint_every_s, restore_learner
 from ddiloco.learner.ddp import Group, rank_seed
 from ddiloco.learner.exchange import Exchange
 from ddiloco.learner.health import Heartbeats, IoErrors, MergeBound
@@ -74,6 +73,7 @@ from ddiloco.learner.io import (
     snapshot_checkpoint,
 )
 from ddiloco.learner.ledger import FragmentLedger
+from ddiloco.learner.resume import resume_from_reports
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer
@@ -192,6 +192,8 @@ class Learner:
         self._defer_loss = self.device.type == "cuda"  # read each loss a step late: the host never waits
         self._loss_in_flight: torch.Tensor | None = None
         self.inner_step = 0
+        self.cursor: dict | None = None  # the data cursor after the last step (single process: reported)
+        self._started_epochs: float | None = None  # where this incarnation began reading
         self.schedule = GlobalSchedule(t, cfg.diloco.token_budget)  # inner LR on the run's progress
         self.loss: float | None = None
         self.loss_ema: float | None = None
@@ -230,26 +232,16 @@ class Learner:
         self.loader = ShardLoader(tokens, batch_size=ld.batch_size, seq_len=ld.seq_len, seed=ld.seed)
         self.net = maybe_compile(group.wrap(self.model), self.cfg.train.compile)
 
-    def _restore(self) -> dict[str, Any] | None:
-        """This learner's own checkpoint, if any: AdamW state, inner step, data cursor (params: the globals)."""
-        ckpt = load_learner_checkpoint(
-            self.store, self.learner_id, self.run_id, self.model, self.opt, key=self.key
-        )
-        if ckpt is None:
-            return None
-        self.inner_step = int(ckpt["inner_step"])
-        place_optimizer_steps(self.opt)
-        try:
-            self.loader.load_state_dict(ckpt["cursor"])
-        except ValueError as e:  # another number of ranks cut the shard differently
-            log.warning("learner %d: data cursor not restored (%s); reading afresh", self.learner_id, e)
-        log.info("learner %d: restored checkpoint at inner step %d", self.learner_id, self.inner_step)
-        return ckpt
-
     def start(self, wait_timeout: float | None = None) -> None:
         if self.group is not None:
             self._join_ranks(self.group)
-        ckpt = self._restore()
+        ckpt = restore_learner(
+            self.store, self.learner_id, self.run_id, self.model, self.opt, self.loader, key=self.key
+        )
+        self.inner_step = 0 if ckpt is None else int(ckpt["inner_step"])
+        if self.group is None:  # DDP ranks resume from the cursors their checkpoint gathered
+            resume_from_reports(self.loader, self.store, self.learner_id, self.incarnation)
+        self._started_epochs = self.loader.epochs_read
         versions = self.exchange.join(self.feed.wait_for_latest(wait_timeout))
         if self.group is not None:  # every rank starts from rank 0's parameters, AdamW state and cursors
             self.group.lead_start(self.model, self.opt, self.inner_step, (ckpt or {}).get("cursors"))
@@ -300,7 +292,8 @@ class Learner:
             history=sample_history(self.history, self.loss_ema, self.inner_step, ledger.tokens_processed),
             lr=self.schedule.last_lr,
             progress=self.schedule.progress,
-            data=self.shard.read(self.loader.epochs_read),
+            data=self.shard.read(self.loader.epochs_read, self._started_epochs),
+            cursor=self.cursor,
             peak_rss_bytes=peak_rss_bytes(),
         )
 
@@ -350,6 +343,8 @@ class Learner:
                 f"learner {self.learner_id}: loss is {loss} at inner step {self.inner_step}; lower train.lr"
             )
         self._count_step(x.numel() * self.world_size, dt, loss)
+        if self.group is None:
+            self.cursor = self.loader.state_dict()  # reports carry it: a restart resumes after this batch
         return loss
 
     def _count_step(self, n: int, dt: float, loss: float | None) -> None:

@@ -187,6 +187,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "learner_events": state.get("learner_events", []),
         "kill_recovery": kill_recovery(chaos_events, state.get("learner_events", []), reports),
         "learner_accounting": accounting,
+        "tokens_read_twice": sum(a["tokens_read_twice"] for a in accounting.values()),
         "restarts": events.get("restarts", []),
         "rejected_updates": state.get("rejected", {}),
         "clipped_updates": state.get("clipped", {}),
@@ -220,8 +221,9 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
 
 def learner_accounting(reports: list[dict[str, Any]], end: float | None, P: int) -> dict[str, dict[str, Any]]:
     """Per learner: seconds provisioned, up, in the training loop (`productive`, `ddiloco.chiptime`) and
-    computing inner steps (`training`), its goodput, the share of its tokens that were merged, and the peak
-    resident memory of its largest incarnation (None when its reports predate the field)."""
+    computing inner steps (`training`), its goodput, the share of its tokens that were merged, the peak
+    resident memory of its largest incarnation (None when its reports predate the field) and the tokens
+    its restarts read again (`read_twice`)."""
     out: dict[str, dict[str, Any]] = {}
     for lid in sorted({r["learner_id"] for r in reports}):
         incs = sorted((r for r in reports if r["learner_id"] == lid), key=lambda r: r["incarnation"])
@@ -240,8 +242,24 @@ def learner_accounting(reports: list[dict[str, Any]], end: float | None, P: int)
             "tokens_processed": processed,
             "merged_token_share": merged / processed if processed else None,
             "peak_rss_bytes": max(rss, default=None),
+            "tokens_read_twice": read_twice(incs),
         }
     return out
+
+
+def read_twice(incarnations: list[dict[str, Any]]) -> int:
+    """Tokens a learner's incarnations read again that an earlier one had reported as read (in incarnation
+    order: how far behind the furthest reported position each one started). 0 when every restart resumed
+    from its predecessor's last report (`ddiloco.learner.resume`); reports without `data.started` count 0."""
+    twice, reached = 0.0, None
+    for r in incarnations:
+        d = r.get("data")
+        if not d:
+            continue
+        if reached is not None and d.get("started") is not None:
+            twice += max(0.0, reached - d["started"]) * (d["end"] - d["start"])
+        reached = max(reached or 0.0, d["epochs"])
+    return round(twice)
 
 
 def kill_recovery(

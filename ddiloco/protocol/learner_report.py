@@ -68,13 +68,15 @@ class FragmentBooks:
 class DataRead:
     """Which data a learner reads (report `data`, `ddiloco.shards`): shard `shard`, tokens [start, end) of the
     training stream; `own`: false when its id has no shard of its own and shares this one; `epochs`: passes
-    its data cursor (kept across incarnations) has made over the shard."""
+    its data cursor (kept across incarnations) has made over the shard; `started`: the passes it had made
+    when this incarnation began reading (None in reports from before the field)."""
 
     shard: int
     start: int
     end: int
     own: bool
     epochs: float
+    started: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return plain(self)
@@ -83,7 +85,8 @@ class DataRead:
     def from_json(cls, obj: Any, doc: str = "data") -> DataRead:
         f = Fields(obj, doc)
         span = (f.integer("shard"), f.integer("start"), f.integer("end"))
-        return cls(*span, f.get("own", bool), f.number("epochs"))
+        started = f.get("started", (int, float, type(None)), None)
+        return cls(*span, f.get("own", bool), f.number("epochs"), started)
 
 
 @dataclass(slots=True)
@@ -125,6 +128,9 @@ class LearnerReport:
     """The data it reads (absent in reports from before `ddiloco.shards`)."""
     peak_rss_bytes: int | None = None
     """The learner process's peak resident memory so far (`ddiloco.procinfo`; rank 0 under DDP)."""
+    cursor: dict[str, Any] | None = None
+    """The data cursor after the last step this report counts (single-process learners): a restart resumes
+    there (`ddiloco.learner.resume`). None under DDP, whose ranks resume from their checkpoint."""
 
     def to_json(self) -> dict[str, Any]:
         return plain(self)
@@ -172,4 +178,5 @@ class LearnerReport:
             progress=f.number("progress"),
             data=None if data is None else DataRead.from_json(data, "learner report.data"),
             peak_rss_bytes=f.get("peak_rss_bytes", (int, type(None)), None),
+            cursor=f.get("cursor", (Mapping, type(None)), None),
         )

@@ -100,6 +100,8 @@ def check_killed_twice(run, s) -> None:
     gap = max(b - a for a, b in zip(merged_at, merged_at[1:], strict=False))
     assert gap < 20 * s["learner_step_seconds"] + 1.0, f"the syncer stalled for {gap:.2f}s"
     assert all(k["rejoin_seconds"] is not None for k in s["kill_recovery"]), s["kill_recovery"]
+    # Each restart resumed its data after the last batch its predecessor reported, not at its checkpoint.
+    assert s["tokens_read_twice"] == 0, s["learner_accounting"]
     assert s["final_val_loss"] < s["initial_val_loss"] / 3  # it learned (800k tokens: 5.54 -> 1.52)
 
 

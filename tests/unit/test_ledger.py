@@ -193,6 +193,7 @@ def test_learner_report_round_trips_as_the_same_json():
         "progress",
         "data",
         "peak_rss_bytes",
+        "cursor",
     ]
     assert list(obj["fragments"]["0"]) == [
         "anchor",
