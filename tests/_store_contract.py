@@ -321,6 +321,39 @@ def blobs_are_written_as_their_parts_joined(store: Store) -> None:
     store.delete_prefix("blob")
 
 
+def range_reads(store: Store) -> None:
+    """`get_range` reads part of an object; past the end it gives what exists; `size` without reading."""
+    payload = os.urandom(10_000)
+    store.put("tokens/part-0.npy", payload)
+    assert store.get_range("tokens/part-0.npy", 0, 10) == payload[:10]
+    assert store.get_range("tokens/part-0.npy", 1234, 4321) == payload[1234:5555]
+    assert store.get_range("tokens/part-0.npy", 9_990, 100) == payload[9_990:]  # short: the object ends
+    assert store.get_range("tokens/part-0.npy", 10_000, 5) == b""  # at the end
+    assert store.get_range("tokens/part-0.npy", 20_000, 5) == b""  # past it
+    assert store.get_range("tokens/part-0.npy", 17, 0) == b""
+    assert store.child("tokens").get_range("part-0.npy", 5, 3) == payload[5:8]
+    assert store.size("tokens/part-0.npy") == 10_000 and store.child("tokens").size("part-0.npy") == 10_000
+    store.put("empty", b"")
+    assert store.get_range("empty", 0, 8) == b"" and store.size("empty") == 0
+    for absent in ("tokens/absent.npy", "tokens"):  # a prefix of other keys is not an object either
+        with pytest.raises(NotFound):
+            store.get_range(absent, 0, 8)
+        with pytest.raises(NotFound):
+            store.get_range(absent, 0, 0)
+        with pytest.raises(NotFound):
+            store.size(absent)
+    for offset, length in ((-1, 4), (0, -4)):
+        with pytest.raises(ValueError):
+            store.get_range("tokens/part-0.npy", offset, length)
+    with pytest.raises(ValueError):
+        store.get_range("../up", 0, 1)
+    before = store.stats.snapshot()
+    store.get_range("tokens/part-0.npy", 100, 50)
+    after = store.stats.snapshot()
+    assert after["gets"] - before["gets"] == 1 and after["bytes_read"] - before["bytes_read"] == 50
+    store.delete_prefix("")
+
+
 CONTRACT: list[ContractCheck] = [
     put_get_roundtrip,
     pointer_overwrite,
@@ -341,4 +374,5 @@ CONTRACT: list[ContractCheck] = [
     create_race_has_exactly_one_winner,
     create_counts_in_stats,
     blobs_are_written_as_their_parts_joined,
+    range_reads,
 ]

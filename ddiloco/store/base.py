@@ -3,11 +3,14 @@
 Design choices:
 - Keys are '/'-separated relative paths with a small character set, so the same key is a valid file path, a
   valid S3 object name and a valid Prometheus-safe label; anything else is a programming error (ValueError).
-- The public methods live here and do validation, prefixing and counting once; a backend implements five
-  raw operations (`_put`, `_get`, `_exists`, `_list`, `_delete`) and `_create` on *full* keys relative to its
-  own root (and may override `_sizes`, which otherwise reads every object to measure it).
-  That is what makes `child()` cheap: a child is a shallow copy with a longer prefix, sharing the backend's
-  connection and the same `StoreStats` object.
+- The public methods live here and do validation, prefixing and counting once; a backend implements the
+  raw operations (`_put`, `_get`, `_get_range`, `_size`, `_exists`, `_list`, `_delete`) and `_create` on
+  *full* keys relative to its own root (and may override `_sizes`, which otherwise reads every object to
+  measure it). That is what makes `child()` cheap: a child is a shallow copy with a longer prefix, sharing
+  the backend's connection and the same `StoreStats` object.
+- `get_range(key, offset, length)` reads part of an object (a seek, a slice, an HTTP Range GET), how large
+  objects such as token files are streamed in bounded memory. A range reaching past the end returns the
+  bytes that exist (b"" at or after the end), as a file read does; the caller compares the length it got.
 - `list(prefix)` matches whole path segments: `list("updates/3")` returns keys under `updates/3/`, never
   `updates/30/...`. Keys are returned relative to the store (not to the prefix), sorted.
 - Errors a caller can act on are distinct types: `NotFound` (absent key), `StoreUnavailable` (transient,
@@ -28,6 +31,7 @@ import copy
 import dataclasses
 import json
 import logging
+import operator
 import re
 import threading
 from typing import Any
@@ -161,6 +165,15 @@ class Store(abc.ABC):
         """Return the object; raise NotFound, or ObjectTooLarge before reading a body over max_bytes."""
 
     @abc.abstractmethod
+    def _get_range(self, full_key: str, offset: int, length: int) -> bytes:
+        """Bytes [offset, offset + length) of the object, fewer where it ends sooner (b"" at or past its
+        end); NotFound if absent. Called with offset >= 0 and length >= 1."""
+
+    @abc.abstractmethod
+    def _size(self, full_key: str) -> int:
+        """The object's size in bytes without reading it; NotFound if absent."""
+
+    @abc.abstractmethod
     def _exists(self, full_key: str) -> bool: ...
 
     @abc.abstractmethod
@@ -261,6 +274,32 @@ class Store(abc.ABC):
         view = self._get_into(full, lend, max_bytes)
         self.stats.add(bytes_read=len(view))
         return view
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Read `length` bytes of the object from byte `offset`: NotFound if absent; a range reaching past
+        the end gives the bytes that exist (b"" at or after the end), so a short result means the object
+        ends there. Counted as a get; the memory used is the range's, whatever the object's size."""
+        try:
+            offset, length = operator.index(offset), operator.index(length)
+        except TypeError:
+            offset = length = -1
+        if offset < 0 or length < 0:
+            raise ValueError(f"get_range({key!r}): offset and length must be integers >= 0")
+        full = self._full(key)
+        self.stats.add(gets=1)
+        if length == 0:
+            if not self._exists(full):
+                raise NotFound(f"no object {self.url}/{key}")
+            return b""
+        data = self._get_range(full, offset, length)
+        self.stats.add(bytes_read=len(data))
+        return data
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes, without reading it (a stat, a HEAD); NotFound if absent."""
+        full = self._full(key)
+        self.stats.add(heads=1)
+        return self._size(full)
 
     def _get_into(self, full_key: str, lend: Lend, max_bytes: int | None) -> memoryview:
         data = self._get(full_key, max_bytes)

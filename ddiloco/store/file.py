@@ -24,6 +24,7 @@ import errno
 import logging
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -268,6 +269,14 @@ class FileStore(Store):
                 n += got
             return out[:n]
 
+    def _get_range(self, full_key: str, offset: int, length: int) -> bytes:
+        path = self._path(full_key)
+        return self._io("read", path, lambda: _read_range(path, self._where(full_key), offset, length))
+
+    def _size(self, full_key: str) -> int:
+        path = self._path(full_key)
+        return self._io("stat", path, lambda: _file_size(path, self._where(full_key)))
+
     def _exists(self, full_key: str) -> bool:
         path = self._path(full_key)
         return self._io("stat", path, lambda: path.is_file())
@@ -339,3 +348,31 @@ class FileStore(Store):
 
     def _where(self, full_key: str) -> str:
         return f"{self._root.as_uri()}/{full_key}"
+
+
+def _read_range(path: Path, where: str, offset: int, length: int) -> bytes:
+    """Up to `length` bytes of the file from `offset` (fewer where it ends); NotFound if it is no file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise NotFound(f"no object {where}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotFound(f"no object {where}")
+        parts, n = [], 0
+        while n < length and (part := os.pread(fd, length - n, offset + n)):  # a read may return less
+            parts.append(part)
+            n += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def _file_size(path: Path, where: str) -> int:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise NotFound(f"no object {where}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise NotFound(f"no object {where}")
+    return st.st_size

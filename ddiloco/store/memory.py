@@ -98,6 +98,20 @@ class MemoryStore(Store):
             )
         return data
 
+    def _get_range(self, full_key: str, offset: int, length: int) -> bytes:
+        with self._ns.lock:
+            data = self._ns.objects.get(full_key)
+        if data is None:
+            raise NotFound(f"no object {self._where(full_key)}")
+        return data[offset : offset + length]
+
+    def _size(self, full_key: str) -> int:
+        with self._ns.lock:
+            data = self._ns.objects.get(full_key)
+        if data is None:
+            raise NotFound(f"no object {self._where(full_key)}")
+        return len(data)
+
     def _exists(self, full_key: str) -> bool:
         with self._ns.lock:
             return full_key in self._ns.objects

@@ -15,7 +15,7 @@ Design choices:
   call. The region is DDILOCO_S3_REGION (or AWS_REGION / AWS_DEFAULT_REGION); unset, it is us-east-1
   (SeaweedFS ignores it, MinIO's default) except on AWS hosts, where minio takes it from the host name or asks
   the bucket as before; `DDILOCO_S3_REGION=auto` asks the bucket anywhere. Every call made here (HEAD bucket,
-  single PUT, conditional PUT, GET, HEAD object, ListObjectsV2 under the store's prefix, DELETE,
+  single PUT, conditional PUT, GET (whole or a byte range), HEAD object, ListObjectsV2 under the store's prefix, DELETE,
   DeleteObjects) is one the profile's user and bucket policy grant inside its prefixes
   (tests/integration/test_s3_profile_identity.py).
 - Transient: connection errors, timeouts, truncated bodies, HTTP 5xx (but 501 Not Implemented)/429 and the
@@ -370,16 +370,21 @@ class S3Store(S3CreateMixin, Store):
 
         self._call(f"put {full_key}", once)
 
+    def _open(self, full_key: str, offset: int = 0, length: int = 0) -> urllib3.BaseHTTPResponse:
+        """GET the object (the byte range when length > 0); NotFound if absent."""
+        conn = self._conn
+        try:
+            return conn.client.get_object(conn.bucket, full_key, offset=offset, length=length)
+        except S3Error as exc:
+            if exc.code == "NoSuchKey":
+                raise NotFound(f"no object s3://{conn.bucket}/{full_key}") from exc
+            raise
+
     def _get(self, full_key: str, max_bytes: int | None) -> bytes:
         conn = self._conn
 
         def once() -> bytes:
-            try:
-                resp = conn.client.get_object(conn.bucket, full_key)
-            except S3Error as exc:
-                if exc.code == "NoSuchKey":
-                    raise NotFound(f"no object s3://{conn.bucket}/{full_key}") from exc
-                raise
+            resp = self._open(full_key)
             try:
                 if max_bytes is None:
                     return resp.read()
@@ -400,19 +405,44 @@ class S3Store(S3CreateMixin, Store):
 
         return self._call(f"get {full_key}", once)
 
-    def _exists(self, full_key: str) -> bool:
+    def _get_range(self, full_key: str, offset: int, length: int) -> bytes:
+        def once() -> bytes:
+            try:
+                resp = self._open(full_key, offset, length)
+            except S3Error as exc:
+                if exc.code == "InvalidRange":  # 416: the range starts at or after the end
+                    return b""
+                raise
+            try:
+                return resp.read(length)  # at most the range, whatever the server sends
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return self._call(f"get {full_key} [{offset}, +{length})", once)
+
+    def _stat(self, full_key: str) -> int | None:
+        """The object's size, None if absent (one HEAD)."""
         conn = self._conn
 
-        def once() -> bool:
+        def once() -> int | None:
             try:
-                conn.client.stat_object(conn.bucket, full_key)
+                return conn.client.stat_object(conn.bucket, full_key).size or 0
             except S3Error as exc:
                 if exc.code in ("NoSuchKey", "NoSuchObject"):
-                    return False
+                    return None
                 raise
-            return True
 
         return self._call(f"stat {full_key}", once)
+
+    def _size(self, full_key: str) -> int:
+        size = self._stat(full_key)
+        if size is None:
+            raise NotFound(f"no object s3://{self._conn.bucket}/{full_key}")
+        return size
+
+    def _exists(self, full_key: str) -> bool:
+        return self._stat(full_key) is not None
 
     def _list(self, full_prefix: str) -> list[str]:
         conn = self._conn

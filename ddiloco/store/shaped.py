@@ -256,8 +256,16 @@ class ShapedStore(DelegatingStore):
         self.link_stats.add(2 * self.link.latency + transfer, down=len(data))
         return data
 
+    def _get_range(self, full_key: str, offset: int, length: int) -> bytes:
+        self._wait(self.link.latency)
+        data = self.inner._get_range(self.inner._full(full_key), offset, length)
+        transfer = self.down.reserve(len(data)) if self.down else 0.0
+        self._wait(self.link.latency + transfer)
+        self.link_stats.add(2 * self.link.latency + transfer, down=len(data))
+        return data
+
     def before(self, op: str, key: str) -> None:
-        """exists, list and delete: one round trip (put and get above do not call this hook)."""
+        """exists, size, list and delete: one round trip (put and the gets above do not call this hook)."""
         self._wait(2 * self.link.latency)
         self.link_stats.add(2 * self.link.latency)
 

@@ -34,6 +34,14 @@ class DelegatingStore(Store):
         self.before("get", full_key)
         return self.inner._get(self.inner._full(full_key), max_bytes)
 
+    def _get_range(self, full_key: str, offset: int, length: int) -> bytes:
+        self.before("get", full_key)
+        return self.inner._get_range(self.inner._full(full_key), offset, length)
+
+    def _size(self, full_key: str) -> int:
+        self.before("exists", full_key)
+        return self.inner._size(self.inner._full(full_key))
+
     def _exists(self, full_key: str) -> bool:
         self.before("exists", full_key)
         return self.inner._exists(self.inner._full(full_key))
