@@ -49,6 +49,7 @@ from ddiloco.shards import assign_shard
 from ddiloco.store.base import Store
 from ddiloco.store.shaped import Link
 from ddiloco.store.url import open_store
+from ddiloco.streamed import open_loader, read_corpus_doc
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +173,12 @@ def _rank_main(rank: int, plan: Plan) -> None:
     try:
         layout = read_layout(store)
         meta = store.get_json(keys.DATA_META)
-        loader = ShardLoader(
-            RunRoot(store, cfg.run_id).shard(assign_shard(rank, meta["shard_tokens"], role="rank").shard),
-            batch_size=t.batch_size,
-            seq_len=cfg.model.seq_len,
-            seed=cfg.seed * 1000 + rank,
-        )
+        shard = assign_shard(rank, meta["shard_tokens"], role="rank").shard
+        shape = {"batch_size": t.batch_size, "seq_len": cfg.model.seq_len, "seed": cfg.seed * 1000 + rank}
+        if meta.get("streamed"):  # a pre-tokenized corpus read in place
+            loader = open_loader(read_corpus_doc(store), shard, **shape)
+        else:
+            loader = ShardLoader(RunRoot(store, cfg.run_id).shard(shard), **shape)
         model = load_initial_model(store, cfg, layout).to(device)
         opt = configure_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2))
         ddp = DistributedDataParallel(

@@ -63,7 +63,8 @@ class ModelConfig:
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     source: str = "synthetic"
-    """`synthetic` (built-in generated corpus, no download) or a path: .txt/.md file, directory, or .jsonl."""
+    """`synthetic` (built-in generated corpus, no download), a path: .txt/.md file, directory, or .jsonl, or a
+    pre-tokenized corpus read in place: a directory, `file://` or `s3://` prefix of `.npy` token files."""
     tokenizer: str = "auto"
     """`byte` (256 bytes + specials), `bpe` (byte-level BPE trained locally on the corpus), `model` (the
     `model.hf` directory's own tokenizer) or `auto`: `model` when that directory has tokenizer files, else
@@ -78,6 +79,9 @@ class DataConfig:
     """Entities in the synthetic world (facts to memorise)."""
     val_fraction: float = 0.02
     """Fraction of tokens held out (from the end) for validation."""
+    chunk_tokens: int = 1 << 20
+    """Pre-tokenized corpora (`ddiloco.streamed`): tokens per range a learner reads at once, the unit the
+    validation split and the learners' shares are cut in."""
     num_shards: int | None = None
     """Disjoint training shards; null: one per learner id the run may have (diloco.max_learners). Learner i
     reads shard i; an id ≥ num_shards shares shard i mod num_shards, with a warning (`ddiloco.shards`)."""
@@ -96,6 +100,7 @@ class DataConfig:
             )
         _check(0 < self.val_fraction < 0.5, "data.val_fraction must be in (0, 0.5)")
         _check(self.num_shards is None or self.num_shards >= 1, "data.num_shards must be ≥ 1")
+        _check(self.chunk_tokens >= 2, "data.chunk_tokens must be ≥ 2")
         _check(
             self.synthetic_docs >= 100 and self.synthetic_entities >= 4,
             "data.synthetic_docs ≥ 100 and data.synthetic_entities ≥ 4",

@@ -1,7 +1,9 @@
 """`ddiloco prepare`: write config, tokenizer, disjoint shards, validation split and global version 0.
 
 One shard per learner id the run may have (`RunConfig.num_shards`: diloco.max_learners unless data.num_shards
-says otherwise), so learners added mid-run read data of their own (`ddiloco.shards`).
+says otherwise), so learners added mid-run read data of their own (`ddiloco.shards`). A pre-tokenized corpus
+(`.npy` token files) is read in place instead: no shards are written, only its manifest, range plan and the
+validation split (`ddiloco.streamed`).
 
 Idempotent, so an Argo retry of the prepare step is harmless, and so is a re-run of the whole pipeline DAG
 (KFP 2.17's stock `templateDefaults.retryStrategy` re-runs a DAG that ends Error, prepare included, on a run
@@ -20,10 +22,12 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ddiloco import keys
 from ddiloco.config import RunConfig
 from ddiloco.data import load_texts, split_tokens, tokenize_corpus
 from ddiloco.errors import ConfigError
@@ -32,6 +36,7 @@ from ddiloco.model import GPT, init_model
 from ddiloco.protocol import signing, wire
 from ddiloco.run import MAX_TOKENS, RunRoot
 from ddiloco.store.base import Store
+from ddiloco.streamed import corpus_store, prepare_corpus
 from ddiloco.synthetic import entropy_floor, make_world, synthetic_documents
 from ddiloco.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_json
 
@@ -70,32 +75,28 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
             return meta
 
     t0 = time.monotonic()
-    texts, extra = corpus_texts(cfg)
-    tok = run_tokenizer(cfg, texts)
-    tok = tokenizer_from_json(tok.to_json())  # what learners will load: prove it round-trips
-    tokens = tokenize_corpus(texts, tok)
-    # min_shard_tokens=0: a shard too small for one batch is the ConfigError below, which names the keys.
-    shards, val = split_tokens(
-        tokens, num_shards=cfg.num_shards, val_fraction=cfg.data.val_fraction, min_shard_tokens=0
-    )
+    data = _token_data(cfg) if (source := corpus_store(cfg.data.source)) is None else _streamed(cfg, source)
+    tok = data.tokenizer
     need = cfg.train.batch_size * (cfg.model.seq_len + 1)
-    for i, s in enumerate(shards):
-        if s.numel() < need:
+    for i, n in enumerate(data.shard_tokens):
+        if n < need:
             raise ConfigError(
-                f"shard {i} has {s.numel()} tokens, fewer than one batch ({need}): the corpus is cut into "
-                f"{len(shards)} shards, {_shards_rule(cfg)}; use a larger corpus, fewer shards (a smaller "
-                "diloco.max_learners or data.num_shards), or a smaller train.batch_size / model.seq_len"
+                f"shard {i} has {n} tokens, fewer than one batch ({need}): the corpus is cut into "
+                f"{len(data.shard_tokens)} shards, {_shards_rule(cfg)}; use a larger corpus, fewer shards (a "
+                "smaller diloco.max_learners or data.num_shards), or a smaller train.batch_size / model.seq_len"
             )
-    if val.numel() < cfg.model.seq_len + 1:
+    if data.val.numel() < cfg.model.seq_len + 1:
         raise ConfigError("the validation split is shorter than one sequence; raise data.val_fraction")
     model = model_for_run(cfg, tok.vocab_size)  # refusals (model.hf) before anything is written
     if existing is None:  # only once the corpus is known to be usable: a fixed rerun must not be refused
         root.write_config(cfg)
 
     root.write_tokenizer(tok)
-    for i, s in enumerate(shards):
-        root.write_shard(i, s)
-    root.write_val(val)
+    for i, shard in enumerate(data.shards):
+        root.write_shard(i, shard)
+    if data.corpus is not None:
+        store.put_json(keys.CORPUS, data.corpus)
+    root.write_val(data.val)
 
     layout = make_layout(model, cfg.diloco.fragments)
     root.write_initial_globals(model, layout, cfg.diloco.global_dtype)
@@ -103,13 +104,14 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     meta = {
         "run_id": cfg.run_id,
         "vocab_size": tok.vocab_size,
-        "num_shards": len(shards),
-        "shard_tokens": [int(s.numel()) for s in shards],
-        "val_tokens": int(val.numel()),
+        "num_shards": len(data.shard_tokens),
+        "shard_tokens": data.shard_tokens,
+        "val_tokens": int(data.val.numel()),
         "model_params": model.num_params(),
         "source": cfg.data.source,
+        "streamed": data.corpus is not None,
         "prepared_at": time.time(),
-        **extra,
+        **data.extra,
     }
     if cfg.data.source == "synthetic":
         world = make_world(cfg.seed, n_entities=cfg.data.synthetic_entities)
@@ -118,14 +120,46 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     log.info(
         "prepared run %s: %d shards × ~%d tokens, %d validation tokens, %d-parameter model in %d fragments (%.1fs)",
         cfg.run_id,
-        len(shards),
-        sum(meta["shard_tokens"]) // len(shards),
+        len(data.shard_tokens),
+        sum(meta["shard_tokens"]) // len(data.shard_tokens),
         meta["val_tokens"],
         meta["model_params"],
         layout.num_fragments,
         time.monotonic() - t0,
     )
     return meta
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What prepare writes of the data: shards (empty for a streamed corpus), validation, their sizes."""
+
+    tokenizer: Tokenizer
+    shards: list[torch.Tensor]
+    shard_tokens: list[int]
+    val: torch.Tensor
+    extra: dict[str, Any]
+    corpus: dict[str, Any] | None = None
+
+
+def _token_data(cfg: RunConfig) -> RunData:
+    """Text (or the synthetic corpus) tokenized here and cut into one shard per learner id."""
+    texts, extra = corpus_texts(cfg)
+    tok = run_tokenizer(cfg, texts)
+    tok = tokenizer_from_json(tok.to_json())  # what learners will load: prove it round-trips
+    tokens = tokenize_corpus(texts, tok)
+    # min_shard_tokens=0: a shard too small for one batch is prepare's ConfigError, which names the keys.
+    shards, val = split_tokens(
+        tokens, num_shards=cfg.num_shards, val_fraction=cfg.data.val_fraction, min_shard_tokens=0
+    )
+    return RunData(tok, shards, [int(s.numel()) for s in shards], val, extra)
+
+
+def _streamed(cfg: RunConfig, source: Store) -> RunData:
+    """A pre-tokenized corpus, read in place (`ddiloco.streamed`): no shards in the run root."""
+    tok = tokenizer_from_json(run_tokenizer(cfg, []).to_json())
+    got = prepare_corpus(source, cfg, tok.vocab_size)
+    return RunData(tok, [], got.slot_tokens, got.val, {}, got.doc)
 
 
 def run_tokenizer(cfg: RunConfig, texts: list[str]) -> Tokenizer:

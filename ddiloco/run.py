@@ -137,6 +137,15 @@ class RunRoot:
     def val(self) -> torch.Tensor:
         return self.tokens(keys.VAL)
 
+    def training_tokens(self, slot: int, *, max_tokens: int = 1 << 24) -> torch.Tensor:
+        """Pre-training tokens of shard `slot`: the shard, or the first `max_tokens` of a streamed corpus's
+        slot (`ddiloco.streamed`), e.g. for SFT's replay windows."""
+        if (self.data_meta() or {}).get("streamed"):
+            from ddiloco.streamed import first_tokens, read_corpus_doc
+
+            return first_tokens(read_corpus_doc(self.store), slot, max_tokens)
+        return self.shard(slot)
+
     def write_shard(self, i: int, tokens: torch.Tensor) -> None:
         self._write_tokens(keys.shard_key(i), tokens, {"kind": "shard", "shard": i})
 

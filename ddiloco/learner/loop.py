@@ -85,6 +85,8 @@ from ddiloco.run import prepared_at_of
 from ddiloco.schedule import GlobalSchedule
 from ddiloco.shards import Assignment, assign_shard
 from ddiloco.store.base import Store, StoreError
+from ddiloco.streamed import open_loader, read_corpus_doc
+from ddiloco.tokens.stream import StreamLoader
 
 __all__ = ["Learner", "Opened"]
 
@@ -101,10 +103,11 @@ class Opened:
     layout: Layout
     key: bytes | None
     shard: Assignment
-    tokens: torch.Tensor
+    tokens: torch.Tensor | None
     prepared_at: float
     started_at: float
     incarnation: int
+    corpus: dict[str, Any] | None = None
 
     @classmethod
     def read(cls, store: Store, learner_id: int, secret: bytes | None, group: Group | None) -> Opened:
@@ -117,13 +120,30 @@ class Opened:
         layout = read_layout(store)
         meta = store.get_json(keys.DATA_META)
         shard = assign_shard(learner_id, meta["shard_tokens"])  # warns when the id has no shard of its own
-        tokens = load_tokens(
-            store, keys.shard_key(shard.shard), cfg.run_id, max_tokens=shard.end - shard.start, run_key=key
-        )
+        tokens, corpus = None, None
+        if meta.get("streamed"):  # a pre-tokenized corpus read in place (`ddiloco.streamed`)
+            if group is not None:
+                raise ConfigError(
+                    "a pre-tokenized corpus is streamed to single-process learners only; set train.ranks=1 "
+                    "or give text as data.source"
+                )
+            corpus = read_corpus_doc(store)
+        else:
+            span = shard.end - shard.start
+            tokens = load_tokens(store, keys.shard_key(shard.shard), cfg.run_id, max_tokens=span, run_key=key)
         prepared_at = prepared_at_of(meta) or time.time()
         started_at = time.time()
         incarnation = next_incarnation(store, learner_id, started_at)
-        return cls(cfg, layout, key, shard, tokens, prepared_at, started_at, incarnation)
+        return cls(cfg, layout, key, shard, tokens, prepared_at, started_at, incarnation, corpus)
+
+    def loader(self, *, batch_size: int, seq_len: int, seed: int) -> ShardLoader | StreamLoader:
+        """This learner's batches: from its shard in memory, or streamed from its slot of the corpus."""
+        if self.corpus is not None:
+            return open_loader(
+                self.corpus, self.shard.shard, batch_size=batch_size, seq_len=seq_len, seed=seed
+            )
+        assert self.tokens is not None
+        return ShardLoader(self.tokens, batch_size=batch_size, seq_len=seq_len, seed=seed)
 
 
 def _check_ranks(cfg: RunConfig, group: Group | None) -> None:
@@ -183,7 +203,7 @@ class Learner:
         self.chaos = LearnerChaos(store, events, learner_id, opened.prepared_at, cfg.seed)
         seed = rank_seed(cfg.seed * 1000 + learner_id, 0)
         batch, seq_len = t.batch_for(learner_id), cfg.model.seq_len
-        self.loader = ShardLoader(opened.tokens, batch_size=batch, seq_len=seq_len, seed=seed)
+        self.loader = opened.loader(batch_size=batch, seq_len=seq_len, seed=seed)
         self.model = build_model(self.layout, cfg.seed, device=self.device)
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))  # fused on CUDA
         self.net = maybe_compile(self.model, t.compile) if group is None else self.model  # DDP: `_join_ranks`
@@ -420,6 +440,8 @@ class Learner:
             self.exchange.settle_final(self.poller.latest or {})
         self.pool.shutdown(wait=True)
         self.heartbeats.shutdown()
+        if isinstance(self.loader, StreamLoader):
+            self.loader.close()  # its read-ahead thread
         self.cadence.finish()
         self._put_report(final=True, reason=reason)
         books = (self.inner_step, self.ledger.tokens_processed, dict(self.feed.fetched))

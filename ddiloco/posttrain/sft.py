@@ -289,7 +289,7 @@ def run_sft(root: RunRoot, scfg: SFTConfig | None = None) -> dict[str, Any]:
     t_train = time.monotonic()
     replay = None
     if scfg.replay_fraction > 0:
-        replay = root.shard(0)
+        replay = root.training_tokens(0)
     losses = train_sft(model, tokenizer, train, scfg, seed, replay)
     train_seconds = time.monotonic() - t_train
     after, loss_after = _accuracy(model, tokenizer, test), response_loss(model, tokenizer, heldout)

@@ -1,0 +1,126 @@
+"""A run over a pre-tokenized corpus: `.npy` token files in a directory or store prefix, read in place.
+
+Design choices:
+- `data.source` names a token corpus when it is a local directory, `file://` or `s3://` prefix holding
+  `.npy` files (`ddiloco.tokens`: 1-D uint16/uint32 token ids); anything else is text, tokenized by
+  prepare as before. The token ids must be the tokenizer's: `data.tokenizer` is `byte`, `model` (the
+  `model.hf` directory's own) or `auto`; `bpe` is refused (it is trained on text prepare never sees).
+- Prepare reads only headers and, to check every id is below the vocabulary, the tokens themselves once
+  (streamed, bounded memory; up to `FULL_CHECK_TOKENS`, else a spread sample). Nothing of the corpus is
+  copied into the run root except the validation split (whole chunks held out before any learner reads,
+  at most `MAX_VAL_TOKENS`) and `data/corpus.json`: the source, the file list with sizes and digests
+  (sha256 of local files; sizes only on S3, where hashing means reading everything) and the range plan
+  (chunks per learner slot, `ddiloco.tokens.ranges`).
+- Learner id i reads slot i (one slot per id the run may have, `diloco.max_learners`), streamed with range
+  reads and a bounded read-ahead (`ddiloco.tokens.stream.StreamLoader`): its memory does not depend on the
+  corpus size. Reports describe a slot as a shard (`ddiloco.shards`): shard i, its span in a notional
+  concatenation of the slots. DDP ranks inside a learner are not supported on a streamed corpus yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ddiloco import keys
+from ddiloco.errors import ConfigError
+from ddiloco.store.base import Store
+from ddiloco.tokens.corpus import TokenCorpus
+from ddiloco.tokens.npy import CorpusError, read_tokens
+from ddiloco.tokens.ranges import plan_ranges, slot_chunks
+from ddiloco.tokens.stream import StreamLoader
+
+log = logging.getLogger(__name__)
+
+MAX_VAL_TOKENS = 1 << 22
+"""Validation tokens copied into the run root at most (16 MB as int32), however large the corpus."""
+FULL_CHECK_TOKENS = 1 << 32
+"""Corpora up to this many tokens have every id checked against the vocabulary at prepare."""
+MAX_CORPUS_DOC_BYTES = 64 << 20
+
+
+def corpus_store(source: str) -> Store | None:
+    """The store holding a token corpus named by `source`, or None when `source` is text (or synthetic)."""
+    from ddiloco.store.url import open_store
+
+    if source == "synthetic":
+        return None
+    is_url = source.startswith(("s3://", "file://"))
+    if not is_url and not (Path(source).is_dir() and any(Path(source).rglob("*.npy"))):
+        return None
+    store = open_store(source)
+    return store if any(k.endswith(".npy") for k in store.list("")) else None
+
+
+@dataclass(frozen=True)
+class PreparedCorpus:
+    doc: dict[str, Any]
+    """data/corpus.json: source, manifest, plan."""
+    val: torch.Tensor
+    slot_tokens: list[int]
+
+
+def prepare_corpus(store: Store, cfg: Any, vocab_size: int) -> PreparedCorpus:
+    """Check the corpus against the vocabulary and plan its ranges (see the module docstring)."""
+    if cfg.data.tokenizer == "bpe":
+        raise ConfigError(
+            f"data.source {cfg.data.source} is already tokenized: data.tokenizer=bpe would train a new "
+            "vocabulary on text; set data.tokenizer=model (with model.hf) or byte, whichever wrote the ids"
+        )
+    corpus = TokenCorpus.open(store)
+    total = corpus.total_tokens
+    sample = None if total <= FULL_CHECK_TOKENS else FULL_CHECK_TOKENS // len(corpus.files)  # per file
+    corpus.check_vocab(vocab_size, sample=sample)
+    local = store.url.startswith("file://")
+    manifest = corpus.manifest(digest="sha256" if local else "size-only")
+    val_tokens = max(cfg.model.seq_len + 1, min(int(total * cfg.data.val_fraction), MAX_VAL_TOKENS))
+    try:
+        plan = plan_ranges(
+            manifest,
+            num_slots=cfg.num_shards,
+            chunk_tokens=cfg.data.chunk_tokens,
+            val_tokens=val_tokens,
+            seed=cfg.seed,
+        )
+    except CorpusError as e:
+        raise ConfigError(f"data.source {cfg.data.source}: {e}") from None
+    val = np.concatenate([read_tokens(store, corpus.files[f], s, n) for f, s, n in plan["val"]])
+    doc = {"source": cfg.data.source, "manifest": manifest, "plan": plan}
+    return PreparedCorpus(doc, torch.from_numpy(val.astype(np.int32)), list(plan["slot_tokens"]))
+
+
+def read_corpus_doc(run_store: Store) -> dict[str, Any]:
+    return run_store.get_json(keys.CORPUS, max_bytes=MAX_CORPUS_DOC_BYTES)
+
+
+def open_loader(doc: dict[str, Any], slot: int, *, batch_size: int, seq_len: int, seed: int) -> StreamLoader:
+    """Learner slot `slot`'s batches, streamed from the corpus `doc` names (data/corpus.json)."""
+    store = corpus_store(doc["source"])
+    if store is None:
+        raise ConfigError(
+            f"the run's token corpus {doc['source']} has no .npy files any more; restore it (the run reads "
+            "it in place) or prepare a new run"
+        )
+    chunks = slot_chunks(doc["plan"], slot)
+    return StreamLoader(store, doc["manifest"], chunks, batch_size=batch_size, seq_len=seq_len, seed=seed)
+
+
+def first_tokens(doc: dict[str, Any], slot: int, max_tokens: int) -> torch.Tensor:
+    """The first `max_tokens` tokens of slot `slot` in plan order (e.g. SFT's replay windows), as int64."""
+    store = corpus_store(doc["source"])
+    if store is None:
+        raise ConfigError(f"the run's token corpus {doc['source']} is gone; restore it")
+    files = TokenCorpus.open(store).files
+    parts, n = [], 0
+    for f, s, count in slot_chunks(doc["plan"], slot):
+        take = min(count, max_tokens - n)
+        parts.append(read_tokens(store, files[f], s, take).astype(np.int64))
+        n += take
+        if n >= max_tokens:
+            break
+    return torch.from_numpy(np.concatenate(parts))

@@ -1,0 +1,82 @@
+"""A run over a pre-tokenized corpus read in place (`ddiloco.streamed`): `.npy` token files in a directory
+(the same code reads a `file://` or `s3://` prefix through the store). Prepare copies no shard into the run
+root, learners stream their own disjoint ranges, the ledger balances and the loss falls; bad corpora are
+refused in one line before anything is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ddiloco import keys
+from ddiloco.data import tokenize_corpus
+from ddiloco.errors import ConfigError
+from ddiloco.posttrain.summary import build_summary
+from ddiloco.prepare import prepare
+from ddiloco.run import RunRoot
+from ddiloco.store.url import open_store
+from ddiloco.synthetic import make_world, synthetic_documents
+from ddiloco.tokenizer import ByteTokenizer
+from ddiloco.tokens.npy import CorpusError
+from tests._harness import tiny_config, train_in_process
+
+STREAMED = ("data.chunk_tokens=4096", "diloco.token_budget=12000")
+
+
+def _corpus(path, files: int = 4, docs: int = 1200):
+    """The synthetic corpus tokenized by bytes, as uint16 `.npy` parts (as a tokenizing pipeline writes them)."""
+    ids = tokenize_corpus(synthetic_documents(make_world(0, 8), 0, docs), ByteTokenizer()).numpy()
+    path.mkdir(parents=True, exist_ok=True)
+    for i, part in enumerate(np.array_split(ids, files)):
+        np.save(path / f"part-{i:02d}.npy", part.astype(np.uint16))
+    return path, int(ids.size)
+
+
+def test_learners_stream_disjoint_ranges_of_a_token_corpus_and_the_run_root_holds_no_copy(tmp_path):
+    corpus, total = _corpus(tmp_path / "corpus")
+    store = open_store("memory://streamed")
+    cfg = tiny_config("streamed", f"data.source={corpus}", "data.tokenizer=byte", *STREAMED)
+    meta = prepare(store, cfg)
+    assert meta["streamed"] and sum(meta["shard_tokens"]) + meta["val_tokens"] == total
+    assert not store.list("data/shards"), "no shard is copied into the run root"
+    doc = store.get_json(keys.CORPUS)
+    assert [f["count"] for f in doc["manifest"]["files"]] and all(
+        f["digest"] for f in doc["manifest"]["files"]
+    )
+    slots = [{tuple(c) for c in s} for s in doc["plan"]["slots"]]
+    assert all(not (a & b) for i, a in enumerate(slots) for b in slots[i + 1 :]), "slots are disjoint"
+    assert not {tuple(c) for c in doc["plan"]["val"]} & set().union(*slots), "validation held out"
+
+    train_in_process(store, 2)
+    s = build_summary(store)
+    assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
+    root = RunRoot(store, cfg.run_id)
+    assert root.val().numel() == meta["val_tokens"]
+    data_bytes = sum(n for k, n in store.sizes("data/").items())
+    assert data_bytes < 4 * meta["val_tokens"] + (2 << 20)  # the validation split and small documents only
+    assert root.training_tokens(0, max_tokens=500).numel() == 500  # what SFT's replay reads
+
+
+def test_a_bad_token_corpus_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    corpus, _ = _corpus(tmp_path / "big-ids", files=2, docs=300)
+    np.save(corpus / "part-02.npy", np.full(5000, 300, dtype=np.uint16))  # ids past the byte vocabulary
+    store = open_store("memory://streamed-bad")
+    with pytest.raises(CorpusError, match=r"part-02.npy holds token id 300 .* vocabulary size"):
+        prepare(store, tiny_config("bad", f"data.source={corpus}", "data.tokenizer=byte", *STREAMED))
+    (corpus / "part-02.npy").unlink()
+    np.save(corpus / "part-03.npy", np.zeros((10, 10), dtype=np.uint16))
+    with pytest.raises(CorpusError, match=r"part-03.npy .*1-D"):
+        prepare(store, tiny_config("bad", f"data.source={corpus}", "data.tokenizer=byte", *STREAMED))
+    (corpus / "part-03.npy").unlink()
+    with pytest.raises(ConfigError, match="data.tokenizer=bpe"):
+        prepare(
+            store, tiny_config("bad", f"data.source={corpus}", "data.tokenizer=bpe", "data.vocab_size=400")
+        )
+    with pytest.raises(ConfigError, match="fewer than one batch"):
+        prepare(
+            store,
+            tiny_config(
+                "bad", f"data.source={corpus}", "data.tokenizer=byte", *STREAMED, "train.batch_size=999"
+            ),
+        )
+    assert store.list("") == []
