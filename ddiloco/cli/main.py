@@ -2,7 +2,7 @@
 
 The commands live in their own modules, each with a `register(subparsers)`: `run` (local end to end),
 `roles` (`prepare`, `learner`, `syncer`, `summary`: what the Kubeflow components call), `simulate`,
-`posttrain` (`evaluate`, `sft`, `report`), `chaos`, `baseline`, `corpus`, `logs`, and `ddiloco.pipelines.cli`
+`posttrain` (`evaluate`, `sft`, `report`), `chaos`, `baseline`, `corpus`, `tokenize`, `logs`, and `ddiloco.pipelines.cli`
 (`pipeline compile|submit|schedule`, kfp imported only when used).
 
 Design choices:
@@ -22,13 +22,13 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from ddiloco import logship
-from ddiloco.cli import baseline, chaos, corpus, logs, posttrain, roles, run, simulate
+from ddiloco.cli import baseline, chaos, corpus, logs, posttrain, roles, run, simulate, tokenize
 from ddiloco.errors import ConfigError
 from ddiloco.pipelines import cli as pipeline
 from ddiloco.store.base import StoreError
 
 # The order of `ddiloco --help`.
-COMMANDS = (run, roles, simulate, posttrain, chaos, pipeline, baseline, corpus, logs)
+COMMANDS = (run, roles, simulate, posttrain, chaos, pipeline, baseline, corpus, tokenize, logs)
 
 # Roles whose log goes to the run root (`ddiloco.logship`); learner and syncer bind once they know their
 # incarnation, the others at once (the next free number).
