@@ -158,7 +158,7 @@ def _token_data(cfg: RunConfig) -> RunData:
 def _streamed(cfg: RunConfig, source: Store) -> RunData:
     """A pre-tokenized corpus, read in place (`ddiloco.streamed`): no shards in the run root."""
     tok = tokenizer_from_json(run_tokenizer(cfg, []).to_json())
-    got = prepare_corpus(source, cfg, tok.vocab_size)
+    got = prepare_corpus(source, cfg, tok)
     return RunData(tok, [], got.slot_tokens, got.val, {}, got.doc)
 
 

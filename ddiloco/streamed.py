@@ -5,7 +5,8 @@ Design choices:
   `.npy` files (`ddiloco.tokens`: 1-D uint16/uint32 token ids); anything else is text, tokenized by
   prepare as before. The token ids must be the tokenizer's: `data.tokenizer` is `byte`, `model` (the
   `model.hf` directory's own) or `auto`; `bpe` is refused (it is trained on text prepare never sees).
-- Prepare reads only headers and, to check every id is below the vocabulary, the tokens themselves once
+- A corpus `ddiloco tokenize` wrote names its tokenizer (manifest.json): another tokenizer than the run's is
+  refused. Prepare reads only headers and, to check every id is below the vocabulary, the tokens themselves once
   (streamed, bounded memory; up to `FULL_CHECK_TOKENS`, else a spread sample). Nothing of the corpus is
   copied into the run root except the validation split (whole chunks held out before any learner reads,
   at most `MAX_VAL_TOKENS`) and `data/corpus.json`: the source, the file list with sizes and digests
@@ -19,6 +20,7 @@ Design choices:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ import torch
 from ddiloco import keys
 from ddiloco.errors import ConfigError
 from ddiloco.store.base import Store
+from ddiloco.tokenizer import Tokenizer
 from ddiloco.tokens.corpus import TokenCorpus
 from ddiloco.tokens.npy import CorpusError, read_tokens
 from ddiloco.tokens.ranges import plan_ranges, slot_chunks
@@ -42,6 +45,8 @@ MAX_VAL_TOKENS = 1 << 22
 FULL_CHECK_TOKENS = 1 << 32
 """Corpora up to this many tokens have every id checked against the vocabulary at prepare."""
 MAX_CORPUS_DOC_BYTES = 64 << 20
+TOKENIZED_MANIFEST = "manifest.json"
+"""What `ddiloco tokenize` (`ddiloco.textcorpus`) writes beside its parts: it names the tokenizer."""
 
 
 def corpus_store(source: str) -> Store | None:
@@ -65,7 +70,7 @@ class PreparedCorpus:
     slot_tokens: list[int]
 
 
-def prepare_corpus(store: Store, cfg: Any, vocab_size: int) -> PreparedCorpus:
+def prepare_corpus(store: Store, cfg: Any, tok: Tokenizer) -> PreparedCorpus:
     """Check the corpus against the vocabulary and plan its ranges (see the module docstring)."""
     if cfg.data.tokenizer == "bpe":
         raise ConfigError(
@@ -73,9 +78,10 @@ def prepare_corpus(store: Store, cfg: Any, vocab_size: int) -> PreparedCorpus:
             "vocabulary on text; set data.tokenizer=model (with model.hf) or byte, whichever wrote the ids"
         )
     corpus = TokenCorpus.open(store)
+    _check_tokenizer(store, cfg.data.source, tok)
     total = corpus.total_tokens
     sample = None if total <= FULL_CHECK_TOKENS else FULL_CHECK_TOKENS // len(corpus.files)  # per file
-    corpus.check_vocab(vocab_size, sample=sample)
+    corpus.check_vocab(tok.vocab_size, sample=sample)
     local = store.url.startswith("file://")
     manifest = corpus.manifest(digest="sha256" if local else "size-only")
     val_tokens = max(cfg.model.seq_len + 1, min(int(total * cfg.data.val_fraction), MAX_VAL_TOKENS))
@@ -92,6 +98,20 @@ def prepare_corpus(store: Store, cfg: Any, vocab_size: int) -> PreparedCorpus:
     val = np.concatenate([read_tokens(store, corpus.files[f], s, n) for f, s, n in plan["val"]])
     doc = {"source": cfg.data.source, "manifest": manifest, "plan": plan}
     return PreparedCorpus(doc, torch.from_numpy(val.astype(np.int32)), list(plan["slot_tokens"]))
+
+
+def _check_tokenizer(store: Store, source: str, tok: Tokenizer) -> None:
+    """A corpus written by `ddiloco tokenize` names its tokenizer (manifest.json): it must be the run's."""
+    manifest = store.get_json_or_none(TOKENIZED_MANIFEST, max_bytes=MAX_CORPUS_DOC_BYTES)
+    theirs = ((manifest or {}).get("tokenizer") or {}).get("sha256")
+    if theirs is None:
+        return  # written by another tool: the vocabulary check is what can be checked
+    if theirs != hashlib.sha256(tok.to_json().encode()).hexdigest():
+        raise ConfigError(
+            f"{source} was tokenized with another tokenizer (vocabulary {manifest['tokenizer'].get('vocab_size')}, "
+            f"{manifest['tokenizer'].get('type')}) than this run's ({tok!r}); set data.tokenizer / model.hf to the "
+            "one `ddiloco tokenize` used, or tokenize the text again with this run's"
+        )
 
 
 def read_corpus_doc(run_store: Store) -> dict[str, Any]:

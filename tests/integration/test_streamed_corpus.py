@@ -1,9 +1,11 @@
-"""A run over a pre-tokenized corpus read in place (`ddiloco.streamed`): `.npy` token files in a directory
-(the same code reads a `file://` or `s3://` prefix through the store). Prepare copies no shard into the run
+"""A run over a pre-tokenized corpus read in place (`ddiloco.streamed`): text tokenized by `ddiloco tokenize`
+(`ddiloco.textcorpus`) into `.npy` parts under a `file://` prefix (the same code reads `s3://`). Prepare copies no shard into the run
 root, learners stream their own disjoint ranges, the ledger balances and the loss falls; bad corpora are
 refused in one line before anything is written."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.synthetic import make_world, synthetic_documents
+from ddiloco.textcorpus.corpus import tokenize_to_npy
 from ddiloco.tokenizer import ByteTokenizer
 from ddiloco.tokens.npy import CorpusError
 from tests._harness import tiny_config, train_in_process
@@ -32,8 +35,20 @@ def _corpus(path, files: int = 4, docs: int = 1200):
     return path, int(ids.size)
 
 
+def _tokenized(tmp_path, docs: int = 1200):
+    """The same corpus as text (JSONL files) through `ddiloco tokenize`'s library: parts + manifest.json."""
+    texts = synthetic_documents(make_world(0, 8), 0, docs)
+    (tmp_path / "text").mkdir()
+    for i in range(3):
+        lines = [json.dumps({"text": t}) + "\n" for t in texts[i::3]]
+        (tmp_path / "text" / f"docs-{i}.jsonl").write_text("".join(lines))
+    out = open_store((tmp_path / "tokens").as_uri())
+    done = tokenize_to_npy(str(tmp_path / "text"), out, "", ByteTokenizer(), shard_tokens=8192)
+    return done.url, sum(len(ByteTokenizer().encode(t)) + 1 for t in texts)
+
+
 def test_learners_stream_disjoint_ranges_of_a_token_corpus_and_the_run_root_holds_no_copy(tmp_path):
-    corpus, total = _corpus(tmp_path / "corpus")
+    corpus, total = _tokenized(tmp_path)
     store = open_store("memory://streamed")
     cfg = tiny_config("streamed", f"data.source={corpus}", "data.tokenizer=byte", *STREAMED)
     meta = prepare(store, cfg)
@@ -68,6 +83,10 @@ def test_a_bad_token_corpus_is_refused_in_one_line_before_anything_is_written(tm
     with pytest.raises(CorpusError, match=r"part-03.npy .*1-D"):
         prepare(store, tiny_config("bad", f"data.source={corpus}", "data.tokenizer=byte", *STREAMED))
     (corpus / "part-03.npy").unlink()
+    (corpus / "manifest.json").write_text(json.dumps({"tokenizer": {"sha256": "0" * 64, "vocab_size": 300}}))
+    with pytest.raises(ConfigError, match="was tokenized with another tokenizer"):
+        prepare(store, tiny_config("bad", f"data.source={corpus}", "data.tokenizer=byte", *STREAMED))
+    (corpus / "manifest.json").unlink()
     with pytest.raises(ConfigError, match="data.tokenizer=bpe"):
         prepare(
             store, tiny_config("bad", f"data.source={corpus}", "data.tokenizer=bpe", "data.vocab_size=400")
