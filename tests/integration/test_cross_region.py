@@ -48,6 +48,7 @@ def _inner_steps_in(seconds: float, link: Link | None):
     return steps, learner, (before, after)
 
 
+@pytest.mark.long  # 16 s; the shaped link's arithmetic is unit-tested (test_shaped)
 def test_a_1mbit_link_does_not_block_inner_steps():
     free, free_learner, _ = _inner_steps_in(SECONDS, None)
     slow, slow_learner, (before, after) = _inner_steps_in(SECONDS, Link.parse("1Mbit", "50ms"))

@@ -14,7 +14,7 @@ import pytest
 from ddiloco.launch import LocalRun
 from tests._harness import tiny_config
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.long]  # 30 s of real processes
 LEARNERS = 3
 
 
