@@ -25,10 +25,10 @@ from typing import Any
 from ddiloco import errors
 from ddiloco.chaos.events import schedule_from_config
 from ddiloco.chaos.section import ChaosConfig  # the `chaos` section lives next to its events
+from ddiloco.lease_config import LeaseConfig
 from ddiloco.overrides import apply_dict
 from ddiloco.retention import RetentionConfig  # the `retention` section lives next to its rules
 from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
-from ddiloco.syncer.lease import LeaseConfig  # the `lease` section lives next to the lease
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 DOWNLOAD_CODECS = ("none", "int8", "int4", "int2")

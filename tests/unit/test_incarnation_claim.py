@@ -3,7 +3,6 @@ object, so two starts of the same learner racing each other get different number
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 
 import pytest
@@ -51,21 +50,3 @@ def test_two_racing_starts_get_different_incarnations(url, tmp_path):
         assert sorted(got) == [base, base + 1], got
         for inc in got:
             assert store.get_json(keys.incarnation_claim_key(7, inc))["incarnation"] == inc
-
-
-def _start(url: str, out) -> None:
-    out.put(next_incarnation(open_store(url), 2, 0.0))
-
-
-def test_processes_racing_on_a_file_store_never_share_a_number(tmp_path):
-    url = f"file://{tmp_path}/run"
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_start, args=(url, out)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    got = sorted(out.get(timeout=60) for _ in procs)
-    for p in procs:
-        p.join(30)
-    assert got == [0, 1, 2]
-    assert len(open_store(url).list(keys.incarnation_claim_prefix(2))) == 3
