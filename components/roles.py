@@ -34,16 +34,37 @@ def prepare(
     chaos: str = "",
     max_learners: int = 64,
     model_hf: str = "",
+    corpus: str = "",
 ) -> list[int]:
     """Write the run config, tokenizer, data shards, validation split and global version 0 to the run root;
     return the learner ids. quorum / token_budget 0 keep the recipe's; chaos is a YAML/JSON chaos section;
-    model_hf names a Hugging Face model directory or store prefix to train (`model.hf`), empty: the recipe's."""
+    model_hf names a Hugging Face model directory or store prefix to train (`model.hf`), empty: the recipe's;
+    corpus: a pre-tokenized corpus read in place (`data.source`; the `tokenize` step's output)."""
     from ddiloco.components.runtime import ddiloco, prepare_settings, run_root
 
-    settings = prepare_settings(overrides, learners, quorum, token_budget, chaos, max_learners, model_hf)
+    knobs = (learners, quorum, token_budget, chaos, max_learners, model_hf, corpus)
+    settings = prepare_settings(overrides, *knobs)
     root = run_root(store, run_id)
     ddiloco("prepare", store=root, recipe=recipe, run_id=run_id, set=settings, s3_endpoint=s3_endpoint)
     return list(range(learners))
+
+
+def tokenize(
+    store: str,
+    s3_endpoint: str = "",
+    text_corpus: str = "",
+    corpus: str = "",
+    model_hf: str = "",
+    workers: int = 0,
+) -> str:
+    """The pre-tokenized corpus the run reads in place: `corpus` as given (a store prefix of .npy token
+    files), or `text_corpus` (a prefix of .txt/.jsonl/.parquet/datasets files) tokenized by `ddiloco
+    tokenize` into `{store}/corpora/corpus-KEY` (content-addressed: a rerun on the same text reuses it) with
+    the tokenizer of `model_hf` if it has one, else bytes; empty when neither is given (the recipe's data).
+    workers 0: one per CPU of the pod."""
+    from ddiloco.components.runtime import tokenized_corpus
+
+    return tokenized_corpus(store, text_corpus, corpus, model_hf, s3_endpoint, workers)
 
 
 def learner(
@@ -232,6 +253,7 @@ def joiner(
 
 @dataclass(frozen=True)
 class Components:
+    tokenize: Any
     prepare: Any
     learner: Any
     syncer: Any
@@ -255,6 +277,7 @@ def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
         return dsl.component(func, base_image=img, install_kfp_package=False)
 
     return Components(
+        tokenize=on(cpu_image, tokenize),
         prepare=on(cpu_image, prepare),
         learner=on(gpu_image, learner),
         syncer=on(cpu_image, syncer),

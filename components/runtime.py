@@ -201,11 +201,12 @@ def prepare_settings(
     chaos: str,
     max_learners: int,
     model_hf: str = "",
+    corpus: str = "",
 ) -> list[str]:
     """The `--set` list of the prepare step: one shard per learner id up to the pipeline's `max_learners`
     (learners joined mid-run read data of their own; an override of diloco.max_learners wins), the UI's
     overrides, then the UI's headline knobs (which win; model_hf: a Hugging Face model directory or store
-    prefix, `model.hf`)."""
+    prefix, `model.hf`; corpus: a pre-tokenized corpus, `data.source`)."""
     if not 1 <= learners <= max_learners:
         raise ValueError(
             f"learners={learners}: this pipeline was compiled for 1..{max_learners} concurrent learners; "
@@ -223,7 +224,32 @@ def prepare_settings(
         out.append(f"chaos={chaos.strip()}")
     if model_hf.strip():
         out.append(f"model.hf={model_hf.strip()}")
+    if corpus.strip():
+        out.append(f"data.source={corpus.strip()}")
     return out
+
+
+def tokenized_corpus(
+    store: str, text_corpus: str, corpus: str, model_hf: str = "", s3_endpoint: str = "", workers: int = 0
+) -> str:
+    """The `tokenize` step (see `ddiloco.components.roles.tokenize`): the corpus prefix for prepare."""
+    if text_corpus.strip() and corpus.strip():
+        raise ValueError("give text_corpus (to tokenize) or corpus (already tokenized), not both")
+    if not text_corpus.strip():
+        return corpus.strip()
+    out = f"{run_root(store).rstrip('/')}/corpora"
+    printed = ddiloco(
+        "tokenize",
+        input=text_corpus.strip(),
+        out=out,
+        tokenizer="auto",
+        model_hf=model_hf.strip() or None,
+        workers=workers if workers > 0 else (os.cpu_count() or 1),
+        s3_endpoint=s3_endpoint,
+    )
+    if not printed or not printed.get("url"):
+        raise RoleFailed("`ddiloco tokenize` printed no corpus URL")
+    return str(printed["url"])
 
 
 def join_slots(store_url: str, learners: int, max_learners: int, s3_endpoint: str = "") -> list[int]:

@@ -22,7 +22,7 @@ COPY --from=build /wheels /wheels
 # The pinned torch version, CPU build, first; then ddiloco finds `torch==X` satisfied (X+cpu matches ==X).
 RUN python -m venv /opt/venv \
  && pip install --index-url "${TORCH_INDEX}" "torch==$(cat /wheels/torch-version)" \
- && pip install "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval]" \
+ && pip install "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data]" \
  && rm -rf /wheels \
  && useradd --uid 1000 --create-home --shell /usr/sbin/nologin ddiloco
 USER 1000:1000

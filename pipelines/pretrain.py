@@ -1,5 +1,5 @@
-"""The `pretrain` pipeline: prepare → [learners ∥ syncer ∥ chaos] → evaluate → [sft → evaluate ∥ export]
-→ report.
+"""The `pretrain` pipeline: tokenize → prepare → [learners ∥ syncer ∥ chaos] → evaluate → [sft → evaluate ∥
+export] → report.
 
 Design choices:
 - Two kinds of settings. Run-time parameters are what a person turns in the KFP UI (recipe, overrides,
@@ -21,6 +21,10 @@ Design choices:
   The default prefix `private/{namespace}/ddiloco` is one a profile namespace's store identity may write in
   multi-user Kubeflow (pipelines-profile-controller/sync.py); `{namespace}` is the pod's namespace, from the
   downward API. Store credentials come from a Secret as env (default KFP's `mlpipeline-minio-artifact`).
+- Data: the recipe's (the overrides' `data.source`), a pre-tokenized corpus read in place (`corpus`: a store
+  prefix of .npy token files), or a text corpus (`text_corpus`: a prefix of .txt/.jsonl/.parquet files) that
+  the `tokenize` step turns into one under `{store}/corpora/corpus-KEY` with worker processes (content-
+  addressed: a rerun or a recurring schedule on the same text reuses it); with neither, `tokenize` is a no-op.
 - The final model also leaves the run as a Hugging Face directory (`export-final`, a CPU step beside SFT):
   a KFP Model artifact that transformers' `from_pretrained` loads alone (`ddiloco export`); the `final` and
   `sft` Model artifacts of the syncer and SFT steps stay pointers into the run root.
@@ -132,6 +136,8 @@ DEFAULTS: dict[str, Any] = {
     "token_budget": 0,
     "chaos": "",
     "model_hf": "",
+    "corpus": "",
+    "text_corpus": "",
     "lm_eval": False,
     "store_bucket": "mlpipeline",
     "store_prefix": "private/{namespace}/ddiloco",
@@ -180,6 +186,8 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         token_budget: int = d["token_budget"],
         chaos: str = d["chaos"],
         model_hf: str = d["model_hf"],
+        corpus: str = d["corpus"],
+        text_corpus: str = d["text_corpus"],
         lm_eval: bool = d["lm_eval"],
         store_bucket: str = d["store_bucket"],
         store_prefix: str = d["store_prefix"],
@@ -193,6 +201,10 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         k8s = _Wiring(opts, store_secret, gpu_node_selector, gpu_tolerations, cpu_node_selector)
         report = k8s.cpu_step(c.report(store=store, run_id=RUN_ID, s3_endpoint=s3_endpoint), "report")
         with dsl.ExitHandler(report, name="run"):
+            tok = c.tokenize(
+                store=store, s3_endpoint=s3_endpoint, text_corpus=text_corpus, corpus=corpus, model_hf=model_hf
+            )
+            k8s.cpu_step(tok, "tokenize")
             prep = c.prepare(
                 store=store,
                 run_id=RUN_ID,
@@ -205,6 +217,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
                 chaos=chaos,
                 max_learners=opts.max_learners,
                 model_hf=model_hf,
+                corpus=tok.output,
             )
             k8s.cpu_step(prep, "prepare")
             roles = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}

@@ -75,7 +75,9 @@ def pretrain(compiled):
 
 
 def test_learners_syncer_and_chaos_run_side_by_side_after_prepare(pretrain):
-    assert pretrain.deps("prepare") == []
+    assert pretrain.deps("tokenize") == [] and pretrain.deps("prepare") == ["tokenize"]
+    corpus = pretrain.tasks["prepare"][1]["inputs"]["parameters"]["corpus"]["taskOutputParameter"]
+    assert corpus == {"producerTask": "tokenize", "outputParameterKey": "Output"}  # the tokenized prefix
     for name in ("learners", "syncer", "chaos"):
         assert pretrain.deps(name) == ["prepare"], name
     loop = pretrain.tasks["learners"][1]

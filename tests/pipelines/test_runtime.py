@@ -17,6 +17,7 @@ from ddiloco.components.runtime import (
     model_pointer,
     prepare_settings,
     publish_file,
+    tokenized_corpus,
 )
 
 
@@ -59,6 +60,12 @@ def test_prepare_settings_put_the_ui_knobs_last():
     assert prepare_settings([], 1, 0, 0, "", 8) == ["diloco.max_learners=8", "diloco.learners=1"]
     hf = prepare_settings(["model.hf=s3://b/old"], 1, 0, 0, "", 8, " s3://models/qwen3 ")
     assert hf[-1] == "model.hf=s3://models/qwen3"  # the UI's model parameter wins over an override
+    data = prepare_settings(["data.source=old.jsonl"], 1, 0, 0, "", 8, "", " s3://b/corpora/corpus-1 ")
+    assert data[-1] == "data.source=s3://b/corpora/corpus-1"  # the tokenize step's corpus wins too
+    assert tokenized_corpus("s3://b/p", "", " s3://b/tokens ") == "s3://b/tokens"  # no text: passed on
+    assert tokenized_corpus("s3://b/p", "", "") == ""  # neither: the recipe's data
+    with pytest.raises(ValueError, match="not both"):
+        tokenized_corpus("s3://b/p", "s3://b/text", "s3://b/tokens")
     with pytest.raises(ValueError, match="compiled for 1..8"):
         prepare_settings([], 9, 0, 0, "", 8)
     with pytest.raises(ValueError, match="strings like"):

@@ -1,5 +1,5 @@
-"""The compiled `pretrain` pipeline end to end through the twin (issue 14): prepare → 2 learners ∥ syncer ∥
-chaos → evaluate → SFT → evaluate → report, on a real S3 server (SeaweedFS on loopback), with two chaos
+"""The compiled `pretrain` pipeline end to end through the twin: tokenize (a text corpus in the store) →
+prepare → 2 learners ∥ syncer ∥ chaos → evaluate → SFT → evaluate → report, on a real S3 server (SeaweedFS on loopback), with two chaos
 kills landing after the 5-minute mark of cluster time (time_scale 60: 300 s of Argo time is 5 s here).
 
 What must hold on a real KFP 2.17 cluster, and fails with the YAML ddiloco 0.1.0 compiled (the db5ec2f
@@ -75,15 +75,35 @@ def pretrain_run(profile_s3, compiled, tmp_path_factory):
     """The run with namespace team-a's own store key (tests/_kfp_profile.py: the user and bucket policy KFP
     2.17's profile controller writes), not the server's admin key."""
     assert profile_s3.namespace == NAMESPACE
-    twin, args = twin_and_args(compiled, profile_s3, tmp_path_factory.mktemp("twin-pretrain"), 150_000)
+    work = tmp_path_factory.mktemp("twin-pretrain")
+    twin, args = twin_and_args(compiled, profile_s3, work, 150_000)
     twin.timeout_s = 900  # the whole pipeline, report included, on a loaded 2-core runner
+    args["text_corpus"] = _text_corpus(profile_s3)  # the tokenize step turns it into .npy parts in the store
+    pairs = work / "instructions.jsonl"  # sft.data: a user corpus brings its own instructions
+    pairs.write_text("".join(json.dumps({"prompt": f"copy {w}:", "response": f" {w}"}) + "\n" for w in WORDS))
+    args["overrides"] = [*TINY, "data.chunk_tokens=4096", f"sft.data={pairs}"]
     return twin.run(args), profile_s3
+
+
+WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta", "zeta", "lambda"] * 4
+
+
+def _text_corpus(s3) -> str:
+    """The synthetic corpus as text in the namespace's own prefix (what a team uploads), for `text_corpus`."""
+    from ddiloco.synthetic import make_world, synthetic_documents
+
+    texts = open_store(s3.url(f"private/{NAMESPACE}/texts"), env=s3.env())
+    docs = synthetic_documents(make_world(0, 8), 0, 1500)
+    for i in range(2):
+        texts.put(f"docs-{i}.jsonl", "".join(json.dumps({"text": d}) + "\n" for d in docs[i::2]).encode())
+    return texts.url
 
 
 def test_the_pipeline_runs_end_to_end_under_the_profile_identity(pretrain_run):
     run, s3 = pretrain_run
     assert run.phase == "Succeeded", run.explain()
     for name in (
+        "tokenize",
         "prepare",
         "syncer",
         "chaos",
@@ -101,6 +121,10 @@ def test_the_pipeline_runs_end_to_end_under_the_profile_identity(pretrain_run):
     root = f"s3://{s3.bucket}/private/{NAMESPACE}/ddiloco/{run.run_id}"
     store = open_store(root, env=s3.env())
     assert store.get_json("config.json")["run_id"] == run.run_id
+    # The text was tokenized by the tokenize step into the store and read in place: no shard in the run root.
+    corpus = run.task("tokenize").outputs["Output"]
+    assert corpus.startswith(f"s3://{s3.bucket}/private/{NAMESPACE}/ddiloco/corpora/corpus-"), corpus
+    assert store.get_json("data/corpus.json")["source"] == corpus and not store.list("data/shards")
     assert (
         store.exists("done.json")
         and store.exists("final/model.safetensors")
