@@ -25,6 +25,7 @@ from typing import Any
 from ddiloco import errors
 from ddiloco.chaos.events import schedule_from_config
 from ddiloco.chaos.section import ChaosConfig  # the `chaos` section lives next to its events
+from ddiloco.data_config import DataConfig
 from ddiloco.lease_config import LeaseConfig
 from ddiloco.overrides import apply_dict
 from ddiloco.retention import RetentionConfig  # the `retention` section lives next to its rules
@@ -58,53 +59,6 @@ class ModelConfig:
         _check(self.seq_len >= 8, "model.seq_len must be ≥ 8")
         named = self.hf is None or (isinstance(self.hf, str) and self.hf.strip() != "")
         _check(named, "model.hf must name a directory (local path, file:// or s3:// prefix), or be null")
-
-
-@dataclass(kw_only=True, slots=True)
-class DataConfig:
-    source: str = "synthetic"
-    """`synthetic` (built-in generated corpus, no download), a path: .txt/.md file, directory, or .jsonl, or a
-    pre-tokenized corpus read in place: a directory, `file://` or `s3://` prefix of `.npy` token files."""
-    tokenizer: str = "auto"
-    """`byte` (256 bytes + specials), `bpe` (byte-level BPE trained locally on the corpus), `model` (the
-    `model.hf` directory's own tokenizer) or `auto`: `model` when that directory has tokenizer files, else
-    `byte`."""
-    vocab_size: int | None = None
-    """BPE vocabulary size (only with tokenizer=bpe)."""
-    jsonl_field: str = "text"
-    """Field holding the text in JSONL inputs."""
-    synthetic_docs: int = 60000
-    """Number of documents the synthetic generator writes."""
-    synthetic_entities: int = 64
-    """Entities in the synthetic world (facts to memorise)."""
-    val_fraction: float = 0.02
-    """Fraction of tokens held out (from the end) for validation."""
-    chunk_tokens: int = 1 << 20
-    """Pre-tokenized corpora (`ddiloco.streamed`): tokens per range a learner reads at once, the unit the
-    validation split and the learners' shares are cut in."""
-    num_shards: int | None = None
-    """Disjoint training shards; null: one per learner id the run may have (diloco.max_learners). Learner i
-    reads shard i; an id ≥ num_shards shares shard i mod num_shards, with a warning (`ddiloco.shards`)."""
-
-    def validate(self) -> None:
-        _choose("data.tokenizer", self.tokenizer, ("auto", "byte", "bpe", "model"))
-        if self.tokenizer == "bpe":
-            _check(
-                self.vocab_size is not None and self.vocab_size >= 300,
-                "data.tokenizer=bpe needs data.vocab_size ≥ 300",
-            )
-        else:
-            _check(
-                self.vocab_size is None,
-                "data.vocab_size only applies to data.tokenizer=bpe; remove it or set data.tokenizer=bpe",
-            )
-        _check(0 < self.val_fraction < 0.5, "data.val_fraction must be in (0, 0.5)")
-        _check(self.num_shards is None or self.num_shards >= 1, "data.num_shards must be ≥ 1")
-        _check(self.chunk_tokens >= 2, "data.chunk_tokens must be ≥ 2")
-        _check(
-            self.synthetic_docs >= 100 and self.synthetic_entities >= 4,
-            "data.synthetic_docs ≥ 100 and data.synthetic_entities ≥ 4",
-        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -489,10 +443,4 @@ class RunConfig:
         return cfg.validate()
 
 
-def _check(ok: bool, msg: str) -> None:
-    if not ok:
-        raise errors.ConfigError(msg)
-
-
-def _choose(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    _check(value in choices, f"{key}={value!r}: choose one of {', '.join(choices)}")
+_check, _choose = errors.require, errors.choose

@@ -203,6 +203,9 @@ class ShardLoader:
         window = self.tokens[idx].long()  # (B, T+1)
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()  # (B, T), (B, T)
 
+    def close(self) -> None:
+        """Nothing to release (the streamed loaders stop their read-ahead thread here)."""
+
     def state_dict(self) -> dict:
         return {
             "seed": self.seed,

@@ -8,6 +8,19 @@ Design choices:
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ConfigError(ValueError):
     """A configuration problem; the message says which key and what to change."""
+
+
+def require(ok: bool, msg: str) -> None:
+    """ConfigError(msg) unless ok: a config section's checks."""
+    if not ok:
+        raise ConfigError(msg)
+
+
+def choose(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    """ConfigError naming `key` unless value is one of `choices`."""
+    require(value in choices, f"{key}={value!r}: choose one of {', '.join(choices)}")

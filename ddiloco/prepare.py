@@ -75,7 +75,8 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
             return meta
 
     t0 = time.monotonic()
-    data = _token_data(cfg) if (source := corpus_store(cfg.data.source)) is None else _streamed(cfg, source)
+    source = None if cfg.data.sources else corpus_store(cfg.data.source)
+    data = _streamed(cfg, source) if cfg.data.sources or source is not None else _token_data(cfg)
     tok = data.tokenizer
     need = cfg.train.batch_size * (cfg.model.seq_len + 1)
     for i, n in enumerate(data.shard_tokens):
@@ -155,10 +156,11 @@ def _token_data(cfg: RunConfig) -> RunData:
     return RunData(tok, shards, [int(s.numel()) for s in shards], val, extra)
 
 
-def _streamed(cfg: RunConfig, source: Store) -> RunData:
-    """A pre-tokenized corpus, read in place (`ddiloco.streamed`): no shards in the run root."""
+def _streamed(cfg: RunConfig, source: Store | None) -> RunData:
+    """A pre-tokenized corpus (or a mixture of them), read in place (`ddiloco.streamed`): no shards in the
+    run root."""
     tok = tokenizer_from_json(run_tokenizer(cfg, []).to_json())
-    got = prepare_corpus(source, cfg, tok)
+    got = prepare_corpus(cfg, tok, source)
     return RunData(tok, [], got.slot_tokens, got.val, {}, got.doc)
 
 

@@ -15,7 +15,8 @@ Design choices:
 - The summary's view (`data_read`) is built from the learners' reports alone: per learner id, the shard of
   its latest report, the passes its data cursor made over it (`epochs`, restored across incarnations) and
   the tokens it processed; `shared_shards` maps each shard more than one learner id read to those ids
-  (empty in a run whose learners all had a shard of their own), `unread_shards` lists spare shards.
+  (empty in a run whose learners all had a shard of their own), `unread_shards` lists spare shards;
+  `data_mixture` (runs over `data.sources`): the tokens read from each corpus and their share.
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ class Assignment:
     end: int
     own: bool
 
-    def read(self, epochs: float, started: float | None = None) -> DataRead:
+    def read(
+        self, epochs: float, started: float | None = None, by_source: dict[str, int] | None = None
+    ) -> DataRead:
         """The report's `data` once the data cursor has made `epochs` passes over the shard (`started`: where
-        this incarnation's reading began)."""
+        this incarnation's reading began; `by_source`: tokens read from each corpus of a mixture)."""
         span = {"shard": self.shard, "start": self.start, "end": self.end, "own": self.own}
-        return DataRead(**span, epochs=epochs, started=started)
+        return DataRead(**span, epochs=epochs, started=started, sources=by_source)
 
 
 def assign_shard(who: int, shard_tokens: Sequence[int], *, role: str = "learner") -> Assignment:
@@ -92,12 +95,20 @@ def data_read(reports: Iterable[Mapping[str, Any]], num_shards: int) -> dict[str
         entry: dict[str, Any] = {"shard": None, "tokens_processed": processed[lid]}
         if d is not None:
             readers.setdefault(d.shard, []).append(lid)
-            where = {k: v for k, v in d.to_json().items() if k != "started"}  # one incarnation's
+            where = {k: v for k, v in d.to_json().items() if k != "started" and (k != "sources" or v)}
             entry = {**where, "tokens_processed": processed[lid]}
         per_learner[str(lid)] = entry
+    mixed: dict[str, int] = {}
+    for entry in per_learner.values():
+        for name, n in (entry.get("sources") or {}).items():
+            mixed[name] = mixed.get(name, 0) + n
+    total = sum(mixed.values())
     return {
         "data_shards": num_shards,
         "data_read": per_learner,
+        "data_mixture": {n: {"tokens": v, "share": v / total} for n, v in sorted(mixed.items())}
+        if total
+        else None,
         "shared_shards": {str(s): ids for s, ids in sorted(readers.items()) if len(ids) > 1},
         "unread_shards": [s for s in range(num_shards) if s not in readers],
     }

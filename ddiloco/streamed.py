@@ -12,6 +12,8 @@ Design choices:
   at most `MAX_VAL_TOKENS`) and `data/corpus.json`: the source, the file list with sizes and digests
   (sha256 of local files; sizes only on S3, where hashing means reading everything) and the range plan
   (chunks per learner slot, `ddiloco.tokens.ranges`).
+- `data.sources` mixes several such corpora with weights: each is planned as above (the validation cap
+  shared), and a learner draws each batch from one of its slots (`ddiloco.tokens.mixture`).
 - Learner id i reads slot i (one slot per id the run may have, `diloco.max_learners`), streamed with range
   reads and a bounded read-ahead (`ddiloco.tokens.stream.StreamLoader`): its memory does not depend on the
   corpus size. Reports describe a slot as a shard (`ddiloco.shards`): shard i, its span in a notional
@@ -30,10 +32,12 @@ import numpy as np
 import torch
 
 from ddiloco import keys
+from ddiloco.data_config import mixture_name
 from ddiloco.errors import ConfigError
 from ddiloco.store.base import Store
 from ddiloco.tokenizer import Tokenizer
 from ddiloco.tokens.corpus import TokenCorpus
+from ddiloco.tokens.mixture import MixtureLoader
 from ddiloco.tokens.npy import CorpusError, read_tokens
 from ddiloco.tokens.ranges import plan_ranges, slot_chunks
 from ddiloco.tokens.stream import StreamLoader
@@ -70,21 +74,43 @@ class PreparedCorpus:
     slot_tokens: list[int]
 
 
-def prepare_corpus(store: Store, cfg: Any, tok: Tokenizer) -> PreparedCorpus:
-    """Check the corpus against the vocabulary and plan its ranges (see the module docstring)."""
+def prepare_corpus(cfg: Any, tok: Tokenizer, store: Store | None = None) -> PreparedCorpus:
+    """Check the corpus (`store`: data.source's) or each corpus of the mixture `data.sources` against the
+    vocabulary and plan their ranges (see the module docstring)."""
     if cfg.data.tokenizer == "bpe":
         raise ConfigError(
-            f"data.source {cfg.data.source} is already tokenized: data.tokenizer=bpe would train a new "
-            "vocabulary on text; set data.tokenizer=model (with model.hf) or byte, whichever wrote the ids"
+            "the corpus is already tokenized: data.tokenizer=bpe would train a new vocabulary on text; set "
+            "data.tokenizer=model (with model.hf) or byte, whichever wrote the ids"
         )
+    if not cfg.data.sources:
+        assert store is not None
+        one = _plan_one(store, cfg.data.source, cfg, tok, MAX_VAL_TOKENS)
+        return PreparedCorpus(one.doc, one.val, one.slot_tokens)
+    docs, vals, slots = [], [], []
+    for i, entry in enumerate(cfg.data.sources):
+        where = corpus_store(entry["source"])
+        if where is None:
+            raise ConfigError(
+                f"data.sources[{i}] {entry['source']} holds no .npy token files; tokenize text first with "
+                "`ddiloco tokenize --input ... --out ...` and name the corpus-KEY prefix it prints"
+            )
+        one = _plan_one(where, entry["source"], cfg, tok, MAX_VAL_TOKENS // len(cfg.data.sources))
+        docs.append({"name": mixture_name(entry), "weight": float(entry.get("weight", 1.0)), **one.doc})
+        vals.append(one.val)
+        slots.append(one.slot_tokens)
+    slot_tokens = [sum(s[k] for s in slots) for k in range(cfg.num_shards)]
+    return PreparedCorpus({"mixture": docs}, torch.cat(vals), slot_tokens)
+
+
+def _plan_one(store: Store, source: str, cfg: Any, tok: Tokenizer, max_val: int) -> PreparedCorpus:
     corpus = TokenCorpus.open(store)
-    _check_tokenizer(store, cfg.data.source, tok)
+    _check_tokenizer(store, source, tok)
     total = corpus.total_tokens
     sample = None if total <= FULL_CHECK_TOKENS else FULL_CHECK_TOKENS // len(corpus.files)  # per file
     corpus.check_vocab(tok.vocab_size, sample=sample)
     local = store.url.startswith("file://")
     manifest = corpus.manifest(digest="sha256" if local else "size-only")
-    val_tokens = max(cfg.model.seq_len + 1, min(int(total * cfg.data.val_fraction), MAX_VAL_TOKENS))
+    val_tokens = max(cfg.model.seq_len + 1, min(int(total * cfg.data.val_fraction), max_val))
     try:
         plan = plan_ranges(
             manifest,
@@ -94,9 +120,9 @@ def prepare_corpus(store: Store, cfg: Any, tok: Tokenizer) -> PreparedCorpus:
             seed=cfg.seed,
         )
     except CorpusError as e:
-        raise ConfigError(f"data.source {cfg.data.source}: {e}") from None
+        raise ConfigError(f"data source {source}: {e}") from None
     val = np.concatenate([read_tokens(store, corpus.files[f], s, n) for f, s, n in plan["val"]])
-    doc = {"source": cfg.data.source, "manifest": manifest, "plan": plan}
+    doc = {"source": source, "manifest": manifest, "plan": plan}
     return PreparedCorpus(doc, torch.from_numpy(val.astype(np.int32)), list(plan["slot_tokens"]))
 
 
@@ -118,23 +144,35 @@ def read_corpus_doc(run_store: Store) -> dict[str, Any]:
     return run_store.get_json(keys.CORPUS, max_bytes=MAX_CORPUS_DOC_BYTES)
 
 
-def open_loader(doc: dict[str, Any], slot: int, *, batch_size: int, seq_len: int, seed: int) -> StreamLoader:
-    """Learner slot `slot`'s batches, streamed from the corpus `doc` names (data/corpus.json)."""
+def open_loader(
+    doc: dict[str, Any], slot: int, *, batch_size: int, seq_len: int, seed: int
+) -> StreamLoader | MixtureLoader:
+    """Learner slot `slot`'s batches, streamed from the corpus (or the mixture) `doc` names (data/corpus.json)."""
+    shape = {"batch_size": batch_size, "seq_len": seq_len, "seed": seed}
+    if "mixture" not in doc:
+        return StreamLoader(_store_of(doc), doc["manifest"], slot_chunks(doc["plan"], slot), **shape)
+    parts = doc["mixture"]
+    loaders = [
+        StreamLoader(_store_of(p), p["manifest"], slot_chunks(p["plan"], slot), **shape) for p in parts
+    ]
+    return MixtureLoader(loaders, [p["name"] for p in parts], [p["weight"] for p in parts], seed=seed)
+
+
+def _store_of(doc: dict[str, Any]) -> Store:
     store = corpus_store(doc["source"])
     if store is None:
         raise ConfigError(
             f"the run's token corpus {doc['source']} has no .npy files any more; restore it (the run reads "
             "it in place) or prepare a new run"
         )
-    chunks = slot_chunks(doc["plan"], slot)
-    return StreamLoader(store, doc["manifest"], chunks, batch_size=batch_size, seq_len=seq_len, seed=seed)
+    return store
 
 
 def first_tokens(doc: dict[str, Any], slot: int, max_tokens: int) -> torch.Tensor:
-    """The first `max_tokens` tokens of slot `slot` in plan order (e.g. SFT's replay windows), as int64."""
-    store = corpus_store(doc["source"])
-    if store is None:
-        raise ConfigError(f"the run's token corpus {doc['source']} is gone; restore it")
+    """The first `max_tokens` tokens of slot `slot` in plan order (of a mixture's first source), as int64:
+    e.g. SFT's replay windows."""
+    doc = doc["mixture"][0] if "mixture" in doc else doc
+    store = _store_of(doc)
     files = TokenCorpus.open(store).files
     parts, n = [], 0
     for f, s, count in slot_chunks(doc["plan"], slot):

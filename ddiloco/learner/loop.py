@@ -86,6 +86,7 @@ from ddiloco.schedule import GlobalSchedule
 from ddiloco.shards import Assignment, assign_shard
 from ddiloco.store.base import Store, StoreError
 from ddiloco.streamed import open_loader, read_corpus_doc
+from ddiloco.tokens.mixture import MixtureLoader
 from ddiloco.tokens.stream import StreamLoader
 
 __all__ = ["Learner", "Opened"]
@@ -136,7 +137,9 @@ class Opened:
         incarnation = next_incarnation(store, learner_id, started_at)
         return cls(cfg, layout, key, shard, tokens, prepared_at, started_at, incarnation, corpus)
 
-    def loader(self, *, batch_size: int, seq_len: int, seed: int) -> ShardLoader | StreamLoader:
+    def loader(
+        self, *, batch_size: int, seq_len: int, seed: int
+    ) -> ShardLoader | StreamLoader | MixtureLoader:
         """This learner's batches: from its shard in memory, or streamed from its slot of the corpus."""
         if self.corpus is not None:
             return open_loader(
@@ -312,10 +315,14 @@ class Learner:
             history=sample_history(self.history, self.loss_ema, self.inner_step, ledger.tokens_processed),
             lr=self.schedule.last_lr,
             progress=self.schedule.progress,
-            data=self.shard.read(self.loader.epochs_read, self._started_epochs),
+            data=self.shard.read(self.loader.epochs_read, self._started_epochs, self._by_source()),
             cursor=self.cursor,
             peak_rss_bytes=peak_rss_bytes(),
         )
+
+    def _by_source(self) -> dict[str, int] | None:
+        """Tokens read from each source of a mixture (`data.sources`), across restarts; else None."""
+        return dict(self.loader.tokens_by_source) if isinstance(self.loader, MixtureLoader) else None
 
     def _put_report(self, final: bool = False, reason: str | None = None) -> None:
         try:
@@ -440,8 +447,7 @@ class Learner:
             self.exchange.settle_final(self.poller.latest or {})
         self.pool.shutdown(wait=True)
         self.heartbeats.shutdown()
-        if isinstance(self.loader, StreamLoader):
-            self.loader.close()  # its read-ahead thread
+        self.loader.close()  # a streamed loader's read-ahead thread
         self.cadence.finish()
         self._put_report(final=True, reason=reason)
         books = (self.inner_step, self.ledger.tokens_processed, dict(self.feed.fetched))

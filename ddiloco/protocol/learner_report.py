@@ -77,6 +77,8 @@ class DataRead:
     own: bool
     epochs: float
     started: float | None = None
+    sources: dict[str, int] | None = None
+    """Tokens read from each corpus of a mixture (`data.sources`), across restarts; None without one."""
 
     def to_json(self) -> dict[str, Any]:
         return plain(self)
@@ -86,7 +88,10 @@ class DataRead:
         f = Fields(obj, doc)
         span = (f.integer("shard"), f.integer("start"), f.integer("end"))
         started = f.get("started", (int, float, type(None)), None)
-        return cls(*span, f.get("own", bool), f.number("epochs"), started)
+        sources = f.get("sources", (Mapping, type(None)), None)
+        if sources is not None and not all(isinstance(v, int) and v >= 0 for v in sources.values()):
+            raise f.bad("sources", "is not a map of token counts")
+        return cls(*span, f.get("own", bool), f.number("epochs"), started, sources)
 
 
 @dataclass(slots=True)

@@ -99,3 +99,28 @@ def test_a_bad_token_corpus_is_refused_in_one_line_before_anything_is_written(tm
             ),
         )
     assert store.list("") == []
+
+
+def test_a_mixture_of_two_corpora_is_read_at_its_weights_and_reported(tmp_path):
+    corpus, _ = _corpus(tmp_path / "text", files=2)
+    code = tmp_path / "code"
+    code.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(2):  # "code": another distribution of byte ids
+        np.save(code / f"part-{i}.npy", rng.integers(32, 127, 30000).astype(np.uint16))
+    store = open_store("memory://streamed-mix")
+    mix = f"data.sources=[{{source: {corpus}, weight: 0.7, name: text}}, {{source: {code}, weight: 0.3}}]"
+    cfg = tiny_config("mix", mix, "data.tokenizer=byte", *STREAMED)
+    meta = prepare(store, cfg)
+    assert meta["streamed"] and [p["name"] for p in store.get_json(keys.CORPUS)["mixture"]] == [
+        "text",
+        "code",
+    ]
+    train_in_process(store, 2)
+    s = build_summary(store)
+    assert s["status"] == "done" and s["ledger_balanced"]
+    mixture = s["data_mixture"]
+    assert set(mixture) == {"text", "code"} and abs(mixture["text"]["share"] - 0.7) < 0.15, mixture
+    assert all(set(d["sources"]) <= {"text", "code"} for d in s["data_read"].values())
+    with pytest.raises(ConfigError, match="replaces data.source"):
+        tiny_config("mix", mix, f"data.source={corpus}")
