@@ -1,0 +1,256 @@
+"""FSDP2 inside one learner: the model sharded over the learner's ranks, and full fragments in and out of it.
+
+Design choices:
+- `shard_model` applies `torch.distributed.fsdp.fully_shard` (per-parameter DTensors, `Shard(0)`) to every
+  transformer block, then to the root. Blocks are found generically: the GPT's `Block`s, a Hugging Face
+  model's `_no_split_modules` classes, or else any module whose class name ends with "DecoderLayer". The
+  embeddings, final norm and LM head fall to the root unit, so a tied embedding / LM head (one parameter,
+  as transformers ties it) stays within one FSDP unit, as torchtitan does.
+- Parameter names do not change (no wrapper modules): activation checkpointing replaces a block's bound
+  `forward` by a `torch.utils.checkpoint` call of the original, inside FSDP's own hooks on the block, so the
+  layout's member names, the optimizer groups and checkpoints keep working.
+- bf16 is FSDP's `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`: fp32 master shards and
+  AdamW state, bf16 all-gathered weights for compute, gradients reduced in fp32; no autocast needed.
+- Fragments move by rows, point to point, one member at a time: FSDP2 shards dim 0 like `torch.chunk`, so
+  rank r holds rows [r·c, (r+1)·c) with c = ceil(rows / world). `full_tensors` has each rank send rank 0
+  its rows of each requested member (whole tensor or a layout piece); `load_full` sends each rank its rows
+  of rank 0's values. Rank 0 holds one fragment and nothing else; the other ranks never hold more than their
+  shard. The alternatives measured in `benchmarks/fsdp_gather.py`: `DTensor.full_tensor()` all-gathers each
+  tensor onto every rank (world× the traffic, a full-size copy on every rank); `get_model_state_dict` with
+  `full_state_dict=True` gathers the whole model, not one fragment, so its time and rank-0 memory scale
+  with the model.
+- Names travel as JSON over the mesh's process group (never pickled objects): rank 0 decides what to load,
+  and checks every value's shape before any traffic. These are collectives: a rank that fails inside one
+  strands the others until the process group times out, as with DDP (torchrun restarts the learner).
+- A sharded parameter must be `Shard(0)` on a one-dimensional mesh (plain FSDP, not HSDP); anything else is
+  refused rather than guessed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
+from torch.utils.checkpoint import checkpoint
+
+PRECISIONS = ("fp32", "bf16")
+_PIECE = re.compile(r"^(?P<tensor>.+)\[(?P<start>\d+):(?P<stop>\d+)\]$")
+"""A layout piece's member name, `ddiloco.fragments.Piece.name`: rows [start, stop) of a parameter."""
+
+
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a GPT or a Hugging Face causal LM, in model order (outermost matches only)."""
+    from ddiloco.model import Block
+
+    split = {c for m in model.modules() for c in (getattr(m, "_no_split_modules", None) or ())}
+
+    def is_block(m: nn.Module) -> bool:
+        name = type(m).__name__
+        return isinstance(m, Block) or name in split or name.endswith("DecoderLayer")
+
+    found: list[nn.Module] = []
+    inside: set[int] = set()
+    for m in model.modules():  # pre-order: an outer block comes before the modules inside it
+        if id(m) in inside:
+            continue
+        if m is not model and is_block(m):
+            found.append(m)
+            inside.update(id(s) for s in m.modules())
+    return found
+
+
+def shard_model(
+    model: nn.Module,
+    *,
+    mesh: DeviceMesh | None = None,
+    mixed_precision: str = "fp32",
+    reshard_after_forward: bool = True,
+    checkpoint_activations: bool = False,
+) -> nn.Module:
+    """Shard `model` in place over `mesh` (default: every rank of the default group) and return it.
+
+    Build the optimizer afterwards, on the sharded parameters.
+    """
+    if mixed_precision not in PRECISIONS:
+        raise ValueError(f"mixed_precision must be one of {PRECISIONS}, got {mixed_precision!r}")
+    blocks = blocks_of(model)
+    if not blocks:
+        raise ValueError(f"no transformer blocks found in {type(model).__name__}; cannot shard it")
+    mp = MixedPrecisionPolicy()
+    if mixed_precision == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in blocks:
+        if checkpoint_activations:
+            block.forward = functools.partial(_checkpointed, block.forward)  # type: ignore[method-assign]
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    # The root's parameters are used last in backward (the LM head): no point resharding them after forward.
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    return model
+
+
+def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+# --- rows of a member on each rank ------------------------------------------------------------------------
+def _member(name: str) -> tuple[str, int | None, int | None]:
+    m = _PIECE.match(name)
+    return (name, None, None) if m is None else (m["tensor"], int(m["start"]), int(m["stop"]))
+
+
+def _row_ranges(p: DTensor, world: int) -> list[tuple[int, int]]:
+    """Rows [lo, hi) of the global tensor that each mesh rank holds (FSDP2's `Shard(0)`, `torch.chunk`)."""
+    if tuple(p.placements) != (Shard(0),):
+        raise ValueError(f"expected a Shard(0) parameter, got placements {p.placements}")
+    rows = p.shape[0]
+    c = math.ceil(rows / world)
+    return [(min(r * c, rows), min((r + 1) * c, rows)) for r in range(world)]
+
+
+def _plan(
+    p: torch.Tensor, start: int | None, stop: int | None, world: int
+) -> tuple[int, int, list[tuple[int, int]]]:
+    """The member's rows [start, stop) of `p` and, per mesh rank, those of them it holds [lo, hi) (lo == hi:
+    none)."""
+    start, stop = (0, p.shape[0]) if start is None or stop is None else (start, stop)
+    out = []
+    for lo, hi in _row_ranges(p, world):  # type: ignore[arg-type]
+        a, b = max(lo, start), min(hi, stop)
+        out.append((a, max(a, b)))
+    return start, stop, out
+
+
+def _params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return dict(model.named_parameters())
+
+
+def _mesh_group(p: torch.Tensor) -> tuple[dist.ProcessGroup, int, int]:
+    if not isinstance(p, DTensor):
+        raise TypeError("the model is not sharded (call shard_model first)")
+    group = p.device_mesh.get_group()
+    return group, dist.get_rank(group), dist.get_world_size(group)
+
+
+def full_tensors(model: nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor] | None:
+    """The full values of the named members (parameters, or layout pieces `name[start:stop]`) on mesh rank 0,
+    None on the other ranks. A collective: every rank calls it with the same names, in the same order.
+    The values are fresh tensors on the parameters' device, in the parameters' dtype."""
+    params = _params(model)
+    group, rank, world = _mesh_group(next(iter(params.values())))
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name in names:
+            tensor, start, stop = _member(name)
+            p = params[tensor]
+            base, end, plan = _plan(p, start, stop, world)
+            local = p.to_local()
+            if rank == 0:
+                full = torch.empty((end - base, *p.shape[1:]), dtype=p.dtype, device=local.device)
+                for r, (lo, hi) in enumerate(plan):
+                    if hi == lo:
+                        continue
+                    dst = full[lo - base : hi - base]
+                    if r == 0:
+                        dst.copy_(local[lo:hi])
+                    else:
+                        _recv_into(dst, group, r)
+                out[name] = full
+            else:
+                lo, hi = plan[rank]
+                if hi > lo:
+                    off = _row_ranges(p, world)[rank][0]  # type: ignore[arg-type]
+                    dist.send(local[lo - off : hi - off].contiguous(), group=group, group_dst=0)
+    return out if rank == 0 else None
+
+
+def load_full(model: nn.Module, tensors: Mapping[str, torch.Tensor] | None) -> list[str]:
+    """Overwrite members with rank 0's full values: mesh rank 0 passes `tensors` (member name → full value,
+    on any device), the other ranks None; every rank ends with its rows of each. A collective; returns the
+    names loaded (rank 0's, in its order)."""
+    params = _params(model)
+    first = next(iter(params.values()))
+    group, rank, world = _mesh_group(first)
+    if rank == 0:
+        for name, value in (
+            tensors or {}
+        ).items():  # before any traffic: a bad value must not strand the others
+            tensor, start, stop = _member(name)
+            base, end, _ = _plan(params[tensor], start, stop, world)
+            if tuple(value.shape) != (end - base, *params[tensor].shape[1:]):
+                raise ValueError(f"{name}: shape {tuple(value.shape)} does not fit its parameter")
+    names = _bcast_names(list(tensors or {}) if rank == 0 else None, group, first.device)
+    with torch.no_grad():
+        for name in names:
+            tensor, start, stop = _member(name)
+            p = params[tensor]
+            base, _, plan = _plan(p, start, stop, world)
+            local = p.to_local()
+            off = _row_ranges(p, world)[rank][0]  # type: ignore[arg-type]
+            if rank == 0:
+                assert tensors is not None
+                value = tensors[name].to(device=local.device, dtype=local.dtype)
+                for r, (lo, hi) in enumerate(plan):
+                    if hi == lo:
+                        continue
+                    if r == 0:
+                        local[lo - off : hi - off].copy_(value[lo - base : hi - base])
+                    else:
+                        dist.send(value[lo - base : hi - base].contiguous(), group=group, group_dst=r)
+            else:
+                lo, hi = plan[rank]
+                if hi > lo:
+                    _recv_into(local[lo - off : hi - off], group, 0)
+    return names
+
+
+def _recv_into(dst: torch.Tensor, group: dist.ProcessGroup, src: int) -> None:
+    """Receive straight into `dst` (rows of a contiguous tensor are contiguous), else through a buffer."""
+    buf = dst if dst.is_contiguous() else torch.empty_like(dst, memory_format=torch.contiguous_format)
+    dist.recv(buf, group=group, group_src=src)
+    if buf is not dst:
+        dst.copy_(buf)
+
+
+def _bcast_names(names: Sequence[str] | None, group: dist.ProcessGroup, device: torch.device) -> list[str]:
+    """Rank 0's list of names on every rank of `group` (JSON bytes; the group's backend, on its device)."""
+    blob = json.dumps(list(names)).encode() if names is not None else b""
+    n = torch.tensor([len(blob)], dtype=torch.int64, device=device)
+    dist.broadcast(n, group=group, group_src=0)
+    buf = torch.empty(int(n.item()), dtype=torch.uint8, device=device)
+    if names is not None:
+        buf.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+    dist.broadcast(buf, group=group, group_src=0)
+    return list(json.loads(bytes(buf.cpu().numpy())))
+
+
+# --- memory -------------------------------------------------------------------------------------------------
+def _local_bytes(t: torch.Tensor) -> int:
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def state_bytes_per_rank(model: nn.Module, opt: torch.optim.Optimizer | None = None) -> int:
+    """Bytes this rank keeps between steps: local parameter shards, their gradients and the optimizer state.
+
+    Gradients are counted at their size during a step (one per trainable parameter, like its local shard),
+    whether or not they are allocated right now (`zero_grad(set_to_none=True)` frees them). Works for an
+    unsharded model too (whole tensors), which is what DDP keeps on every rank.
+    """
+    params = list(model.parameters())
+    total = sum(_local_bytes(p) for p in params)
+    total += sum(_local_bytes(p.grad if p.grad is not None else p) for p in params if p.requires_grad)
+    if opt is not None:
+        for state in opt.state.values():
+            total += sum(_local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total
