@@ -81,7 +81,9 @@ def test_the_summary_names_each_learners_shard_and_token_range():
         assert d["epochs"] == pytest.approx(d["tokens_processed"] / (d["end"] - d["start"]), rel=0.2)
     assert end == train.numel()
     report = store.get_json(keys.report_key(2, learners[2].incarnation))
-    assert report["data"] == {k: s["data_read"]["2"][k] for k in ("shard", "start", "end", "own", "epochs")}
+    summary_keys = ("shard", "start", "end", "own", "epochs")
+    assert {k: report["data"][k] for k in summary_keys} == {k: s["data_read"]["2"][k] for k in summary_keys}
+    assert report["data"]["started"] == 0.0 and report["data"]["sources"] is None  # first incarnation, no mix
 
 
 def test_an_id_beyond_max_learners_shares_a_shard_with_a_warning_and_the_summary_says_so(caplog):
