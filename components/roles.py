@@ -14,7 +14,7 @@ pipeline maps them). An empty `s3_endpoint` keeps the environment's (local runs,
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ddiloco.components import keepers
 from ddiloco.components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
@@ -49,22 +49,36 @@ def prepare(
     return list(range(learners))
 
 
-def tokenize(
-    store: str,
-    s3_endpoint: str = "",
-    text_corpus: str = "",
-    corpus: str = "",
-    model_hf: str = "",
-    workers: int = 0,
-) -> str:
-    """The pre-tokenized corpus the run reads in place: `corpus` as given (a store prefix of .npy token
-    files), or `text_corpus` (a prefix of .txt/.jsonl/.parquet/datasets files) tokenized by `ddiloco
-    tokenize` into `{store}/corpora/corpus-KEY` (content-addressed: a rerun on the same text reuses it) with
-    the tokenizer of `model_hf` if it has one, else bytes; empty when neither is given (the recipe's data).
-    workers 0: one per CPU of the pod."""
-    from ddiloco.components.runtime import tokenized_corpus
+def tokenize_plan(
+    store: str, s3_endpoint: str = "", text_corpus: str = "", corpus: str = "", model_hf: str = ""
+) -> NamedTuple("Plan", [("units", list[int]), ("corpus", str), ("tokenized", bool)]):  # noqa: F821
+    """The data of the run, step 1: `text_corpus` (a store prefix of .txt/.jsonl/.parquet/datasets files)
+    planned for tokenizing under `{store}/corpora/corpus-KEY` (content-addressed: a rerun or a schedule on the
+    same text reuses it, and has no units), with the tokenizer of `model_hf` if it has one, else bytes; or
+    `corpus` (a pre-tokenized prefix) passed on; or neither (the recipe's data). Units: one per input file."""
+    from collections import namedtuple
 
-    return tokenized_corpus(store, text_corpus, corpus, model_hf, s3_endpoint, workers)
+    from ddiloco.components.runtime import tokenize_plan as plan
+
+    return namedtuple("Plan", ["units", "corpus", "tokenized"])(
+        *plan(store, text_corpus, corpus, model_hf, s3_endpoint)
+    )
+
+
+def tokenize_unit(corpus: str, unit: int, s3_endpoint: str = ""):
+    """Step 2, a ParallelFor over the plan's units: one input file into .npy parts (`ddiloco tokenize
+    --stage unit`); a unit already done is skipped."""
+    from ddiloco.components.runtime import ddiloco
+
+    ddiloco("tokenize", stage="unit", corpus=corpus, unit=unit, s3_endpoint=s3_endpoint)
+
+
+def tokenize_finish(corpus: str, tokenized: bool, s3_endpoint: str = "") -> str:
+    """Step 3: the manifest of a corpus tokenized here (written once every unit is done); its URL, which
+    prepare reads as `data.source` (empty: the recipe's data)."""
+    from ddiloco.components.runtime import tokenize_finish as finish
+
+    return finish(corpus, tokenized, s3_endpoint)
 
 
 def learner(
@@ -253,7 +267,9 @@ def joiner(
 
 @dataclass(frozen=True)
 class Components:
-    tokenize: Any
+    tokenize_plan: Any
+    tokenize_unit: Any
+    tokenize_finish: Any
     prepare: Any
     learner: Any
     syncer: Any
@@ -277,7 +293,9 @@ def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
         return dsl.component(func, base_image=img, install_kfp_package=False)
 
     return Components(
-        tokenize=on(cpu_image, tokenize),
+        tokenize_plan=on(cpu_image, tokenize_plan),
+        tokenize_unit=on(cpu_image, tokenize_unit),
+        tokenize_finish=on(cpu_image, tokenize_finish),
         prepare=on(cpu_image, prepare),
         learner=on(gpu_image, learner),
         syncer=on(cpu_image, syncer),

@@ -229,27 +229,35 @@ def prepare_settings(
     return out
 
 
-def tokenized_corpus(
-    store: str, text_corpus: str, corpus: str, model_hf: str = "", s3_endpoint: str = "", workers: int = 0
-) -> str:
-    """The `tokenize` step (see `ddiloco.components.roles.tokenize`): the corpus prefix for prepare."""
+def tokenize_plan(
+    store: str, text_corpus: str, corpus: str, model_hf: str = "", s3_endpoint: str = ""
+) -> tuple[list[int], str, bool]:
+    """The tokenize-plan step: (units to tokenize, the corpus URL prepare will read, whether it is tokenized
+    here). Text: `ddiloco tokenize --stage plan` under `{store}/corpora` (no units when an earlier run
+    tokenized the same text); a pre-tokenized `corpus`: passed on; neither: "" (the recipe's data)."""
     if text_corpus.strip() and corpus.strip():
         raise ValueError("give text_corpus (to tokenize) or corpus (already tokenized), not both")
     if not text_corpus.strip():
-        return corpus.strip()
-    out = f"{run_root(store).rstrip('/')}/corpora"
+        return [], corpus.strip(), False
     printed = ddiloco(
         "tokenize",
+        stage="plan",
         input=text_corpus.strip(),
-        out=out,
+        out=f"{run_root(store).rstrip('/')}/corpora",
         tokenizer="auto",
         model_hf=model_hf.strip() or None,
-        workers=workers if workers > 0 else (os.cpu_count() or 1),
         s3_endpoint=s3_endpoint,
     )
     if not printed or not printed.get("url"):
-        raise RoleFailed("`ddiloco tokenize` printed no corpus URL")
-    return str(printed["url"])
+        raise RoleFailed("`ddiloco tokenize --stage plan` printed no corpus URL")
+    return [int(u) for u in printed["units"]], str(printed["url"]), True
+
+
+def tokenize_finish(corpus: str, tokenized: bool, s3_endpoint: str = "") -> str:
+    """The tokenize-finish step, after every unit: the manifest of a corpus tokenized here; the URL."""
+    if tokenized:
+        ddiloco("tokenize", stage="finish", corpus=corpus, s3_endpoint=s3_endpoint)
+    return corpus
 
 
 def join_slots(store_url: str, learners: int, max_learners: int, s3_endpoint: str = "") -> list[int]:

@@ -1,5 +1,5 @@
-"""The `pretrain` pipeline: tokenize → prepare → [learners ∥ syncer ∥ chaos] → evaluate → [sft → evaluate ∥
-export] → report.
+"""The `pretrain` pipeline: tokenize (plan → units ∥ → finish) → prepare → [learners ∥ syncer ∥ chaos] →
+evaluate → [sft → evaluate ∥ export] → report.
 
 Design choices:
 - Two kinds of settings. Run-time parameters are what a person turns in the KFP UI (recipe, overrides,
@@ -22,9 +22,12 @@ Design choices:
   multi-user Kubeflow (pipelines-profile-controller/sync.py); `{namespace}` is the pod's namespace, from the
   downward API. Store credentials come from a Secret as env (default KFP's `mlpipeline-minio-artifact`).
 - Data: the recipe's (the overrides' `data.source`), a pre-tokenized corpus read in place (`corpus`: a store
-  prefix of .npy token files), or a text corpus (`text_corpus`: a prefix of .txt/.jsonl/.parquet files) that
-  the `tokenize` step turns into one under `{store}/corpora/corpus-KEY` with worker processes (content-
-  addressed: a rerun or a recurring schedule on the same text reuses it); with neither, `tokenize` is a no-op.
+  prefix of .npy token files), or a text corpus (`text_corpus`: a prefix of .txt/.jsonl/.parquet files)
+  tokenized into one under `{store}/corpora/corpus-KEY` (content-addressed: a rerun or a recurring schedule
+  on the same text reuses it) by three steps: tokenize-plan, a ParallelFor of tokenize-unit over the input
+  files (`tokenize_parallelism` pods at once), tokenize-finish (the manifest). Without text the loop has no
+  items (Argo v4.0.5 skips an empty withSequence, workflow/controller/dag.go executeDAGTask, and the loop's
+  DAG succeeds) and the other two steps pass `corpus` on.
 - The final model also leaves the run as a Hugging Face directory (`export-final`, a CPU step beside SFT):
   a KFP Model artifact that transformers' `from_pretrained` loads alone (`ddiloco export`); the `final` and
   `sft` Model artifacts of the syncer and SFT steps stay pointers into the run root.
@@ -100,6 +103,8 @@ class ClusterOptions:
     """Retries per learner: of its keeper pod (Argo), and new worker incarnations after the cluster took one
     away (the keeper); each comes back from its checkpoint in the store."""
     syncer_retries: int = 20
+    tokenize_parallelism: int = 16
+    """Input files tokenized at once (one pod each) when a run gives `text_corpus`."""
     step_retries: int = 3
     """Retries of prepare, chaos, evaluate, sft and report."""
     backoff: str = "10s"
@@ -201,10 +206,22 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         k8s = _Wiring(opts, store_secret, gpu_node_selector, gpu_tolerations, cpu_node_selector)
         report = k8s.cpu_step(c.report(store=store, run_id=RUN_ID, s3_endpoint=s3_endpoint), "report")
         with dsl.ExitHandler(report, name="run"):
-            tok = c.tokenize(
-                store=store, s3_endpoint=s3_endpoint, text_corpus=text_corpus, corpus=corpus, model_hf=model_hf
+            plan = c.tokenize_plan(
+                store=store,
+                s3_endpoint=s3_endpoint,
+                text_corpus=text_corpus,
+                corpus=corpus,
+                model_hf=model_hf,
             )
-            k8s.cpu_step(tok, "tokenize")
+            k8s.cpu_step(plan, "tokenize-plan")
+            units = plan.outputs["units"]
+            with dsl.ParallelFor(items=units, parallelism=opts.tokenize_parallelism, name="tokenize") as unit:
+                one = c.tokenize_unit(corpus=plan.outputs["corpus"], unit=unit, s3_endpoint=s3_endpoint)
+                k8s.cpu_step(one, "tokenize-unit")
+            tok = c.tokenize_finish(
+                corpus=plan.outputs["corpus"], tokenized=plan.outputs["tokenized"], s3_endpoint=s3_endpoint
+            ).after(one)
+            k8s.cpu_step(tok, "tokenize-finish")
             prep = c.prepare(
                 store=store,
                 run_id=RUN_ID,

@@ -10,6 +10,8 @@ Design choices:
   it, every unit (input file) whose record and parts exist is skipped, so a crashed run resumes.
 - The tokenizer's own JSON is stored beside the parts (`tokenizer.json`), so the tokens can be decoded.
 - Hashing and tokenizing both run per file on the same `Runner` (inline, or spawned worker processes).
+- Three stages with all state in the store (`plan.json`, unit records, the manifest), so the pipeline can
+  run them as separate steps: plan, one step per input file (a ParallelFor), finish.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from ddiloco.textcorpus.errors import CorpusError
 from ddiloco.textcorpus.inputs import MAX_OBJECT_BYTES, fingerprint, is_local, list_inputs
 from ddiloco.textcorpus.npyparts import token_dtype
 from ddiloco.textcorpus.runner import Runner
-from ddiloco.textcorpus.unit import run_unit
-from ddiloco.tokenizer import Tokenizer
+from ddiloco.textcorpus.unit import done_record, run_unit
+from ddiloco.tokenizer import Tokenizer, tokenizer_from_json
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ FORMAT_VERSION = 1
 DEFAULT_SHARD_TOKENS = 1 << 25
 """Tokens per part: 64 MiB of uint16 (128 MiB of uint32), the bulk of a worker's memory."""
 MANIFEST = "manifest.json"
+PLAN = "plan.json"
 TOKENIZER = "tokenizer.json"
 _MANIFEST_MAX_BYTES = 256 << 20
 
@@ -104,56 +107,47 @@ def tokenize_to_npy(
     max_object_bytes: int = MAX_OBJECT_BYTES,
 ) -> TokenizedCorpus:
     """Tokenize every supported file of `inputs` (a path or store URL) into `.npy` parts under a
-    content-addressed prefix of `out_store` below `out_prefix` ('' for the store's root); reuse them if done."""
+    content-addressed prefix of `out_store` below `out_prefix` ('' for the store's root); reuse them if done.
+    The three stages (`plan_corpus`, one `run_planned_unit` per file, `finish_corpus`) are what the pipeline's
+    tokenize steps run one by one (the units as a ParallelFor)."""
     t0 = time.monotonic()
-    dtype = token_dtype(tokenizer.vocab_size)
-    if shard_tokens < 1:
-        raise CorpusError(f"shard_tokens must be positive, got {shard_tokens}")
     _check_processes(workers, inputs, out_store)
-    files = list_inputs(inputs)
-    by_size = sorted(range(len(files)), key=lambda i: -files[i].size)
-    tok_json = tokenizer.to_json()
-    tok_sha = hashlib.sha256(tok_json.encode()).hexdigest()
     with Runner(workers) as runner:
-        kw = {"max_object_bytes": max_object_bytes}
-        digests = runner.map(
-            "fingerprint", fingerprint, [((inputs, f.name), kw) for f in files], order=by_size
+        plan = plan_corpus(
+            inputs,
+            out_store,
+            out_prefix,
+            tokenizer,
+            shard_tokens=shard_tokens,
+            field=field,
+            max_object_bytes=max_object_bytes,
+            runner=runner,
         )
         hash_seconds = time.monotonic() - t0
-        described = [
-            {"name": f.name, "size": f.size, "sha256": d} for f, d in zip(files, digests, strict=True)
-        ]
-        key = corpus_key(described, tok_sha, field, shard_tokens)
-        prefix = "/".join(p for p in (out_prefix.strip("/"), f"corpus-{key}") if p)
-        url = f"{out_store.url}/{prefix}"
-        found = out_store.get_json_or_none(f"{prefix}/{MANIFEST}", max_bytes=_MANIFEST_MAX_BYTES)
-        if found is not None:
-            log.info("reusing %d tokens at %s (manifest found): nothing tokenized", found["tokens"], url)
-            return TokenizedCorpus(url, prefix, found, True, workers, time.monotonic() - t0, hash_seconds)
-        out_store.put(f"{prefix}/{TOKENIZER}", tok_json.encode())
+        if plan["reused"]:
+            found = out_store.get_json(f"{plan['prefix']}/{MANIFEST}", max_bytes=_MANIFEST_MAX_BYTES)
+            return TokenizedCorpus(
+                plan["url"], plan["prefix"], found, True, workers, time.monotonic() - t0, hash_seconds
+            )
+        tok_json = tokenizer.to_json()
         common = {"field": field, "shard_tokens": shard_tokens, "max_object_bytes": max_object_bytes}
+        by_size = sorted(plan["units"], key=lambda i: -plan["inputs"][i]["size"])
         records = runner.map(
             "tokenize_file",
             lambda src, name, _url, pre, unit, _tok, **kw: run_unit(
                 src, name, out_store, pre, unit, tokenizer, **kw
             ),
-            [((inputs, f.name, out_store.url, prefix, i, tok_json), common) for i, f in enumerate(files)],
+            [
+                ((inputs, f["name"], out_store.url, plan["prefix"], i, tok_json), common)
+                for i, f in enumerate(plan["inputs"])
+            ],
             order=by_size,
         )
-    if not any(r["documents"] for r in records):
-        raise CorpusError(
-            f"input {inputs!r} contains no text (all files, lines or fields are empty); check --field"
-        )
-    manifest = build_manifest(
-        described, records, tokenizer, tok_json, tok_sha, dtype.name, field, shard_tokens, key
-    )
-    if not out_store.create_json(f"{prefix}/{MANIFEST}", manifest):
-        log.info("another run wrote the manifest of %s first; using it", url)
-        manifest = out_store.get_json(f"{prefix}/{MANIFEST}", max_bytes=_MANIFEST_MAX_BYTES)
+    manifest = finish_corpus(out_store, plan["prefix"], tokenizer)
     ran = [r for r in records if not r["skipped"]]
     result = TokenizedCorpus(
-        url,
-        prefix,
+        plan["url"],
+        plan["prefix"],
         manifest,
         False,
         workers,
@@ -169,10 +163,118 @@ def tokenize_to_npy(
         manifest["documents"],
         manifest["tokens"],
         len(manifest["parts"]),
-        url,
+        plan["url"],
         result.seconds,
     )
     return result
+
+
+def plan_corpus(
+    inputs: str,
+    out_store: Store,
+    out_prefix: str,
+    tokenizer: Tokenizer,
+    *,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    field: str = "text",
+    max_object_bytes: int = MAX_OBJECT_BYTES,
+    runner: Runner | None = None,
+) -> dict[str, Any]:
+    """Stage 1: list and fingerprint the inputs, find the content address; unless its manifest exists
+    (`reused`), write the tokenizer and `plan.json` there. The plan names one unit per input file."""
+    if shard_tokens < 1:
+        raise CorpusError(f"shard_tokens must be positive, got {shard_tokens}")
+    token_dtype(tokenizer.vocab_size)  # refuses a vocabulary no dtype holds
+    files = list_inputs(inputs)
+    by_size = sorted(range(len(files)), key=lambda i: -files[i].size)
+    kw = {"max_object_bytes": max_object_bytes}
+    jobs = [((inputs, f.name), kw) for f in files]
+    if runner is None:
+        digests = [fingerprint(*a, **k) for a, k in jobs]
+    else:
+        digests = runner.map("fingerprint", fingerprint, jobs, order=by_size)
+    described = [{"name": f.name, "size": f.size, "sha256": d} for f, d in zip(files, digests, strict=True)]
+    tok_json = tokenizer.to_json()
+    tok_sha = hashlib.sha256(tok_json.encode()).hexdigest()
+    key = corpus_key(described, tok_sha, field, shard_tokens)
+    prefix = "/".join(p for p in (out_prefix.strip("/"), f"corpus-{key}") if p)
+    plan = {
+        "url": f"{out_store.url}/{prefix}",
+        "prefix": prefix,
+        "key": key,
+        "source": inputs,
+        "inputs": described,
+        "field": field,
+        "shard_tokens": shard_tokens,
+        "max_object_bytes": max_object_bytes,
+        "tokenizer_sha256": tok_sha,
+    }
+    if out_store.exists(_at(prefix, MANIFEST)):
+        log.info("reusing the tokens at %s (manifest found): nothing tokenized", plan["url"])
+        return {**plan, "reused": True, "units": []}
+    out_store.put(_at(prefix, TOKENIZER), tok_json.encode())
+    out_store.put_json(_at(prefix, PLAN), plan)
+    return {**plan, "reused": False, "units": list(range(len(files)))}
+
+
+def _at(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
+
+
+def run_planned_unit(out_store: Store, prefix: str, unit: int) -> dict[str, Any]:
+    """Stage 2, one per input file (a ParallelFor iteration): tokenize unit `unit` of the plan at `prefix`."""
+    plan = out_store.get_json(_at(prefix, PLAN), max_bytes=_MANIFEST_MAX_BYTES)
+    tok_json = out_store.get(_at(prefix, TOKENIZER), max_bytes=_MANIFEST_MAX_BYTES).decode()
+    name = plan["inputs"][unit]["name"]
+    return run_unit(
+        plan["source"],
+        name,
+        out_store,
+        prefix,
+        unit,
+        tokenizer_from_json(tok_json),
+        field=plan["field"],
+        shard_tokens=plan["shard_tokens"],
+        max_object_bytes=plan["max_object_bytes"],
+    )
+
+
+def finish_corpus(out_store: Store, prefix: str, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
+    """Stage 3: once every unit is done, write the manifest (write-once) and return it."""
+    found = out_store.get_json_or_none(_at(prefix, MANIFEST), max_bytes=_MANIFEST_MAX_BYTES)
+    if found is not None:
+        return found
+    plan = out_store.get_json(_at(prefix, PLAN), max_bytes=_MANIFEST_MAX_BYTES)
+    tok_json = out_store.get(_at(prefix, TOKENIZER), max_bytes=_MANIFEST_MAX_BYTES).decode()
+    tokenizer = tokenizer or tokenizer_from_json(tok_json)
+    records = []
+    for unit, f in enumerate(plan["inputs"]):
+        record = done_record(out_store, prefix, unit, f["name"])
+        if record is None:
+            raise CorpusError(
+                f"unit {unit} ({f['name']}) of {plan['url']} is not tokenized yet; run it first"
+            )
+        records.append(record)
+    if not any(r["documents"] for r in records):
+        raise CorpusError(
+            f"input {plan['source']!r} contains no text (all files, lines or fields are empty); check --field"
+        )
+    dtype = token_dtype(tokenizer.vocab_size).name
+    manifest = build_manifest(
+        plan["inputs"],
+        records,
+        tokenizer,
+        tok_json,
+        plan["tokenizer_sha256"],
+        dtype,
+        plan["field"],
+        plan["shard_tokens"],
+        plan["key"],
+    )
+    if not out_store.create_json(_at(prefix, MANIFEST), manifest):
+        log.info("another run wrote the manifest of %s first; using it", plan["url"])
+        manifest = out_store.get_json(_at(prefix, MANIFEST), max_bytes=_MANIFEST_MAX_BYTES)
+    return manifest
 
 
 def build_manifest(

@@ -75,9 +75,15 @@ def pretrain(compiled):
 
 
 def test_learners_syncer_and_chaos_run_side_by_side_after_prepare(pretrain):
-    assert pretrain.deps("tokenize") == [] and pretrain.deps("prepare") == ["tokenize"]
+    # Data first: tokenize-plan, a ParallelFor of tokenize-unit over its units, tokenize-finish after the
+    # whole loop, whose output (the corpus URL) prepare reads.
+    assert pretrain.deps("tokenize-plan") == [] and pretrain.deps("prepare") == ["tokenize-finish"]
+    assert pretrain.deps("tokenize-finish") == ["tokenize", "tokenize-plan"]
+    units = pretrain.tasks["tokenize"][1]
+    assert units["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--tokenize-plan-units"
+    assert units["iteratorPolicy"]["parallelismLimit"] == PIPELINES["pretrain"].tokenize_parallelism
     corpus = pretrain.tasks["prepare"][1]["inputs"]["parameters"]["corpus"]["taskOutputParameter"]
-    assert corpus == {"producerTask": "tokenize", "outputParameterKey": "Output"}  # the tokenized prefix
+    assert corpus == {"producerTask": "tokenize-finish", "outputParameterKey": "Output"}
     for name in ("learners", "syncer", "chaos"):
         assert pretrain.deps(name) == ["prepare"], name
     loop = pretrain.tasks["learners"][1]
@@ -134,7 +140,7 @@ def test_retries_and_no_caching(pretrain):
         assert policy["maxRetryCount"] == retries and policy["backoffDuration"] == opts.backoff
     assert opts.learner_retries >= 50
     for name, (_, task) in pretrain.tasks.items():
-        if "componentRef" in task and name not in ("learners", "run"):
+        if "componentRef" in task and name not in ("learners", "tokenize", "run"):  # not the loops
             assert task["cachingOptions"] == {}, (
                 f"{name} must not be cached (enableCache false is the empty message)"
             )

@@ -17,7 +17,8 @@ from ddiloco.components.runtime import (
     model_pointer,
     prepare_settings,
     publish_file,
-    tokenized_corpus,
+    tokenize_finish,
+    tokenize_plan,
 )
 
 
@@ -62,10 +63,11 @@ def test_prepare_settings_put_the_ui_knobs_last():
     assert hf[-1] == "model.hf=s3://models/qwen3"  # the UI's model parameter wins over an override
     data = prepare_settings(["data.source=old.jsonl"], 1, 0, 0, "", 8, "", " s3://b/corpora/corpus-1 ")
     assert data[-1] == "data.source=s3://b/corpora/corpus-1"  # the tokenize step's corpus wins too
-    assert tokenized_corpus("s3://b/p", "", " s3://b/tokens ") == "s3://b/tokens"  # no text: passed on
-    assert tokenized_corpus("s3://b/p", "", "") == ""  # neither: the recipe's data
+    assert tokenize_plan("s3://b/p", "", " s3://b/tokens ") == ([], "s3://b/tokens", False)  # passed on
+    assert tokenize_plan("s3://b/p", "", "") == ([], "", False)  # neither: the recipe's data
+    assert tokenize_finish("s3://b/tokens", False) == "s3://b/tokens"  # nothing tokenized: nothing to finish
     with pytest.raises(ValueError, match="not both"):
-        tokenized_corpus("s3://b/p", "s3://b/text", "s3://b/tokens")
+        tokenize_plan("s3://b/p", "s3://b/text", "s3://b/tokens")
     with pytest.raises(ValueError, match="compiled for 1..8"):
         prepare_settings([], 9, 0, 0, "", 8)
     with pytest.raises(ValueError, match="strings like"):

@@ -103,7 +103,8 @@ def test_the_pipeline_runs_end_to_end_under_the_profile_identity(pretrain_run):
     run, s3 = pretrain_run
     assert run.phase == "Succeeded", run.explain()
     for name in (
-        "tokenize",
+        "tokenize-plan",
+        "tokenize-finish",
         "prepare",
         "syncer",
         "chaos",
@@ -122,7 +123,9 @@ def test_the_pipeline_runs_end_to_end_under_the_profile_identity(pretrain_run):
     store = open_store(root, env=s3.env())
     assert store.get_json("config.json")["run_id"] == run.run_id
     # The text was tokenized by the tokenize step into the store and read in place: no shard in the run root.
-    corpus = run.task("tokenize").outputs["Output"]
+    units = run.find("tokenize-unit")  # the ParallelFor: one pod per input file
+    assert len(units) == 2 and all(u.phase == "Succeeded" for u in units), run.explain()
+    corpus = run.task("tokenize-finish").outputs["Output"]
     assert corpus.startswith(f"s3://{s3.bucket}/private/{NAMESPACE}/ddiloco/corpora/corpus-"), corpus
     assert store.get_json("data/corpus.json")["source"] == corpus and not store.list("data/shards")
     assert (
