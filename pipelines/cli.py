@@ -130,6 +130,7 @@ def _compile_changes(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "registry": args.registry,
         "max_learners": args.max_learners,
+        "tokenize_parallelism": getattr(args, "tokenize_parallelism", None),
         "gpus_per_learner": args.gpus_per_learner,
         "accelerator": args.accelerator,
         "learner_retries": args.learner_retries,
@@ -266,6 +267,9 @@ def _compile_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-learners", type=int, help="ParallelFor parallelism: the most learners a run may have"
+    )
+    g.add_argument(
+        "--tokenize-parallelism", type=int, help="tokenize-unit pods at once when a run gives text_corpus"
     )
     g.add_argument("--gpus-per-learner", type=int)
     g.add_argument("--accelerator", help="GPU resource name (default nvidia.com/gpu)")
