@@ -19,13 +19,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import resource
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from ddiloco.procinfo import peak_rss_bytes
 from ddiloco.store.base import Store
 from ddiloco.textcorpus.formats import iter_documents
 from ddiloco.textcorpus.inputs import MAX_OBJECT_BYTES, open_input, where
@@ -132,7 +132,7 @@ def run_unit(
         "parts": parts,
         "seconds": round(time.monotonic() - t0, 3),
         "pid": os.getpid(),
-        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_bytes": peak_rss_bytes() or 0,
     }
     store.put_json(unit_record_key(prefix, unit), record)  # last: the unit is done
     log.info(
@@ -145,19 +145,6 @@ def run_unit(
         record["seconds"],
     )
     return {**record, "skipped": False}
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory: VmHWM of /proc/self/status where there is one, else getrusage's
-    ru_maxrss, which after a spawn (fork + exec) may still carry the parent's high-water mark."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def _batches(docs: Iterator[str]) -> Iterator[list[str]]:
