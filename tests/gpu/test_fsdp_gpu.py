@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from ddiloco.globalmodel import make_layout
 from ddiloco.learner.accel import train_step
 from ddiloco.learner.fsdp import full_tensors, load_full, shard_model, state_bytes_per_rank
 from ddiloco.model import GPT, GPTConfig, configure_optimizer, init_model
+from tests._ranks import free_port, spawn_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -98,24 +97,8 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
     out, world = tmp_path_factory.mktemp("fsdp_gpu"), _world()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.start_processes(
-        _rank_main, args=(world, port, str(out)), nprocs=world, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + 300
-    try:
-        while not ctx.join(timeout=1.0):
-            assert time.monotonic() < deadline, "the ranks did not finish"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    spawn_ranks(_rank_main, (world, free_port(), str(out)), world, 300)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 

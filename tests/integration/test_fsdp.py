@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -21,16 +19,11 @@ from ddiloco.globalmodel import make_layout
 from ddiloco.learner.accel import train_step
 from ddiloco.learner.fsdp import full_tensors, load_full, shard_model, state_bytes_per_rank
 from ddiloco.model import GPTConfig, configure_optimizer, init_model
+from tests._ranks import free_port, spawn_ranks
 
 WORLD, STEPS, B, T = 2, 3, 4, 32
 LR, CLIP, FRAGMENTS = 1e-2, 0.5, 6
 CFG = dict(vocab_size=257, block_size=T, n_layer=2, n_head=4, n_embd=32)  # 257 rows: uneven shards
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,21 +93,8 @@ def _rank_main(rank: int, port: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, list[dict]]:
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("fsdp")
-    ctx = mp.start_processes(
-        _rank_main, args=(_free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + 120
-    try:
-        while not ctx.join(timeout=1.0):
-            assert time.monotonic() < deadline, "the ranks did not finish"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    spawn_ranks(_rank_main, (free_port(), str(out)), WORLD, 120)
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
-import time
 from pathlib import Path
 
 import torch
@@ -31,15 +29,10 @@ from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config
+from tests._ranks import free_port, spawn_ranks
 
 WORLD = 2
 STEPS = 5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, url: str | None, port: int, max_steps: int | None, out: str) -> None:
@@ -75,21 +68,8 @@ def _rank_main(rank: int, url: str | None, port: int, max_steps: int | None, out
 
 
 def _launch(url: str | None, out: Path, max_steps: int | None, timeout: float = 120) -> list[dict]:
-    import torch.multiprocessing as mp
-
     out.mkdir(parents=True, exist_ok=True)
-    ctx = mp.start_processes(
-        _rank_main, args=(url, _free_port(), max_steps, str(out)), nprocs=WORLD, join=False, start_method="spawn"
-    )  # fmt: skip
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=1.0):
-            assert time.monotonic() < deadline, "the ranks did not finish"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    spawn_ranks(_rank_main, (url, free_port(), max_steps, str(out)), WORLD, timeout)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
