@@ -17,7 +17,8 @@ Design choices:
 - Learner id i reads slot i (one slot per id the run may have, `diloco.max_learners`), streamed with range
   reads and a bounded read-ahead (`ddiloco.tokens.stream.StreamLoader`): its memory does not depend on the
   corpus size. Reports describe a slot as a shard (`ddiloco.shards`): shard i, its span in a notional
-  concatenation of the slots. DDP ranks inside a learner are not supported on a streamed corpus yet.
+  concatenation of the slots. DDP ranks inside a learner share their slot's chunks (rank r reads every
+  ranks-th chunk from the r-th) and open the corpus themselves (the pod's store credentials).
 """
 
 from __future__ import annotations
@@ -145,16 +146,31 @@ def read_corpus_doc(run_store: Store) -> dict[str, Any]:
 
 
 def open_loader(
-    doc: dict[str, Any], slot: int, *, batch_size: int, seq_len: int, seed: int
+    doc: dict[str, Any],
+    slot: int,
+    *,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    part: tuple[int, int] = (0, 1),
 ) -> StreamLoader | MixtureLoader:
-    """Learner slot `slot`'s batches, streamed from the corpus (or the mixture) `doc` names (data/corpus.json)."""
+    """Learner slot `slot`'s batches, streamed from the corpus (or the mixture) `doc` names (data/corpus.json);
+    `part` = (rank, ranks): a DDP rank's share, every ranks-th chunk of the slot from the rank-th."""
     shape = {"batch_size": batch_size, "seq_len": seq_len, "seed": seed}
+
+    def share(plan: dict[str, Any]) -> list[list[int]]:
+        rank, ranks = part
+        chunks = slot_chunks(plan, slot)[rank::ranks]
+        if not chunks:
+            raise ConfigError(
+                f"slot {slot} has fewer chunks than the learner's {ranks} ranks; lower data.chunk_tokens"
+            )
+        return chunks
+
     if "mixture" not in doc:
-        return StreamLoader(_store_of(doc), doc["manifest"], slot_chunks(doc["plan"], slot), **shape)
+        return StreamLoader(_store_of(doc), doc["manifest"], share(doc["plan"]), **shape)
     parts = doc["mixture"]
-    loaders = [
-        StreamLoader(_store_of(p), p["manifest"], slot_chunks(p["plan"], slot), **shape) for p in parts
-    ]
+    loaders = [StreamLoader(_store_of(p), p["manifest"], share(p["plan"]), **shape) for p in parts]
     return MixtureLoader(loaders, [p["name"] for p in parts], [p["weight"] for p in parts], seed=seed)
 
 

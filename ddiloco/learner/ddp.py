@@ -50,6 +50,7 @@ from ddiloco.learner.accel import (
 )
 from ddiloco.model import configure_optimizer
 from ddiloco.schedule import lr_at, progress_of
+from ddiloco.streamed import open_loader
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +126,21 @@ class Group:
 
     # --- hand-shake ----------------------------------------------------------------------------------------
     def lead_handshake(
-        self, cfg: RunConfig, layout: Layout, learner_id: int, tokens: torch.Tensor
-    ) -> torch.Tensor:
-        """Send the run to the followers with their slices of the shard; returns rank 0's own slice."""
+        self,
+        cfg: RunConfig,
+        layout: Layout,
+        learner_id: int,
+        tokens: torch.Tensor | None,
+        corpus: dict[str, Any] | None = None,
+        slot: int = 0,
+    ) -> torch.Tensor | None:
+        """Send the run to the followers with their slices of the shard (returns rank 0's own slice), or, on
+        a streamed corpus, the corpus document and the slot whose chunks the ranks share (returns None)."""
         self._send_control(HELLO)
         head = {"config": cfg.to_dict(), "layout": layout.to_json(), "learner_id": learner_id}
+        if tokens is None:
+            self._bcast_bytes(json.dumps({**head, "corpus": corpus, "slot": slot}).encode())
+            return None
         self._bcast_bytes(json.dumps({**head, "dtype": str(tokens.dtype)}).encode())
         b = slice_bounds(tokens.numel(), self.world_size)
         for r in range(1, self.world_size):
@@ -137,14 +148,18 @@ class Group:
             dist.send(tokens[b[r] : b[r + 1]].contiguous(), dst=r, group=self.control)
         return tokens[b[0] : b[1]]
 
-    def follower_handshake(self) -> tuple[RunConfig, Layout, int, torch.Tensor]:
+    def follower_handshake(self) -> tuple[RunConfig, Layout, int, torch.Tensor | dict[str, Any]]:
+        """(config, layout, learner id, this rank's slice of the shard or the streamed corpus's
+        {"corpus", "slot"})."""
         head = json.loads(self._bcast_bytes(None))
+        cfg, layout = RunConfig.from_dict(head["config"]), Layout.from_json(head["layout"])
+        if "corpus" in head:
+            return cfg, layout, int(head["learner_id"]), {"corpus": head["corpus"], "slot": head["slot"]}
         n = torch.zeros(1, dtype=torch.int64)
         dist.recv(n, src=0, group=self.control)
         tokens = torch.empty(int(n), dtype=_TOKEN_DTYPES[head["dtype"]])
         dist.recv(tokens, src=0, group=self.control)
-        cfg = RunConfig.from_dict(head["config"])
-        return cfg, Layout.from_json(head["layout"]), int(head["learner_id"]), tokens
+        return cfg, layout, int(head["learner_id"]), tokens
 
     # --- start: parameters, AdamW state, inner step, data cursors ---------------------------------------
     def lead_start(
@@ -159,27 +174,22 @@ class Group:
         self._bcast(torch.tensor([inner_step, *has], dtype=torch.int64))
         steps = [float(opt.state[p]["step"]) if h else 0.0 for p, h in zip(params, has, strict=True)]
         self._bcast(torch.tensor(steps, dtype=torch.float64))
-        rows = [[-1, -1, -1]] * self.world_size
-        for r, c in enumerate(cursors or []):
-            if r < self.world_size and isinstance(c, dict):
-                rows[r] = [int(c.get("epoch", -1)), int(c.get("index", -1)), int(c.get("num_tokens", -1))]
-        self._bcast(torch.tensor(rows, dtype=torch.int64))
+        mine = [c if isinstance(c, dict) else None for c in (cursors or [])][: self.world_size]
+        self._bcast_bytes(json.dumps(mine).encode())  # each rank's data cursor from the checkpoint, or null
         self._bcast_state(params, opt, has)
 
-    def follower_start(self, model: torch.nn.Module, opt: torch.optim.Optimizer, loader: ShardLoader) -> int:
+    def follower_start(self, model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any) -> int:
         params = list(model.parameters())
         head = self._bcast(torch.zeros(1 + len(params), dtype=torch.int64)).tolist()
         inner_step, has = head[0], [bool(h) for h in head[1:]]
         steps = self._bcast(torch.zeros(len(params), dtype=torch.float64)).tolist()
-        epoch, index, num_tokens = self._bcast(torch.zeros(self.world_size, 3, dtype=torch.int64))[
-            self.rank
-        ].tolist()
-        if epoch >= 0 and num_tokens == loader.tokens.numel():
-            loader.load_state_dict({"seed": loader.seed, "epoch": epoch, "index": index})
-        elif epoch >= 0:
-            log.warning(
-                "rank %d: data cursor is for another slice (new world size?); reading afresh", self.rank
-            )
+        cursors = json.loads(self._bcast_bytes(None))
+        cursor = cursors[self.rank] if self.rank < len(cursors) else None
+        if cursor is not None:
+            try:
+                loader.load_state_dict({"seed": loader.seed, **cursor})
+            except ValueError as e:
+                log.warning("rank %d: data cursor not restored (%s); reading afresh", self.rank, e)
         fused = any(g.get("fused") or g.get("capturable") for g in opt.param_groups)
         for p, h, s in zip(params, has, steps, strict=True):
             if h:
@@ -218,12 +228,28 @@ class Group:
     def gather_cursors(self, own: dict) -> list[dict]:
         """Rank 0: every rank's data cursor (for a checkpoint); followers answer in `Follower.run`."""
         self._send_control(CURSOR)
-        rows = [torch.zeros(3, dtype=torch.int64) for _ in range(self.world_size)]
-        dist.gather(_cursor_row(own), rows, dst=0, group=self.control)
-        return [{"epoch": e, "index": i, "num_tokens": n} for e, i, n in (r.tolist() for r in rows)]
+        return [json.loads(b) for b in self._gather_bytes(json.dumps(own).encode())]
 
-    def send_cursor(self, loader: ShardLoader) -> None:
-        dist.gather(_cursor_row(loader.state_dict()), None, dst=0, group=self.control)
+    def send_cursor(self, loader: Any) -> None:
+        self._gather_bytes(json.dumps(loader.state_dict()).encode())
+
+    def _gather_bytes(self, blob: bytes) -> list[bytes]:
+        """Every rank's bytes on rank 0 (lengths first, then padded to the longest): JSON, never pickle."""
+        n = torch.tensor([len(blob)], dtype=torch.int64)
+        lengths = (
+            [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)] if self.rank == 0 else None
+        )
+        dist.gather(n, lengths, dst=0, group=self.control)
+        longest = self._bcast(
+            torch.tensor([max(int(x) for x in lengths) if lengths else 0], dtype=torch.int64)
+        )
+        buf = torch.zeros(int(longest), dtype=torch.uint8)
+        buf[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else buf[:0]
+        got = [torch.zeros_like(buf) for _ in range(self.world_size)] if self.rank == 0 else None
+        dist.gather(buf, got, dst=0, group=self.control)
+        if got is None or lengths is None:
+            return []
+        return [bytes(g[: int(k)].numpy()) for g, k in zip(got, lengths, strict=True)]
 
     def stop(self) -> None:
         """Rank 0: end the followers (idempotent)."""
@@ -236,8 +262,23 @@ class Group:
         dist.destroy_process_group()
 
 
-def _cursor_row(state: dict) -> torch.Tensor:
-    return torch.tensor([state["epoch"], state["index"], state["num_tokens"]], dtype=torch.int64)
+def lead_handshake_loader(
+    group: Group,
+    cfg: RunConfig,
+    layout: Layout,
+    learner_id: int,
+    loader: Any,
+    corpus: dict[str, Any] | None,
+    slot: int,
+) -> Any:
+    """Rank 0's hand-shake; returns its own loader: over its slice of the shard, or over its share of the
+    streamed corpus's slot (`ddiloco.streamed.open_loader` with part (0, ranks))."""
+    shape = {"batch_size": loader.batch_size, "seq_len": loader.seq_len, "seed": loader.seed}
+    if isinstance(loader, ShardLoader):
+        return ShardLoader(group.lead_handshake(cfg, layout, learner_id, loader.tokens), **shape)
+    group.lead_handshake(cfg, layout, learner_id, None, corpus, slot)
+    loader.close()
+    return open_loader(corpus, slot, **shape, part=(0, group.world_size))
 
 
 class Follower:
@@ -255,12 +296,16 @@ class Follower:
             torch.set_num_threads(t.threads)
         self.model = build_model(self.layout, self.cfg.seed, device=dev)
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))
-        self.loader = ShardLoader(
-            tokens,
-            batch_size=t.batch_for(self.learner_id),
-            seq_len=self.cfg.model.seq_len,
-            seed=rank_seed(self.cfg.seed * 1000 + self.learner_id, group.rank),
-        )
+        shape = {
+            "batch_size": t.batch_for(self.learner_id),
+            "seq_len": self.cfg.model.seq_len,
+            "seed": rank_seed(self.cfg.seed * 1000 + self.learner_id, group.rank),
+        }
+        if isinstance(tokens, dict):  # a streamed corpus: this rank's share of the slot's chunks
+            part = (group.rank, group.world_size)
+            self.loader = open_loader(tokens["corpus"], tokens["slot"], **shape, part=part)
+        else:
+            self.loader = ShardLoader(tokens, **shape)
         self.precision = resolve_precision(t.precision, dev)
         self.net = maybe_compile(group.wrap(self.model), t.compile)
         self.params = self.layout.members(dict(self.model.named_parameters()))  # by fragment member

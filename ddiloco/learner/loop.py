@@ -60,7 +60,7 @@ from ddiloco.learner.accel import (
     train_step,
 )
 from ddiloco.learner.checkpoint import checkpoint_every_s, restore_learner
-from ddiloco.learner.ddp import Group, rank_seed
+from ddiloco.learner.ddp import Group, lead_handshake_loader, rank_seed
 from ddiloco.learner.exchange import Exchange
 from ddiloco.learner.health import Heartbeats, IoErrors, MergeBound
 from ddiloco.learner.io import (
@@ -123,11 +123,6 @@ class Opened:
         shard = assign_shard(learner_id, meta["shard_tokens"])  # warns when the id has no shard of its own
         tokens, corpus = None, None
         if meta.get("streamed"):  # a pre-tokenized corpus read in place (`ddiloco.streamed`)
-            if group is not None:
-                raise ConfigError(
-                    "a pre-tokenized corpus is streamed to single-process learners only; set train.ranks=1 "
-                    "or give text as data.source"
-                )
             corpus = read_corpus_doc(store)
         else:
             span = shard.end - shard.start
@@ -207,6 +202,7 @@ class Learner:
         seed = rank_seed(cfg.seed * 1000 + learner_id, 0)
         batch, seq_len = t.batch_for(learner_id), cfg.model.seq_len
         self.loader = opened.loader(batch_size=batch, seq_len=seq_len, seed=seed)
+        self._corpus = opened.corpus  # a streamed corpus's document: DDP ranks open their share of it
         self.model = build_model(self.layout, cfg.seed, device=self.device)
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))  # fused on CUDA
         self.net = maybe_compile(self.model, t.compile) if group is None else self.model  # DDP: `_join_ranks`
@@ -250,9 +246,9 @@ class Learner:
     def _join_ranks(self, group: Group) -> None:
         """Hand the run and their slices of the shard to the other ranks, wrap the model in DDP. Done here, not
         in `open` (which the CLI retries while the store is unavailable), so the ranks hand-shake once."""
-        ld = self.loader
-        tokens = group.lead_handshake(self.cfg, self.layout, self.learner_id, ld.tokens)
-        self.loader = ShardLoader(tokens, batch_size=ld.batch_size, seq_len=ld.seq_len, seed=ld.seed)
+        self.loader = lead_handshake_loader(
+            group, self.cfg, self.layout, self.learner_id, self.loader, self._corpus, self.shard.shard
+        )
         self.net = maybe_compile(group.wrap(self.model), self.cfg.train.compile)
 
     def start(self, wait_timeout: float | None = None) -> None:

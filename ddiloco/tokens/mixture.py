@@ -46,6 +46,14 @@ class MixtureLoader:
         self.tokens_by_source = dict.fromkeys(self.names, 0)
 
     @property
+    def batch_size(self) -> int:
+        return self.loaders[0].batch_size
+
+    @property
+    def seq_len(self) -> int:
+        return self.loaders[0].seq_len
+
+    @property
     def tokens_per_batch(self) -> int:
         return self.loaders[0].tokens_per_batch
 

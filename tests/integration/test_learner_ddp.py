@@ -154,3 +154,44 @@ def test_single_process_learner_has_no_group_and_early_exit_releases_followers(t
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert ddp.from_env("cpu") is None
     assert _launch(None, tmp_path, None, timeout=60) == [{}, {}]
+
+
+def test_two_ranks_share_a_streamed_corpus_slot_and_resume_their_own_cursors(tmp_path):
+    """A pre-tokenized corpus read in place (`ddiloco.streamed`): rank r reads every second chunk of the
+    learner's slot from the r-th, the ranks stay identical, and a second launch resumes each rank's stream
+    cursor from the checkpoint (cursors travel as JSON, not as ShardLoader rows)."""
+    import numpy as np
+
+    from ddiloco.data import tokenize_corpus
+    from ddiloco.streamed import open_loader, read_corpus_doc
+    from ddiloco.synthetic import make_world, synthetic_documents
+    from ddiloco.tokenizer import ByteTokenizer
+
+    ids = tokenize_corpus(synthetic_documents(make_world(0, 8), 0, 1200), ByteTokenizer()).numpy()
+    (tmp_path / "corpus").mkdir()
+    for i, part in enumerate(np.array_split(ids, 3)):
+        np.save(tmp_path / "corpus" / f"part-{i}.npy", part.astype(np.uint16))
+    url = f"file://{tmp_path}/store/ddp-stream"
+    cfg = tiny_config(
+        "ddp-stream", "diloco.learners=1", "train.ranks=2", "train.checkpoint_every_s=0",
+        f"data.source={tmp_path / 'corpus'}", "data.tokenizer=byte", "data.chunk_tokens=2048",
+    )  # fmt: skip
+    store = open_store(url)
+    prepare(store, cfg)
+    a = _launch(url, tmp_path / "a", STEPS)
+    assert a[0]["steps"] == a[1]["steps"] == STEPS
+    p0, p1 = _params(tmp_path / "a", 0), _params(tmp_path / "a", 1)
+    assert all(torch.equal(p0[n], p1[n]) for n in p0)
+    cursors = _checkpoint_meta(store)["cursors"]
+    assert [c["format"] for c in cursors] == ["ddiloco.tokens.cursor/1"] * WORLD
+    assert cursors[0]["assignment"] != cursors[1]["assignment"], "the ranks read different chunks"
+
+    b = _launch(url, tmp_path / "b", 3)
+    doc, B = read_corpus_doc(store), cfg.train.batch_size
+    seed = ddp.rank_seed(cfg.seed * 1000, 1)
+    follower = open_loader(doc, 0, batch_size=B, seq_len=cfg.model.seq_len, seed=seed, part=(1, WORLD))
+    follower.load_state_dict(cursors[1])
+    for _ in range(3):
+        follower.next_batch()
+    assert b[1]["cursor"] == follower.state_dict()  # rank 1 resumed from its checkpointed cursor
+    follower.close()
