@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddiloco.errors import choose, require
+from ddiloco.errors import require
 
 
 @dataclass(kw_only=True, slots=True)
@@ -24,8 +24,9 @@ class DataConfig:
     pre-tokenized corpus read in place: a directory, `file://` or `s3://` prefix of `.npy` token files."""
     tokenizer: str = "auto"
     """`byte` (256 bytes + specials), `bpe` (byte-level BPE trained locally on the corpus), `model` (the
-    `model.hf` directory's own tokenizer) or `auto`: `model` when that directory has tokenizer files, else
-    `byte`."""
+    `model.hf` directory's own tokenizer), `auto`: `model` when that directory has tokenizer files, else
+    `byte`; or a path: a tokenizer.json (ddiloco's own or a `tokenizers` one) or a directory of tokenizer
+    files, e.g. the one `ddiloco tokenize` stored beside a pre-tokenized corpus."""
     vocab_size: int | None = None
     """BPE vocabulary size (only with tokenizer=bpe)."""
     jsonl_field: str = "text"
@@ -48,7 +49,12 @@ class DataConfig:
     reads shard i; an id ≥ num_shards shares shard i mod num_shards, with a warning (`ddiloco.shards`)."""
 
     def validate(self) -> None:
-        choose("data.tokenizer", self.tokenizer, ("auto", "byte", "bpe", "model"))
+        if self.tokenizer not in ("auto", "byte", "bpe", "model"):
+            require(
+                "/" in self.tokenizer or self.tokenizer.endswith(".json"),
+                f"data.tokenizer={self.tokenizer!r}: choose one of auto, byte, bpe, model, or give a path to a "
+                "tokenizer.json or a directory of tokenizer files",
+            )
         if self.tokenizer == "bpe":
             require(
                 self.vocab_size is not None and self.vocab_size >= 300,

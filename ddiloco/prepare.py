@@ -165,7 +165,8 @@ def _streamed(cfg: RunConfig, source: Store | None) -> RunData:
 
 
 def run_tokenizer(cfg: RunConfig, texts: list[str]) -> Tokenizer:
-    """The tokenizer `data.tokenizer` names (`auto`: the `model.hf` directory's own if it has one, else bytes)."""
+    """The tokenizer `data.tokenizer` names (`auto`: the `model.hf` directory's own if it has one, else bytes;
+    a path: that tokenizer.json or directory of tokenizer files)."""
     kind = cfg.data.tokenizer
     if kind in ("auto", "model") and cfg.model.hf:
         from ddiloco.hf.source import model_dir
@@ -179,6 +180,13 @@ def run_tokenizer(cfg: RunConfig, texts: list[str]) -> Tokenizer:
                 f"data.tokenizer=model: {path} has none of {', '.join(TOKENIZER_FILES)}; add the model's "
                 "tokenizer files there, or set data.tokenizer=byte or bpe"
             )
+    if kind not in ("auto", "model", "byte", "bpe"):  # a tokenizer.json or a directory of tokenizer files
+        from ddiloco.textcorpus.choose import tokenizer_from_spec
+
+        try:
+            return tokenizer_from_spec(kind)
+        except ValueError as e:
+            raise ConfigError(f"data.tokenizer={kind}: {e}") from None
     return build_tokenizer("byte" if kind in ("auto", "model") else kind, texts, cfg.data.vocab_size)
 
 

@@ -50,7 +50,8 @@ def _tokenized(tmp_path, docs: int = 1200):
 def test_learners_stream_disjoint_ranges_of_a_token_corpus_and_the_run_root_holds_no_copy(tmp_path):
     corpus, total = _tokenized(tmp_path)
     store = open_store("memory://streamed")
-    cfg = tiny_config("streamed", f"data.source={corpus}", "data.tokenizer=byte", *STREAMED)
+    stored = corpus.removeprefix("file://") + "/tokenizer.json"  # the tokenizer `ddiloco tokenize` used
+    cfg = tiny_config("streamed", f"data.source={corpus}", f"data.tokenizer={stored}", *STREAMED)
     meta = prepare(store, cfg)
     assert meta["streamed"] and sum(meta["shard_tokens"]) + meta["val_tokens"] == total
     assert not store.list("data/shards"), "no shard is copied into the run root"
@@ -87,6 +88,8 @@ def test_a_bad_token_corpus_is_refused_in_one_line_before_anything_is_written(tm
     with pytest.raises(ConfigError, match="was tokenized with another tokenizer"):
         prepare(store, tiny_config("bad", f"data.source={corpus}", "data.tokenizer=byte", *STREAMED))
     (corpus / "manifest.json").unlink()
+    with pytest.raises(ConfigError, match="data.tokenizer=/nowhere/tokenizer.json: .*neither"):
+        prepare(store, tiny_config("bad", f"data.source={corpus}", "data.tokenizer=/nowhere/tokenizer.json"))
     with pytest.raises(ConfigError, match="data.tokenizer=bpe"):
         prepare(
             store, tiny_config("bad", f"data.source={corpus}", "data.tokenizer=bpe", "data.vocab_size=400")
