@@ -15,6 +15,11 @@ class ConfigError(ValueError):
     """A configuration problem; the message says which key and what to change."""
 
 
+class CorpusError(ValueError):
+    """A corpus that cannot be read or tokenized as given (`ddiloco.tokens`, `ddiloco.textcorpus`); the
+    message names the file (and line or position) and says what to change."""
+
+
 def require(ok: bool, msg: str) -> None:
     """ConfigError(msg) unless ok: a config section's checks."""
     if not ok:

@@ -37,7 +37,7 @@ from ddiloco.data_config import mixture_name
 from ddiloco.errors import ConfigError
 from ddiloco.store.base import Store
 from ddiloco.tokenizer import Tokenizer
-from ddiloco.tokens.corpus import TokenCorpus
+from ddiloco.tokens.corpus import TokenCorpus, files_of
 from ddiloco.tokens.mixture import MixtureLoader
 from ddiloco.tokens.npy import CorpusError, read_tokens
 from ddiloco.tokens.ranges import plan_ranges, slot_chunks
@@ -188,8 +188,7 @@ def first_tokens(doc: dict[str, Any], slot: int, max_tokens: int) -> torch.Tenso
     """The first `max_tokens` tokens of slot `slot` in plan order (of a mixture's first source), as int64:
     e.g. SFT's replay windows."""
     doc = doc["mixture"][0] if "mixture" in doc else doc
-    store = _store_of(doc)
-    files = TokenCorpus.open(store).files
+    store, files = _store_of(doc), files_of(doc["manifest"])  # the planned files: no header read again
     parts, n = [], 0
     for f, s, count in slot_chunks(doc["plan"], slot):
         take = min(count, max_tokens - n)

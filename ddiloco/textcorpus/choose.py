@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddiloco.textcorpus.errors import CorpusError
+from ddiloco.errors import CorpusError
 from ddiloco.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, tokenizer_from_json
 
 _MAX_JSON_BYTES = 256 << 20

@@ -23,8 +23,8 @@ import logging
 import time
 from typing import Any
 
+from ddiloco.errors import CorpusError
 from ddiloco.store.base import Store
-from ddiloco.textcorpus.errors import CorpusError
 from ddiloco.textcorpus.inputs import MAX_OBJECT_BYTES, fingerprint, is_local, list_inputs
 from ddiloco.textcorpus.npyparts import token_dtype
 from ddiloco.textcorpus.runner import Runner

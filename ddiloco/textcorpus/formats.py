@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from ddiloco.textcorpus.errors import CorpusError
+from ddiloco.errors import CorpusError
 from ddiloco.textcorpus.inputs import suffix_of
 
 MAX_DOCUMENT_BYTES = 256 << 20

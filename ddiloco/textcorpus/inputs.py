@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from ddiloco.errors import CorpusError
 from ddiloco.store.base import NotFound, ObjectTooLarge
-from ddiloco.textcorpus.errors import CorpusError
 
 SUPPORTED = (".txt", ".md", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow")
 """Input file extensions: text (one document per file), JSON lines (one per line), Parquet, and the Arrow

@@ -19,9 +19,9 @@ import io
 
 import numpy as np
 
+from ddiloco.errors import CorpusError
 from ddiloco.store.base import Store
 from ddiloco.store.blob import Blob
-from ddiloco.textcorpus.errors import CorpusError
 
 UINT16_VOCAB = 1 << 16
 UINT32_VOCAB = 1 << 32

@@ -19,7 +19,7 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ddiloco.textcorpus.errors import CorpusError
+from ddiloco.errors import CorpusError
 
 
 def _call_json(fn_name: str, args_json: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ddiloco.errors import CorpusError
 from ddiloco.store.base import Store
 
 __all__ = ["CorpusError", "DTYPES", "HEADER_PROBE", "TokenFile", "parse_header", "read_header", "read_tokens"]
@@ -33,10 +34,6 @@ MAX_HEADER_BYTES = 65536
 DTYPES = {"<u2": "uint16", "<u4": "uint32"}
 """The `.npy` descr strings a token file may have, and their names."""
 _HOW = "numpy.save(path, ids.astype(numpy.uint32))"
-
-
-class CorpusError(ValueError):
-    """A token corpus that cannot be used as it is; the message names the file and says what to do."""
 
 
 @dataclasses.dataclass(frozen=True)

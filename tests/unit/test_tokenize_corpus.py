@@ -10,11 +10,11 @@ import pytest
 
 from ddiloco.cli.main import main
 from ddiloco.data import tokenize_corpus
+from ddiloco.errors import CorpusError
 from ddiloco.store.file import FileStore
 from ddiloco.store.memory import MemoryStore
 from ddiloco.textcorpus.choose import tokenizer_from_spec
 from ddiloco.textcorpus.corpus import tokenize_to_npy
-from ddiloco.textcorpus.errors import CorpusError
 from ddiloco.textcorpus.npyparts import token_dtype
 from ddiloco.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, train_bpe
 
