@@ -1,8 +1,8 @@
 """Parity: data-parallel vs synchronous DiLoCo vs Decoupled DiLoCo at equal compute, over seeds, plus ablations.
 
 Every configuration is a fresh run in its own temporary workdir, one at a time; every configuration runs once
-per seed (`--seeds N`: seeds 0 … N−1; the seed sets the initial model, the data order and, for the synthetic
-corpus, the corpus itself), and rows of the same seed share corpus, shards (for the same M) and initial model:
+per seed (`--seeds N`: seeds S … S+N−1, `--first-seed S`, 0 by default; the seed sets the initial model, the
+data order and, for the synthetic corpus, the corpus itself), and rows of the same seed share corpus, shards (for the same M) and initial model:
 
 - `dp`: `ddiloco.baseline` — M gloo ranks, gradients all-reduced every step, global batch M × B.
 - `sync`: the `sync-diloco` recipe — K = M, P = 1, H = 50, no grace window, fp32 uploads.
@@ -258,7 +258,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], l
         "--methods", default=None, help=f"comma list of {', '.join(METHODS)}, or none (default: all three)"
     )
     ap.add_argument("--ablations", default="none", help=f"comma list of {', '.join(ABLATIONS)}, all, or none")
-    ap.add_argument("--seeds", type=int, default=None, help="run every configuration for seeds 0 … N−1 (1)")
+    ap.add_argument("--seeds", type=int, default=None, help="run every configuration for seeds S … S+N−1 (1)")
+    ap.add_argument("--first-seed", type=int, default=0, metavar="S", help="the first seed (0): more seeds later")
     ap.add_argument(
         "--compare",
         choices=list(COMPARE),
@@ -296,10 +297,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], l
     args.dp_tokens = COMPARE[args.compare]
     if args.corpus_path and args.corpus != "python-docs":
         ap.error("--corpus-path applies to --corpus python-docs only")
-    if args.seeds < 1:
-        ap.error("--seeds must be ≥ 1")
+    if args.seeds < 1 or args.first_seed < 0:
+        ap.error("--seeds must be ≥ 1 and --first-seed ≥ 0")
     if any(o.split("=", 1)[0] == "seed" for o in args.overrides):
-        ap.error("--set seed=… is chosen by --seeds (seeds 0 … N−1); remove it")
+        ap.error("--set seed=… is chosen by --seeds and --first-seed; remove it")
     args.learners = args.learners or (2 if args.quick else 4)
     if args.quick and args.tokens is None:
         args.tokens = 24_000
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(args)
     if args.resume:
         runner.resume(args.resume)
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     out: dict[str, Any] = {
         "machine": machine(),
         "args": vars(args),
