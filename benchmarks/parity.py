@@ -2,7 +2,8 @@
 
 Every configuration is a fresh run in its own temporary workdir, one at a time; every configuration runs once
 per seed (`--seeds N`: seeds S … S+N−1, `--first-seed S`, 0 by default; the seed sets the initial model, the
-data order and, for the synthetic corpus, the corpus itself), and rows of the same seed share corpus, shards (for the same M) and initial model:
+data order and, for the synthetic corpus, the corpus itself), and rows of the same seed share corpus, shards (for
+the same M) and initial model:
 
 - `dp`: `ddiloco.baseline` — M gloo ranks, gradients all-reduced every step, global batch M × B.
 - `sync`: the `sync-diloco` recipe — K = M, P = 1, H = 50, no grace window, fp32 uploads.
@@ -259,7 +260,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], l
     )
     ap.add_argument("--ablations", default="none", help=f"comma list of {', '.join(ABLATIONS)}, all, or none")
     ap.add_argument("--seeds", type=int, default=None, help="run every configuration for seeds S … S+N−1 (1)")
-    ap.add_argument("--first-seed", type=int, default=0, metavar="S", help="the first seed (0): more seeds later")
+    ap.add_argument(
+        "--first-seed", type=int, default=0, metavar="S", help="the first seed (0): more seeds later"
+    )
     ap.add_argument(
         "--compare",
         choices=list(COMPARE),
