@@ -37,6 +37,7 @@ MERGES = ("rda", "mean")
 PRECISIONS = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("cosine", "linear", "wsd", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+PARALLELS = ("ddp", "fsdp")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,6 +98,13 @@ class TrainConfig:
     ranks: int = 1
     """Most data-parallel ranks (GPUs, started by torchrun) inside one learner; a learner step covers
     ranks × batch sequences, and the syncer bounds the tokens an answer may claim accordingly."""
+    parallel: str = "ddp"
+    """How a learner's ranks hold the model: `ddp` (a replica per rank, gradients all-reduced) or `fsdp`
+    (FSDP2: parameters, gradients and AdamW state sharded over the ranks; bf16 compute with fp32 master
+    weights and reductions when the precision is bf16; `ddiloco.learner.sharded`). One rank: no difference."""
+    activation_checkpointing: bool = False
+    """With `parallel: fsdp`: recompute each transformer block's activations in backward (less memory,
+    about a third more compute)."""
     checkpoint_every_s: float | None = None
     """Seconds between learner checkpoints (AdamW state, data cursor: what a rejoin needs; the parameters
     come from the globals); null: by the model's size (`ddiloco.learner.checkpoint.checkpoint_every_s`: 20 s
@@ -135,6 +143,7 @@ class TrainConfig:
         u = self.max_unmerged_s
         _check(u is None or 0 < u < math.inf, "train.max_unmerged_s must be > 0 s or null (by the pace)")
         _choose("train.precision", self.precision, PRECISIONS)
+        _choose("train.parallel", self.parallel, PARALLELS)
         _choose("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check(0 <= self.lr_min_ratio <= 1, f"train.lr_min_ratio={self.lr_min_ratio} must be in [0, 1]")
         _check(

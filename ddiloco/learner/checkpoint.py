@@ -132,9 +132,11 @@ def load_learner_checkpoint(
     opt: torch.optim.Optimizer,
     *,
     key: bytes | None = None,
+    group: Any = None,
 ) -> dict[str, Any] | None:
-    """Restore the AdamW state in place (the parameters come from the globals); return the checkpoint's JSON
-    header, or None if there is none (or it fails verification: logged, and the learner starts fresh)."""
+    """Restore the AdamW state in place (the parameters come from the globals; a sharded learner's `group`
+    scatters it over the ranks); return the checkpoint's JSON header, or None if there is none (or it fails
+    verification: logged, and the learner starts fresh)."""
     pointer = store.get_json_or_none(keys.ckpt_latest_key(learner_id))
     if pointer is None:
         return None
@@ -154,7 +156,12 @@ def load_learner_checkpoint(
     except (wire.PayloadError, ObjectTooLarge, ValueError) as e:
         log.error("learner %d: checkpoint %s rejected (%s); starting fresh", learner_id, ckpt, e)
         return None
-    load_optimizer_tensors(model, opt, payload.tensors)
+    if group is not None and group.sharded:
+        from ddiloco.learner.sharded import load_optimizer
+
+        load_optimizer(group, model, opt, payload.tensors)
+    else:
+        load_optimizer_tensors(model, opt, payload.tensors)
     return payload.meta
 
 
@@ -167,10 +174,11 @@ def restore_learner(
     loader: Any,
     *,
     key: bytes | None,
+    group: Any = None,
 ) -> dict[str, Any] | None:
     """A learner's own newest checkpoint into `model`, `opt` (AdamW state, its steps placed on the device)
     and `loader` (data cursor); returns it (None when there is none). Parameters come from the globals."""
-    ckpt = load_learner_checkpoint(store, learner_id, run_id, model, opt, key=key)
+    ckpt = load_learner_checkpoint(store, learner_id, run_id, model, opt, key=key, group=group)
     if ckpt is None:
         return None
     place_optimizer_steps(opt)

@@ -20,6 +20,9 @@ Design choices:
   global versions); all ranks then receive those fragments' values by
   broadcast from rank 0, so mixing (α) and every other learner-side rule is applied once, on rank 0.
   CURSOR gathers the data cursors for rank 0's checkpoint; STOP ends the followers (exit 0).
+- `train.parallel: fsdp` shards the model over the ranks instead (FSDP2); rank 0 then reads and writes whole
+  fragments and the AdamW state through collectives it announces on the control plane
+  (`ddiloco.learner.sharded`), and nothing is broadcast at start or with STEP.
 - A rank that dies takes the others down through the process groups; torchrun (or the pod's retry) restarts
   the learner as a whole, which then rejoins from its checkpoint like a single-process learner.
 """
@@ -37,9 +40,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddiloco.config import RunConfig
+from ddiloco.config import RunConfig, TrainConfig
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import Layout, build_model
+from ddiloco.learner import sharded
 from ddiloco.learner.accel import (
     maybe_compile,
     place_optimizer_steps,
@@ -93,9 +97,26 @@ class Group:
     def __init__(self, rank: int, world_size: int, device: torch.device, control: Any) -> None:
         self.rank, self.world_size, self.device, self.control = rank, world_size, device, control
         self.stopped = False
+        self.sharded, self.checkpointing, self.shard_precision = False, False, "fp32"
+
+    def configure(self, t: TrainConfig) -> str:
+        """Take the run's `train.parallel`; returns the autocast precision of the inner step (sharded: FSDP's
+        mixed-precision policy casts instead, so fp32)."""
+        precision = resolve_precision(t.precision, self.device)
+        self.sharded = t.parallel == "fsdp"
+        self.checkpointing = t.activation_checkpointing
+        self.shard_precision = "bf16" if precision == "bf16" else "fp32"
+        return "fp32" if self.sharded else precision
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """DDP around the model; parameters are synchronised explicitly at start (`lead_start`)."""
+        """DDP around the model (parameters synchronised at start, `lead_start`), or the model sharded in place
+        (FSDP2, `ddiloco.learner.fsdp.shard_model`; build the optimizer afterwards)."""
+        if self.sharded:
+            from ddiloco.learner.fsdp import shard_model
+
+            return shard_model(
+                model, mixed_precision=self.shard_precision, checkpoint_activations=self.checkpointing
+            )
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, init_sync=False)  # GPT has no buffers
 
@@ -169,27 +190,26 @@ class Group:
         inner_step: int,
         cursors: list[dict] | None,
     ) -> None:
+        mine = [c if isinstance(c, dict) else None for c in (cursors or [])][: self.world_size]
+        if self.sharded:  # parameters and AdamW state are already in the shards (`ddiloco.learner.sharded`)
+            self._send_control(sharded.START, inner_step)
+            self._bcast_bytes(json.dumps(mine).encode())
+            return
         params = list(model.parameters())
         has = [p in opt.state and "exp_avg" in opt.state[p] for p in params]
         self._bcast(torch.tensor([inner_step, *has], dtype=torch.int64))
         steps = [float(opt.state[p]["step"]) if h else 0.0 for p, h in zip(params, has, strict=True)]
         self._bcast(torch.tensor(steps, dtype=torch.float64))
-        mine = [c if isinstance(c, dict) else None for c in (cursors or [])][: self.world_size]
         self._bcast_bytes(json.dumps(mine).encode())  # each rank's data cursor from the checkpoint, or null
         self._bcast_state(params, opt, has)
 
     def follower_start(self, model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any) -> int:
+        """DDP's start (sharded ranks start on rank 0's START message instead: `Follower.run`)."""
         params = list(model.parameters())
         head = self._bcast(torch.zeros(1 + len(params), dtype=torch.int64)).tolist()
         inner_step, has = head[0], [bool(h) for h in head[1:]]
         steps = self._bcast(torch.zeros(len(params), dtype=torch.float64)).tolist()
-        cursors = json.loads(self._bcast_bytes(None))
-        cursor = cursors[self.rank] if self.rank < len(cursors) else None
-        if cursor is not None:
-            try:
-                loader.load_state_dict({"seed": loader.seed, **cursor})
-            except ValueError as e:
-                log.warning("rank %d: data cursor not restored (%s); reading afresh", self.rank, e)
+        self._restore_cursor(loader, json.loads(self._bcast_bytes(None)))
         fused = any(g.get("fused") or g.get("capturable") for g in opt.param_groups)
         for p, h, s in zip(params, has, steps, strict=True):
             if h:
@@ -200,6 +220,14 @@ class Group:
                 }
         self._bcast_state(params, opt, has)
         return int(inner_step)
+
+    def _restore_cursor(self, loader: Any, cursors: list[dict | None]) -> None:
+        cursor = cursors[self.rank] if self.rank < len(cursors) else None
+        if cursor is not None:
+            try:
+                loader.load_state_dict({"seed": loader.seed, **cursor})
+            except ValueError as e:
+                log.warning("rank %d: data cursor not restored (%s); reading afresh", self.rank, e)
 
     def _bcast_state(self, params: list[torch.Tensor], opt: torch.optim.Optimizer, has: list[bool]) -> None:
         with torch.no_grad():
@@ -215,8 +243,9 @@ class Group:
         self, inner_step: int, applied: Sequence[int], layout: Layout, params: dict, merged: int = 0
     ) -> None:
         """Before rank 0's step: tell the followers to step (at the tokens merged rank 0 steps at, so every
-        rank computes its learning rate), and broadcast the fragments it overwrote."""
-        self._send_control(STEP, inner_step, sorted(set(applied)), merged)
+        rank computes its learning rate), and broadcast the fragments it overwrote (sharded: already sent)."""
+        applied = [] if self.sharded else sorted(set(applied))
+        self._send_control(STEP, inner_step, applied, merged)
         self.broadcast_fragments(sorted(set(applied)), layout, params)
 
     def broadcast_fragments(self, fragments: Sequence[int], layout: Layout, params: dict) -> None:
@@ -295,6 +324,8 @@ class Follower:
         if dev.type == "cpu":
             torch.set_num_threads(t.threads)
         self.model = build_model(self.layout, self.cfg.seed, device=dev)
+        self.precision = group.configure(t)
+        self.net = maybe_compile(group.wrap(self.model), t.compile)  # FSDP shards in place: optimizer after
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))
         shape = {
             "batch_size": t.batch_for(self.learner_id),
@@ -306,16 +337,16 @@ class Follower:
             self.loader = open_loader(tokens["corpus"], tokens["slot"], **shape, part=part)
         else:
             self.loader = ShardLoader(tokens, **shape)
-        self.precision = resolve_precision(t.precision, dev)
-        self.net = maybe_compile(group.wrap(self.model), t.compile)
-        self.params = self.layout.members(dict(self.model.named_parameters()))  # by fragment member
+        named = dict(self.model.named_parameters())
+        self.params = {} if group.sharded else self.layout.members(named)  # by fragment member (DDP)
 
     def run(self) -> int:
         """Follow rank 0 until STOP; returns the exit code (0)."""
         if self.stopped:
             return 0
         t, dev = self.cfg.train, self.group.device
-        self.group.follower_start(self.model, self.opt, self.loader)
+        if not self.group.sharded:  # sharded: rank 0 fills the shards first, then sends START
+            self.group.follower_start(self.model, self.opt, self.loader)
         log.info("rank %d follows learner %d", self.group.rank, self.learner_id)
         while True:
             kind, inner_step, applied, merged = self.group.recv_control()
@@ -324,6 +355,12 @@ class Follower:
                 return 0
             if kind == CURSOR:
                 self.group.send_cursor(self.loader)
+                continue
+            if kind == sharded.START:
+                self.group._restore_cursor(self.loader, json.loads(self.group._bcast_bytes(None)))
+                continue
+            if kind in sharded.KINDS:  # rank 0 reads or writes whole fragments or the AdamW state
+                sharded.serve(self.group, kind, self.model, self.opt)
                 continue
             self.group.broadcast_fragments(applied, self.layout, self.params)
             x, y = self.loader.next_batch()

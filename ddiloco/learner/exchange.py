@@ -198,9 +198,10 @@ class Exchange:
 
     def _delta(self, p: int) -> HostSnapshot:
         """p's parameters minus its anchor: queued on the device, copied to the host without stalling it."""
-        params, anchors, copier = self.feed.params, self.feed.anchors, self.feed.copier
+        anchors, copier, names = self.feed.anchors, self.feed.copier, self.layout.fragments[p].names
+        values = self.feed.members.read(names)  # sharded: gathered from the ranks to the host
         with torch.no_grad():
-            delta = {n: (params[n].detach() - anchors[n]).float() for n in self.layout.fragments[p].names}
+            delta = {n: (values[n] - anchors[n]).float() for n in names}
         return copier.snapshot(delta, copy=False)
 
     def _header(self, p: int, round_: int, inner_step: int) -> dict[str, Any]:

@@ -141,12 +141,21 @@ def _mesh_group(p: torch.Tensor) -> tuple[dist.ProcessGroup, int, int]:
     return group, dist.get_rank(group), dist.get_world_size(group)
 
 
-def full_tensors(model: nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor] | None:
+def full_tensors(
+    model: nn.Module,
+    names: Iterable[str],
+    *,
+    tensors: Mapping[str, torch.Tensor] | None = None,
+    out_device: torch.device | str | None = None,
+) -> dict[str, torch.Tensor] | None:
     """The full values of the named members (parameters, or layout pieces `name[start:stop]`) on mesh rank 0,
     None on the other ranks. A collective: every rank calls it with the same names, in the same order.
-    The values are fresh tensors on the parameters' device, in the parameters' dtype."""
-    params = _params(model)
-    group, rank, world = _mesh_group(next(iter(params.values())))
+    The values are fresh tensors on the parameters' device (or moved to `out_device` one by one as they
+    arrive, so rank 0's device holds one member at a time), in the parameters' dtype. `tensors`: sharded
+    tensors to read by name instead of the model's parameters (e.g. AdamW moments, placed like their
+    parameters)."""
+    params = _params(model) if tensors is None else dict(tensors)
+    group, rank, world = _mesh_group(next(iter(_params(model).values())))
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name in names:
@@ -164,7 +173,7 @@ def full_tensors(model: nn.Module, names: Iterable[str]) -> dict[str, torch.Tens
                         dst.copy_(local[lo:hi])
                     else:
                         _recv_into(dst, group, r)
-                out[name] = full
+                out[name] = full if out_device is None else full.to(out_device)
             else:
                 lo, hi = plan[rank]
                 if hi > lo:
@@ -173,12 +182,18 @@ def full_tensors(model: nn.Module, names: Iterable[str]) -> dict[str, torch.Tens
     return out if rank == 0 else None
 
 
-def load_full(model: nn.Module, tensors: Mapping[str, torch.Tensor] | None) -> list[str]:
+def load_full(
+    model: nn.Module,
+    tensors: Mapping[str, torch.Tensor] | None,
+    *,
+    targets: Mapping[str, torch.Tensor] | None = None,
+) -> list[str]:
     """Overwrite members with rank 0's full values: mesh rank 0 passes `tensors` (member name → full value,
     on any device), the other ranks None; every rank ends with its rows of each. A collective; returns the
-    names loaded (rank 0's, in its order)."""
-    params = _params(model)
-    first = next(iter(params.values()))
+    names loaded (rank 0's, in its order). `targets`: sharded tensors to write by name instead of the
+    model's parameters (every rank passes the same names)."""
+    params = _params(model) if targets is None else dict(targets)
+    first = next(iter(_params(model).values()))
     group, rank, world = _mesh_group(first)
     if rank == 0:
         for name, value in (

@@ -248,9 +248,14 @@ def pack_update(snap: HostSnapshot, codec: str, header: dict, key: bytes | None)
 
 
 def snapshot_checkpoint(
-    copier: HostCopier, model: torch.nn.Module, opt: torch.optim.Optimizer
+    copier: HostCopier, model: torch.nn.Module, opt: torch.optim.Optimizer, group: Any = None
 ) -> HostSnapshot:
-    """AdamW state (`opt/{name}/{field}`) copied to the host: what a rejoin needs besides the globals."""
+    """AdamW state (`opt/{name}/{field}`) copied to the host: what a rejoin needs besides the globals (a
+    sharded learner's `group` gathers it from the ranks, `ddiloco.learner.sharded`)."""
+    if group is not None and group.sharded:
+        from ddiloco.learner.sharded import save_optimizer
+
+        return copier.snapshot(save_optimizer(group, model, opt), copy=False)
     return copier.snapshot(optimizer_tensors(model, opt))
 
 

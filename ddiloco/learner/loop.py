@@ -74,6 +74,7 @@ from ddiloco.learner.io import (
 )
 from ddiloco.learner.ledger import FragmentLedger
 from ddiloco.learner.resume import resume_from_reports
+from ddiloco.learner.sharded import LiveMembers, ShardedMembers
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer
@@ -194,7 +195,7 @@ class Learner:
         self.shard = opened.shard  # which data it reads: every report says so
         self.group, self.world_size = group, 1 if group is None else group.world_size
         self.device = resolve_device(device or t.device) if group is None else group.device
-        self.precision = resolve_precision(t.precision, self.device)
+        self.precision = resolve_precision(t.precision, self.device) if group is None else group.configure(t)
         if self.device.type == "cpu":
             torch.set_num_threads(threads or t.threads)
         events = schedule_from_config(cfg.chaos, cfg.diloco.learners)
@@ -207,7 +208,8 @@ class Learner:
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))  # fused on CUDA
         self.net = maybe_compile(self.model, t.compile) if group is None else self.model  # DDP: `_join_ranks`
         self.params = self.layout.members(dict(self.model.named_parameters()))  # by fragment member
-        self.copier = HostCopier(self.device)  # snapshots for answers and checkpoints
+        sharded = group is not None and group.sharded  # FSDP2: anchors and gathered fragments on the host
+        self.copier = HostCopier(torch.device("cpu") if sharded else self.device)  # answers, checkpoints
         self._defer_loss = self.device.type == "cuda"  # read each loss a step late: the host never waits
         self._loss_in_flight: torch.Tensor | None = None
         self.inner_step = 0
@@ -236,7 +238,7 @@ class Learner:
         self.ledger = FragmentLedger(self.layout.num_fragments)
         ident = {"run_id": self.run_id, "learner_id": learner_id, "key": self.key, "errors": self.errors}
         self.feed = VersionFeed(
-            store, self.layout, self.params, self.copier, self.metrics, cfg.diloco, **ident
+            store, self.layout, LiveMembers(self.params), self.copier, self.metrics, cfg.diloco, **ident
         )
         self.exchange = Exchange(
             store, self.ledger, self.feed, self.reports, self.metrics, self.incarnation, cfg.diloco
@@ -244,18 +246,31 @@ class Learner:
 
     # --- start-up -------------------------------------------------------------------------------------------
     def _join_ranks(self, group: Group) -> None:
-        """Hand the run and their slices of the shard to the other ranks, wrap the model in DDP. Done here, not
+        """Hand the run and their slices of the shard to the other ranks, wrap the model in DDP or shard it
+        (then the optimizer is built on the shards, and fragments go through collectives). Done here, not
         in `open` (which the CLI retries while the store is unavailable), so the ranks hand-shake once."""
         self.loader = lead_handshake_loader(
             group, self.cfg, self.layout, self.learner_id, self.loader, self._corpus, self.shard.shard
         )
-        self.net = maybe_compile(group.wrap(self.model), self.cfg.train.compile)
+        t = self.cfg.train
+        self.net = maybe_compile(group.wrap(self.model), t.compile)
+        if group.sharded:
+            self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))
+            self.params = {}  # the pre-sharding tensors; fragments move through `ShardedMembers`
+            self.feed.members = ShardedMembers(group, self.model, self.copier.device)
 
     def start(self, wait_timeout: float | None = None) -> None:
         if self.group is not None:
             self._join_ranks(self.group)
         ckpt = restore_learner(
-            self.store, self.learner_id, self.run_id, self.model, self.opt, self.loader, key=self.key
+            self.store,
+            self.learner_id,
+            self.run_id,
+            self.model,
+            self.opt,
+            self.loader,
+            key=self.key,
+            group=self.group,
         )
         self.inner_step = 0 if ckpt is None else int(ckpt["inner_step"])
         if self.group is None:  # DDP ranks resume from the cursors their checkpoint gathered
@@ -278,43 +293,7 @@ class Learner:
     # --- reports and checkpoints ------------------------------------------------------------------------------
     def _report(self, final: bool = False, reason: str | None = None) -> LearnerReport:
         self.seq += 1
-        ex, ledger = self.exchange, self.ledger
-        bytes_up, bytes_down, upload_failures = ex.traffic()
-        return LearnerReport(
-            run_id=self.run_id,
-            learner_id=self.learner_id,
-            incarnation=self.incarnation,
-            seq=self.seq,
-            time=time.time(),
-            started_at=self.started_at,
-            joined_at=self.joined_at,
-            inner_step=self.inner_step,
-            host=host_name(),
-            pid=os.getpid(),
-            site=self.site,
-            tokens_processed=ledger.tokens_processed,
-            busy_seconds=ledger.busy_seconds,
-            loss=self.loss,
-            loss_ema=self.loss_ema,
-            step_time_ema=self.step_time_ema,
-            rounds_answered=ex.rounds_answered,
-            step_wall_ema=self.cadence.ema,
-            productive_seconds=self.cadence.productive_seconds,
-            bytes_up=bytes_up,
-            bytes_down=bytes_down,
-            upload_failures=upload_failures,
-            final=final,
-            exit_reason=reason,
-            fragments=ledger.snapshot(),
-            rejected_globals=dict(self.feed.rejected_globals),
-            rejected_updates=dict(ex.rejected_updates),
-            history=sample_history(self.history, self.loss_ema, self.inner_step, ledger.tokens_processed),
-            lr=self.schedule.last_lr,
-            progress=self.schedule.progress,
-            data=self.shard.read(self.loader.epochs_read, self._started_epochs, self._by_source()),
-            cursor=self.cursor,
-            peak_rss_bytes=peak_rss_bytes(),
-        )
+        return report_of(self, final, reason)
 
     def _by_source(self) -> dict[str, int] | None:
         """Tokens read from each source of a mixture (`data.sources`), across restarts; else None."""
@@ -336,7 +315,7 @@ class Learner:
         meta = {"run_id": self.run_id, "cursor": cursor, "incarnation": self.incarnation}
         if self.group is not None:
             meta["cursors"] = self.group.gather_cursors(cursor)
-        snap = snapshot_checkpoint(self.copier, self.model, self.opt)
+        snap = snapshot_checkpoint(self.copier, self.model, self.opt, self.group)
         self.checkpoints.submit(self.pool, self.inner_step, snap, meta)
 
     # --- the loop ---------------------------------------------------------------------------------------------
@@ -449,3 +428,46 @@ class Learner:
         books = (self.inner_step, self.ledger.tokens_processed, dict(self.feed.fetched))
         msg = "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens; downloads %s"
         log.info(msg, self.learner_id, self.incarnation, reason, *books)
+
+
+def report_of(learner: Learner, final: bool, reason: str | None) -> LearnerReport:
+    """The learner's report now (its `seq` already counted): books, pace, traffic, data, memory."""
+    ex, ledger = learner.exchange, learner.ledger
+    bytes_up, bytes_down, upload_failures = ex.traffic()
+    return LearnerReport(
+        run_id=learner.run_id,
+        learner_id=learner.learner_id,
+        incarnation=learner.incarnation,
+        seq=learner.seq,
+        time=time.time(),
+        started_at=learner.started_at,
+        joined_at=learner.joined_at,
+        inner_step=learner.inner_step,
+        host=host_name(),
+        pid=os.getpid(),
+        site=learner.site,
+        tokens_processed=ledger.tokens_processed,
+        busy_seconds=ledger.busy_seconds,
+        loss=learner.loss,
+        loss_ema=learner.loss_ema,
+        step_time_ema=learner.step_time_ema,
+        rounds_answered=ex.rounds_answered,
+        step_wall_ema=learner.cadence.ema,
+        productive_seconds=learner.cadence.productive_seconds,
+        bytes_up=bytes_up,
+        bytes_down=bytes_down,
+        upload_failures=upload_failures,
+        final=final,
+        exit_reason=reason,
+        fragments=ledger.snapshot(),
+        rejected_globals=dict(learner.feed.rejected_globals),
+        rejected_updates=dict(ex.rejected_updates),
+        history=sample_history(
+            learner.history, learner.loss_ema, learner.inner_step, ledger.tokens_processed
+        ),
+        lr=learner.schedule.last_lr,
+        progress=learner.schedule.progress,
+        data=learner.shard.read(learner.loader.epochs_read, learner._started_epochs, learner._by_source()),
+        cursor=learner.cursor,
+        peak_rss_bytes=peak_rss_bytes(),
+    )

@@ -47,6 +47,7 @@ from ddiloco.globalmodel import (
 )
 from ddiloco.learner.accel import HostCopier, pin
 from ddiloco.learner.health import IoErrors, guard
+from ddiloco.learner.sharded import LiveMembers, ShardedMembers
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol import signing, wire
 from ddiloco.store.base import NotFound, Store, StoreError, StoreUnavailable
@@ -67,7 +68,7 @@ class VersionFeed:
         self,
         store: Store,
         layout: Layout,
-        params: dict[str, torch.Tensor],
+        members: LiveMembers | ShardedMembers,
         copier: HostCopier,
         metrics: LearnerMetrics,
         diloco: DilocoConfig | None = None,
@@ -77,13 +78,14 @@ class VersionFeed:
         key: bytes | None,
         errors: IoErrors | None = None,
     ) -> None:
-        """`diloco`: the run's `download_codec` (not none: the syncer publishes download deltas, and a fragment
+        """`members`: the parameters by fragment member (`ddiloco.learner.sharded`: live views, or a sharded
+        model's whole values through collectives). `diloco`: the run's `download_codec` (not none: the syncer publishes download deltas, and a fragment
         one version behind takes one); None: none. `errors`: where the downloads' store errors and bugs are
         counted (a bug is raised again when its download is collected: `ddiloco.learner.health`)."""
-        self.store, self.layout, self.params, self.copier, self.metrics = (
+        self.store, self.layout, self.members, self.copier, self.metrics = (
             store,
             layout,
-            params,
+            members,
             copier,
             metrics,
         )
@@ -259,12 +261,9 @@ class VersionFeed:
         """Mix a version of p into the parameters (α·local + (1-α)·global; α = 0 takes it as it is) and make
         it p's anchor (held: its version and digest)."""
         self.copier.fence()  # a checkpoint snapshot may still be reading the parameters
-        with torch.no_grad():
-            for name, t in got.tensors.items():
-                g = t.to(self.device, non_blocking=True)  # pinned by `_download` on CUDA
-                if mixing > 0:
-                    self.params[name].mul_(mixing).add_(g, alpha=1 - mixing)
-                else:
-                    self.params[name].copy_(g)
-                self.anchors[name] = g.clone() if g is t else g
+        values: Tensors = {}
+        for name, t in got.tensors.items():
+            values[name] = g = t.to(self.device, non_blocking=True)  # pinned by `_download` on CUDA
+            self.anchors[name] = g.clone() if g is t else g
+        self.members.write(values, mixing)
         self.held[p] = (got.version, got.digest)

@@ -25,6 +25,7 @@ from ddiloco.globalmodel import (
     read_global_full,
 )
 from ddiloco.learner.accel import HostCopier
+from ddiloco.learner.sharded import LiveMembers
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol import signing, wire
@@ -165,7 +166,7 @@ def feed(store: MemoryStore, codec: str = "int8") -> VersionFeed:
     return VersionFeed(
         store,
         LAYOUT,
-        params,
+        LiveMembers(params),
         HostCopier(torch.device("cpu")),
         LearnerMetrics(CollectorRegistry(), 0, 0),
         DilocoConfig(download_codec=codec),
