@@ -35,7 +35,7 @@ CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 DOWNLOAD_CODECS = ("none", "int8", "int4", "int2")
 MERGES = ("rda", "mean")
 PRECISIONS = ("auto", "fp32", "bf16")
-LR_SCHEDULES = ("cosine", "linear", "wsd", "constant")
+LR_SCHEDULES = ("auto", "cosine", "linear", "wsd", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 PARALLELS = ("ddp", "fsdp")
 
@@ -73,8 +73,11 @@ class TrainConfig:
     """Inner AdamW peak learning rate."""
     warmup_steps: int = 20
     """Linear warm-up of the inner learning rate over each learner's own first inner steps."""
-    lr_schedule: str = "cosine"
-    """Inner-rate decay on global progress (tokens merged / token budget): cosine, linear, wsd or constant."""
+    lr_schedule: str = "auto"
+    """Inner-rate decay on global progress (tokens merged / token budget): cosine, linear, wsd or constant;
+    `auto`: cosine for data-parallel, and for Decoupled DiLoCo cosine when the global model can follow the
+    decay (it spans at least 1/(1 − outer momentum) outer steps per fragment), else constant
+    (`ddiloco.schedule.resolve`)."""
     lr_decay_fraction: float = 0.2
     """wsd only: the last fraction of the budget over which the rate cools down (1-sqrt) to its floor."""
     lr_min_ratio: float = 0.1

@@ -102,6 +102,10 @@ class LocalRun:
         argv = [sys.executable, "-m", "ddiloco.cli", proc.role, "--store", self.url]
         if proc.learner_id is not None:
             argv += ["--learner-id", str(proc.learner_id)]
+            if (
+                self.cfg.train.ranks > 1
+            ):  # its ranks on this host, dying with it (`ddiloco.learner.localranks`)
+                argv += ["--local-ranks", str(self.cfg.train.ranks)]
         port = self._metrics_port(proc)
         if port is not None:
             argv += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]

@@ -29,13 +29,24 @@ Design choices:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddiloco.config import TrainConfig
+    from ddiloco.config import RunConfig, TrainConfig
 
-__all__ = ["GlobalSchedule", "decay_factor", "decay_of", "lr_at", "progress_of", "warmup_factor"]
+__all__ = [
+    "GlobalSchedule",
+    "decay_factor",
+    "decay_of",
+    "learner_train",
+    "lr_at",
+    "outer_steps_in_decay",
+    "progress_of",
+    "resolve",
+    "warmup_factor",
+]
 
 
 def warmup_factor(step: int, warmup_steps: int) -> float:
@@ -62,9 +73,37 @@ def decay_factor(progress: float, schedule: str, min_ratio: float, decay_fractio
         return min_ratio + (1.0 - min_ratio) * (1.0 - math.sqrt(cool))
     if schedule == "linear":
         return 1.0 - (1.0 - min_ratio) * x
-    if schedule == "cosine":
+    if schedule in ("cosine", "auto"):  # auto: cosine where it is not resolved (data-parallel)
         return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * x))
     raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose cosine, linear, wsd or constant")
+
+
+def outer_steps_in_decay(cfg: RunConfig, schedule: str = "cosine") -> float:
+    """Outer steps each fragment takes while `schedule` decays, as planned by the config: rounds per fragment
+    = budget / (M · ranks · batch · seq_len · H) (a fragment is synced every H learner steps), times the
+    share of the run the decay spans (all of it for cosine and linear, `lr_decay_fraction` for wsd)."""
+    d, t = cfg.diloco, cfg.train
+    tokens_per_step = max(1, d.learners * t.ranks * t.batch_size * cfg.model.seq_len)
+    rounds = d.token_budget / tokens_per_step / max(1, d.sync_every)
+    return rounds * (t.lr_decay_fraction if schedule == "wsd" else 1.0)
+
+
+def resolve(cfg: RunConfig) -> str:
+    """The inner schedule Decoupled DiLoCo's learners (and the outer momentum) follow: `train.lr_schedule`,
+    or for `auto`, cosine when the decay spans at least the outer momentum's horizon 1/(1 − μ) outer steps
+    per fragment (`outer_steps_in_decay`), else constant. The decay reaches the global model only through
+    outer steps; over fewer of them than the momentum's horizon it only takes progress away (module
+    docstring: measured)."""
+    t = cfg.train
+    if t.lr_schedule != "auto":
+        return t.lr_schedule
+    horizon = 1.0 / (1.0 - cfg.diloco.outer_momentum)
+    return "cosine" if outer_steps_in_decay(cfg) >= horizon else "constant"
+
+
+def learner_train(cfg: RunConfig) -> TrainConfig:
+    """`cfg.train` with `train.lr_schedule` resolved for the learners (`resolve`)."""
+    return dataclasses.replace(cfg.train, lr_schedule=resolve(cfg))
 
 
 def decay_of(progress: float, t: TrainConfig) -> float:

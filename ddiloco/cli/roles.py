@@ -83,10 +83,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
-    from ddiloco.learner import ddp
+    from ddiloco.learner import ddp, localranks
 
-    # Started by torchrun with WORLD_SIZE > 1: rank 0 is the learner, the other ranks follow it and never
-    # touch the store (`ddiloco.learner.ddp`).
+    # Started by torchrun (or with --local-ranks N) with WORLD_SIZE > 1: rank 0 is the learner, the other
+    # ranks follow it and never touch the store (`ddiloco.learner.ddp`).
+    followers = localranks.start_followers(args.local_ranks)
     group = ddp.from_env(args.device or "auto")
     if group is not None and group.rank > 0:
         try:
@@ -98,6 +99,7 @@ def cmd_learner(args: argparse.Namespace) -> int:
     finally:
         if group is not None:
             group.close()  # tells the followers to stop, even when rank 0 exits early
+        localranks.reap(followers)
 
 
 def run_learner(args: argparse.Namespace, group: Any) -> int:
@@ -196,6 +198,13 @@ def register(sub: Any) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--wait-timeout", type=float, default=None, help="seconds to wait for global version 0")
+    p.add_argument(
+        "--local-ranks",
+        type=int,
+        default=1,
+        help="start this many ranks of the learner on this host (train.ranks; instead of torchrun: the ranks "
+        "die with this process)",
+    )
     add_metrics_args(p)
     add_learner_args(p)  # --join URL, --site, --join-name, --link-bandwidth, --link-latency
     p.set_defaults(func=cmd_learner)

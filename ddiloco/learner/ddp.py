@@ -53,7 +53,7 @@ from ddiloco.learner.accel import (
     train_step,
 )
 from ddiloco.model import configure_optimizer
-from ddiloco.schedule import lr_at, progress_of
+from ddiloco.schedule import learner_train, lr_at, progress_of
 from ddiloco.streamed import open_loader
 
 log = logging.getLogger(__name__)
@@ -338,6 +338,7 @@ class Follower:
         else:
             self.loader = ShardLoader(tokens, **shape)
         named = dict(self.model.named_parameters())
+        self.schedule = learner_train(self.cfg)  # the rate rank 0 steps at (`ddiloco.schedule.resolve`)
         self.params = {} if group.sharded else self.layout.members(named)  # by fragment member (DDP)
 
     def run(self) -> int:
@@ -364,7 +365,7 @@ class Follower:
                 continue
             self.group.broadcast_fragments(applied, self.layout, self.params)
             x, y = self.loader.next_batch()
-            lr = lr_at(progress_of(merged, self.cfg.diloco.token_budget), inner_step, t)
+            lr = lr_at(progress_of(merged, self.cfg.diloco.token_budget), inner_step, self.schedule)
             train_step(
                 self.net,
                 self.opt,

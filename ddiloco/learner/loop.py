@@ -83,7 +83,7 @@ from ddiloco.procinfo import peak_rss_bytes
 from ddiloco.protocol import signing
 from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.run import prepared_at_of
-from ddiloco.schedule import GlobalSchedule
+from ddiloco.schedule import GlobalSchedule, learner_train
 from ddiloco.shards import Assignment, assign_shard
 from ddiloco.store.base import Store, StoreError
 from ddiloco.streamed import open_loader, read_corpus_doc
@@ -215,7 +215,9 @@ class Learner:
         self.inner_step = 0
         self.cursor: dict | None = None  # the data cursor after the last step (single process: reported)
         self._started_epochs: float | None = None  # where this incarnation began reading
-        self.schedule = GlobalSchedule(t, cfg.diloco.token_budget)  # inner LR on the run's progress
+        self.schedule = GlobalSchedule(
+            learner_train(cfg), cfg.diloco.token_budget
+        )  # LR on the run's progress
         self.loss: float | None = None
         self.loss_ema: float | None = None
         self.step_time_ema: float | None = None

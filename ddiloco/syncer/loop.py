@@ -65,6 +65,7 @@ from ddiloco.prepare import load_run_config
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import OpenRound, Status
 from ddiloco.run import MAX_DOC_BYTES, prepared_at_of
+from ddiloco.schedule import learner_train
 from ddiloco.store.base import NotFound, Store, StoreError
 from ddiloco.syncer.commit import commit_published, state_of
 from ddiloco.syncer.fragment import MergeRule
@@ -136,7 +137,7 @@ class Syncer:
         self.threads = threads or 1
         if threads is not None:  # the merge's passes use those the intake's readers leave (None: as it is)
             torch.set_num_threads(split_threads(threads)[1])
-        self.rule = MergeRule.of(d, self.layout, robust_clip, cfg.train)
+        self.rule = MergeRule.of(d, self.layout, robust_clip, learner_train(cfg))
         self.quorum_rule = QuorumRule.of(d)
         self.grace_rule = GraceRule.of(d)
         self.open_rule = OpenRule.of(d, self.P)

@@ -1,4 +1,5 @@
-"""The inner learning-rate schedule (issue 17 item 6): warm-up, then decay on the run's global progress."""
+"""The inner learning-rate schedule: warm-up, then decay on the run's global progress; `auto` resolved for the
+learners by how many outer steps the decay would span."""
 
 import math
 
@@ -10,7 +11,15 @@ from ddiloco.errors import ConfigError
 from ddiloco.learner.loop import Learner
 from ddiloco.prepare import prepare
 from ddiloco.recipes import RECIPES, load_config
-from ddiloco.schedule import GlobalSchedule, decay_factor, lr_at, progress_of
+from ddiloco.schedule import (
+    GlobalSchedule,
+    decay_factor,
+    learner_train,
+    lr_at,
+    outer_steps_in_decay,
+    progress_of,
+    resolve,
+)
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
@@ -27,8 +36,11 @@ def test_warmup_is_linear_on_the_callers_own_steps():
 
 
 def test_cosine_decays_from_the_peak_to_the_floor_and_stays_there():
-    t = _t(lr=2e-3)  # the default schedule: cosine to 0.1 × lr
-    assert (t.lr_schedule, t.lr_min_ratio) == ("cosine", 0.1)
+    t = _t(lr=2e-3, lr_schedule="cosine")  # cosine to 0.1 × lr
+    assert t.lr_min_ratio == 0.1
+    auto = _t(lr=2e-3)  # the default, unresolved (data-parallel): the same cosine
+    assert auto.lr_schedule == "auto"
+    assert [lr_at(i / 10, 10, auto) for i in range(11)] == [lr_at(i / 10, 10, t) for i in range(11)]
     assert lr_at(0.0, 10, t) == pytest.approx(2e-3)
     assert lr_at(0.5, 10, t) == pytest.approx(2e-3 * 0.55)  # halfway between peak and floor
     assert lr_at(0.25, 10, t) == pytest.approx(2e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi / 4))))
@@ -81,15 +93,45 @@ def test_progress_is_clamped_tokens_over_budget():
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_decays_by_default(name):
-    t = load_config(name).train
-    assert t.lr_schedule == "cosine" and lr_at(1.0, 10**9, t) == pytest.approx(t.lr_min_ratio * t.lr)
-    assert lr_at(1.0, 10**9, t) < 0.2 * t.lr
+    cfg = load_config(name)
+    assert cfg.train.lr_schedule == "auto" and resolve(cfg) == "cosine"  # at the recipe's own budget
+    for t in (cfg.train, learner_train(cfg)):  # data-parallel and the learners
+        assert lr_at(1.0, 10**9, t) == pytest.approx(t.lr_min_ratio * t.lr)
+        assert lr_at(1.0, 10**9, t) < 0.2 * t.lr
+
+
+def test_auto_decays_only_over_enough_outer_steps_for_the_global_model_to_follow():
+    # The small-budget check (docs/results.md §12): 2.5M tokens, M = 4, H = 48 -> ~6.4 rounds per fragment,
+    # fewer than the outer momentum's horizon 1/(1 - 0.9) = 10: constant. §11's 40M tokens: cosine.
+    small = load_config(overrides=["diloco.token_budget=2500000", "diloco.sync_every=48"])
+    assert outer_steps_in_decay(small) == pytest.approx(2_500_000 / (4 * 16 * 128) / 48)
+    assert resolve(small) == "constant" and learner_train(small).lr_schedule == "constant"
+    assert small.train.lr_schedule == "auto"  # the config itself is not changed (data-parallel reads it)
+    big = load_config(overrides=["diloco.token_budget=40000000"])
+    assert resolve(big) == "cosine" and outer_steps_in_decay(big) > 100
+    # What the horizon depends on: no outer momentum -> one outer step is enough.
+    assert resolve(load_config(overrides=[*_SMALL, "diloco.outer_momentum=0"])) == "cosine"
+    # More ranks or learners per step -> fewer learner steps for the same budget -> fewer outer steps.
+    assert outer_steps_in_decay(load_config(overrides=["train.ranks=2"])) == pytest.approx(
+        outer_steps_in_decay(load_config()) / 2
+    )
+    # wsd spans its cool-down only; an explicit schedule is never changed.
+    wsd = load_config(overrides=["train.lr_schedule=wsd"])
+    assert outer_steps_in_decay(wsd, "wsd") == pytest.approx(0.2 * outer_steps_in_decay(wsd))
+    for name in ("cosine", "wsd", "linear", "constant"):
+        assert resolve(load_config(overrides=[*_SMALL, f"train.lr_schedule={name}"])) == name
+
+
+_SMALL = ("diloco.token_budget=2500000", "diloco.sync_every=48")
 
 
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("train.lr_schedule=step", "train.lr_schedule='step': choose one of cosine, linear, wsd, constant"),
+        (
+            "train.lr_schedule=step",
+            "train.lr_schedule='step': choose one of auto, cosine, linear, wsd, constant",
+        ),
         ("train.lr_min_ratio=1.5", "train.lr_min_ratio=1.5 must be in [0, 1]"),
         ("train.lr_min_ratio=-0.1", "train.lr_min_ratio=-0.1 must be in [0, 1]"),
     ],
@@ -146,7 +188,9 @@ def _tick(learner) -> float:
 
 def test_learner_optimizer_lr_follows_the_runs_global_progress():
     store = open_store("memory://sched-learner")
-    cfg = tiny_config("sched-learner", "train.warmup_steps=2", "diloco.token_budget=100000")
+    cfg = tiny_config(
+        "sched-learner", "train.warmup_steps=2", "diloco.token_budget=100000", "train.lr_schedule=cosine"
+    )
     prepare(store, cfg)
     t, budget = cfg.train, cfg.diloco.token_budget
     early = Learner.open(store, 0)
