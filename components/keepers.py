@@ -18,7 +18,8 @@ def learner(
     tolerations: list = [],  # noqa: B006 (a KFP default, never mutated)
 ):
     """Keep one learner running in a worker pod of its own (`ddiloco.components.keeper_loop`): a new
-    incarnation when the cluster takes it away, up to `restarts` more after a crash."""
+    incarnation when the cluster takes it away, up to `restarts` more after a crash; `worker["ranks"]` > 1
+    starts that many ranks in the pod (one per GPU, `ddiloco learner --local-ranks`)."""
     from ddiloco.components.keeper_loop import keep_role
     from ddiloco.components.runtime import run_root
 
@@ -28,7 +29,10 @@ def learner(
         run_id,
         worker,
         learner_id=learner_id,
-        flags={"metrics_port": None if metrics_port < 0 else metrics_port},
+        flags={
+            "metrics_port": None if metrics_port < 0 else metrics_port,
+            "local_ranks": worker.get("ranks", 1) if worker.get("ranks", 1) > 1 else None,
+        },
         s3_endpoint=s3_endpoint,
         store_secret=store_secret,
         node_selector=node_selector,

@@ -35,14 +35,16 @@ def prepare(
     max_learners: int = 64,
     model_hf: str = "",
     corpus: str = "",
+    learner_ranks: int = 1,
 ) -> list[int]:
     """Write the run config, tokenizer, data shards, validation split and global version 0 to the run root;
     return the learner ids. quorum / token_budget 0 keep the recipe's; chaos is a YAML/JSON chaos section;
     model_hf names a Hugging Face model directory or store prefix to train (`model.hf`), empty: the recipe's;
-    corpus: a pre-tokenized corpus read in place (`data.source`; the `tokenize` step's output)."""
+    corpus: a pre-tokenized corpus read in place (`data.source`; the `tokenize` step's output);
+    learner_ranks: the ranks each learner pod starts (`train.ranks`, unless an override raises it)."""
     from ddiloco.components.runtime import ddiloco, prepare_settings, run_root
 
-    knobs = (learners, quorum, token_budget, chaos, max_learners, model_hf, corpus)
+    knobs = (learners, quorum, token_budget, chaos, max_learners, model_hf, corpus, learner_ranks)
     settings = prepare_settings(overrides, *knobs)
     root = run_root(store, run_id)
     ddiloco("prepare", store=root, recipe=recipe, run_id=run_id, set=settings, s3_endpoint=s3_endpoint)
@@ -90,9 +92,11 @@ def learner(
     max_steps: int = 0,
     metrics_port: int = -1,
     restarts: int = 0,
+    local_ranks: int = 1,
 ):
     """One learner until the run is done (max_steps > 0: stop after that many inner steps); Prometheus
-    /metrics on metrics_port (-1: off); a crash is restarted in the pod up to `restarts` times."""
+    /metrics on metrics_port (-1: off); a crash is restarted in the pod up to `restarts` times;
+    `local_ranks` > 1: that many ranks in the pod (one per GPU, `ddiloco learner --local-ranks`)."""
     from ddiloco.components.runtime import ddiloco, run_root
 
     ddiloco(
@@ -100,6 +104,7 @@ def learner(
         store=run_root(store, run_id),
         restarts=restarts,
         learner_id=learner_id,
+        local_ranks=local_ranks if local_ranks > 1 else None,
         device=device or None,
         max_steps=max_steps or None,
         metrics_port=None if metrics_port < 0 else metrics_port,

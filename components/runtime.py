@@ -202,11 +202,13 @@ def prepare_settings(
     max_learners: int,
     model_hf: str = "",
     corpus: str = "",
+    learner_ranks: int = 1,
 ) -> list[str]:
     """The `--set` list of the prepare step: one shard per learner id up to the pipeline's `max_learners`
     (learners joined mid-run read data of their own; an override of diloco.max_learners wins), the UI's
     overrides, then the UI's headline knobs (which win; model_hf: a Hugging Face model directory or store
-    prefix, `model.hf`; corpus: a pre-tokenized corpus, `data.source`)."""
+    prefix, `model.hf`; corpus: a pre-tokenized corpus, `data.source`; learner_ranks: the ranks of a learner
+    pod, `train.ranks`, before the overrides)."""
     if not 1 <= learners <= max_learners:
         raise ValueError(
             f"learners={learners}: this pipeline was compiled for 1..{max_learners} concurrent learners; "
@@ -215,7 +217,10 @@ def prepare_settings(
     bad = [o for o in overrides if not isinstance(o, str) or "=" not in o]
     if bad:
         raise ValueError(f"overrides must be strings like 'diloco.codec=int4', got {bad}")
-    out = [f"diloco.max_learners={max_learners}", *overrides, f"diloco.learners={learners}"]
+    out = [f"diloco.max_learners={max_learners}"]
+    if learner_ranks > 1:
+        out.append(f"train.ranks={learner_ranks}")
+    out += [*overrides, f"diloco.learners={learners}"]
     if quorum > 0:
         out.append(f"diloco.quorum={quorum}")
     if token_budget > 0:

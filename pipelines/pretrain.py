@@ -93,7 +93,8 @@ class ClusterOptions:
     accelerator: str = "nvidia.com/gpu"
     """Extended resource a GPU step requests."""
     gpus_per_learner: int = 1
-    """GPUs per learner pod (one learner = one single-node training job)."""
+    """GPUs per learner pod (one learner = one single-node training job): one rank per GPU
+    (`ddiloco learner --local-ranks`, `train.ranks`), DDP or FSDP2 by `train.parallel`."""
     learner_cpu: str = "4"
     learner_memory: str = "32Gi"
     syncer_cpu: str = "4"
@@ -131,6 +132,11 @@ class ClusterOptions:
     """Port of the learners' and syncer's Prometheus /metrics (`--metrics-port`; manifests/monitoring scrapes it)."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """Run-time parameter defaults (overriding `DEFAULTS`)."""
+
+    @property
+    def learner_ranks(self) -> int:
+        """Ranks a learner pod starts: one per GPU (1 on CPU nodes)."""
+        return self.gpus_per_learner if self.gpu else 1
 
 
 DEFAULTS: dict[str, Any] = {
@@ -235,6 +241,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
                 max_learners=opts.max_learners,
                 model_hf=model_hf,
                 corpus=tok.output,
+                learner_ranks=opts.learner_ranks,
             )
             k8s.cpu_step(prep, "prepare")
             roles = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
@@ -251,7 +258,8 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
                     )
                     k8s.keeper(learner.after(prep), "learner", opts.learner_retries)
                 else:
-                    k8s.learner(c.learner(learner_id=lid, **roles).after(prep))
+                    ranks = {"local_ranks": opts.learner_ranks} if opts.learner_ranks > 1 else {}
+                    k8s.learner(c.learner(learner_id=lid, **roles, **ranks).after(prep))
             if opts.keeper:
                 sync = c.syncer_keeper(
                     worker=k8s.worker("syncer"),
@@ -371,6 +379,8 @@ class _Wiring:
             "backoff_s": duration_s(o.backoff),
             "poll_s": o.keeper_poll_s,
         }
+        if role == "learner" and o.learner_ranks > 1:
+            out["ranks"] = o.learner_ranks  # one rank per GPU of the pod (`ddiloco learner --local-ranks`)
         if o.run_key_secret:
             out["run_key"] = {"secret": o.run_key_secret, "key": "key", "env": RUN_KEY_ENV}
         return out

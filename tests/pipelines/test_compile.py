@@ -341,3 +341,26 @@ def test_join_pipeline_checks_the_run_then_starts_learners_with_their_site(compi
         for e in k8s["secretAsEnv"]
     )
     assert k8s["podMetadata"]["labels"]["ddiloco.io/role"] == "learner"
+
+
+def test_a_learner_pod_starts_one_rank_per_gpu(tmp_path, pretrain):
+    """`--gpus-per-learner 4`: the learner's worker (keeper) or task (direct) starts 4 ranks
+    (`ddiloco learner --local-ranks 4`) and prepare sets train.ranks=4, so the syncer bounds an answer's
+    tokens by 4 ranks' batches; one GPU (the golden YAML) starts one process as before."""
+    from ddiloco.components.runtime import command, prepare_settings
+    from ddiloco.pipelines.pretrain import ClusterOptions
+
+    four = Spec(compile_pipeline("pretrain", tmp_path / "k.yaml", gpus_per_learner=4))
+    worker, _ = _worker(four, "learner")
+    assert worker["ranks"] == 4 and worker["limits"] == {"nvidia.com/gpu": "4"}
+    assert four.tasks["prepare"][1]["inputs"]["parameters"]["learner_ranks"]["runtimeValue"]["constant"] == 4
+    direct = Spec(compile_pipeline("pretrain", tmp_path / "d.yaml", gpus_per_learner=4, keeper=False))
+    assert direct.tasks["learner"][1]["inputs"]["parameters"]["local_ranks"]["runtimeValue"]["constant"] == 4
+    assert "ranks" not in _worker(pretrain, "learner")[0]
+    assert ClusterOptions(gpus_per_learner=4, gpu=False).learner_ranks == 1  # CPU nodes: one process
+    assert prepare_settings(["train.ranks=8"], 2, 0, 0, "", 8, learner_ranks=4)[:3] == [
+        "diloco.max_learners=8",
+        "train.ranks=4",
+        "train.ranks=8",  # an override given in the UI wins
+    ]
+    assert command("learner", local_ranks=4)[-2:] == ["--local-ranks", "4"]
