@@ -42,6 +42,8 @@ Design choices:
   CPU pods that run the role in a worker pod they create through the Kubernetes API and restart as a new
   incarnation when the cluster takes it away, and that a retry (OnError) brings back with the worker
   adopted when the keeper's own pod is taken (`ddiloco.components.keeper`, docs/cluster.md "Retries").
+  With `learner_nodes` > 1 a learner's keeper keeps a Kubeflow Trainer TrainJob of that many pods instead
+  of a worker pod (`ddiloco.components.trainjob`).
   `keeper=False` runs the roles in the task pods; then only `manifests/argo-retry` (OnTransientError + a
   pattern) brings those failures back, and a crash is restarted inside the pod (`crash_restarts`).
 - Learners and the syncer name themselves by their pod name (downward API `metadata.name`): the kubelet
@@ -93,7 +95,12 @@ class ClusterOptions:
     accelerator: str = "nvidia.com/gpu"
     """Extended resource a GPU step requests."""
     gpus_per_learner: int = 1
-    """GPUs per learner pod (one learner = one single-node training job)."""
+    """GPUs per learner pod, or per node of a multi-node learner (its ranks per node: on CPU too)."""
+    learner_nodes: int = 1
+    """Nodes (pods) per learner. Above 1 each learner is a Kubeflow Trainer TrainJob (`torch-distributed`
+    runtime) of this many pods, `gpus_per_learner` ranks each, under torchrun, which its keeper creates
+    and restarts as a whole (`ddiloco.components.trainjob`); needs `keeper` and Kubeflow Trainer, and
+    `train.ranks` ≥ learner_nodes × gpus_per_learner in the run's config."""
     learner_cpu: str = "4"
     learner_memory: str = "32Gi"
     syncer_cpu: str = "4"
@@ -180,6 +187,11 @@ def run_defaults(defaults: dict[str, Any], opts: ClusterOptions) -> dict[str, An
 def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., Any]:
     """The `@dsl.pipeline` function for these options (compile it with `kfp.compiler.Compiler`)."""
     d = run_defaults(DEFAULTS, opts)
+    if opts.learner_nodes < 1 or (opts.learner_nodes > 1 and not opts.keeper):
+        raise ValueError(
+            f"learner_nodes={opts.learner_nodes}: give 1, or more with keepers (a TrainJob is created by a "
+            "learner's keeper; drop --no-keeper)"
+        )
     c = build(opts.registry, gpu=opts.gpu)
 
     @dsl.pipeline(name=opts.name, description=opts.description)
@@ -373,6 +385,8 @@ class _Wiring:
         }
         if o.run_key_secret:
             out["run_key"] = {"secret": o.run_key_secret, "key": "key", "env": RUN_KEY_ENV}
+        if role == "learner" and o.learner_nodes > 1:  # a TrainJob (keeper_loop.keep_role)
+            out.update(nodes=o.learner_nodes, procs_per_node=o.gpus_per_learner)
         return out
 
     def chaos(self, task: Any) -> Any:
