@@ -57,7 +57,8 @@ Design choices:
     Foreground: the TrainJob stays, with a deletionTimestamp, until the garbage collector removed its JobSet,
     Jobs and pods), waits for it to go as for a terminating worker pod, and creates incarnation n+1, whose
     ranks start together and rejoin from the learner's checkpoint. Crash and infrastructure restarts count
-    against the same limits as a worker pod's.
+    against the same limits as a worker pod's; a retried keeper cannot count its predecessor's (their
+    TrainJobs are deleted, where ended worker pods stay), so its budgets start again.
 - The node pods are listed by the JobSet's `jobset.sigs.k8s.io/jobset-name` label (jobset api
   jobset_types.go JobSetNameKey, set on every pod by jobset_controller.go labelAndAnnotateObject) and told
   apart by `batch.kubernetes.io/job-completion-index` (the Indexed Job's annotation, also the source of
