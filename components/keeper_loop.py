@@ -2,6 +2,8 @@
 infrastructure failure, give up after too many crashes; leave for a retry when its own pod is taken away.
 
 Design choices (the decisions themselves are pure functions in `keeper.py`):
+- A multi-node learner's workers are TrainJobs (`KubeTrainJobs`, decisions in `trainjob.py`): served in the
+  shape of worker pods, so the loop below is the same; an ended one is deleted at once (`retire`).
 - The keeper polls its worker with a GET every `poll_s` (no watch: a GET a few seconds apart per learner is
   nothing for the API server, and a poll survives API server restarts without resumption logic).
 - Before it starts incarnation n+1 it waits until no earlier worker of its slot is still being deleted (two
@@ -33,8 +35,10 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from ddiloco.components import trainjob
 from ddiloco.components.keeper import (
     CRASH,
     RUNNING,
@@ -109,6 +113,9 @@ class KubePods:
         kw = {} if grace_s is None else {"grace_period_seconds": grace_s}
         return self._call(self.core.delete_namespaced_pod, name, self.namespace, **kw) is not None
 
+    def retire(self, name: str) -> None:
+        """Nothing to do for an ended worker pod: it holds no resources, and its status stays for the record."""
+
     def workflow(self, name: str) -> dict[str, Any] | None:
         return self._call(
             self.custom.get_namespaced_custom_object,
@@ -118,6 +125,58 @@ class KubePods:
             "workflows",
             name,
         )
+
+
+class KubeTrainJobs:
+    """The worker calls of a multi-node learner's keeper, whose workers are TrainJobs: each one is served in the
+    shape of a worker pod (`trainjob.as_worker`, from the TrainJob and its node pods)."""
+
+    def __init__(self, pods: KubePods) -> None:
+        self.pods = pods
+        self.seen: dict[str, dict[str, str]] = {}
+        """TrainJob name -> completion index -> uid of the first node pod seen there."""
+
+    def _custom(self, verb: str, *args: Any, **kw: Any) -> dict[str, Any] | None:
+        fn = getattr(self.pods.custom, f"{verb}_namespaced_custom_object")
+        return self.pods._call(
+            fn, trainjob.GROUP, trainjob.VERSION, self.pods.namespace, trainjob.PLURAL, *args, **kw
+        )
+
+    def _view(self, job: dict[str, Any]) -> dict[str, Any]:
+        name = job["metadata"]["name"]
+        nodes = self.pods.list(f"{trainjob.JOBSET_NAME_LABEL}={name}")
+        return trainjob.as_worker(job, nodes, self.seen.setdefault(name, {}))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        job = self._custom("get", name)
+        return None if job is None else self._view(job)
+
+    def list(self, selector: str) -> list[dict[str, Any]]:
+        out = self._custom("list", label_selector=selector)
+        return [self._view(job) for job in (out or {}).get("items") or []]
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._custom("create", body)
+        except ApiException as e:
+            if e.status == 409:  # already there: a keeper that died between create and record
+                return self.get(body["metadata"]["name"])
+            raise
+
+    def delete(self, name: str, grace_s: int | None = None) -> bool:
+        """Delete in the foreground (the TrainJob stays until its pods are gone); grace 0 also force-deletes
+        its node pods, as `kubectl delete --force` would on a lost node."""
+        if grace_s == 0:
+            for pod in self.pods.list(f"{trainjob.JOBSET_NAME_LABEL}={name}"):
+                self.pods.delete(pod["metadata"]["name"], 0)
+        body = {"propagationPolicy": "Foreground"}
+        return self._custom("delete", name, body=body) is not None
+
+    def retire(self, name: str) -> None:
+        """An ended TrainJob goes at once: a lost node's peers must not train on (`trainjob`, restarts)."""
+        self.delete(name)
 
 
 class Keeper:
@@ -134,8 +193,13 @@ class Keeper:
         poll_s: float = 2.0,
         stuck_s: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
+        workers: Any = None,
+        manifest: Callable[[Slot, int, WorkerSpec, dict[str, Any]], dict[str, Any]] = worker_manifest,
     ) -> None:
+        """`pods` reads the keeper's own pod and its Workflow; `workers` (default `pods`) creates, reads, lists and
+        deletes the workers `manifest` describes: worker pods, or TrainJobs (`KubeTrainJobs`, `trainjob`)."""
         self.pods, self.slot, self.spec, self.own_name = pods, slot, spec, own_name
+        self.workers, self.manifest = pods if workers is None else workers, manifest
         self.crash_restarts, self.infra_restarts = crash_restarts, infra_restarts
         self.backoff_s, self.poll_s, self.stuck_s, self.sleep = backoff_s, poll_s, stuck_s, sleep
         self.worker: str | None = None
@@ -148,7 +212,7 @@ class Keeper:
             raise KeeperFailed(
                 f"cannot read my own pod {self.own_name!r} (the pod name comes from the downward API)"
             )
-        found = pick(self.pods.list(self.slot.selector()))
+        found = pick(self.workers.list(self.slot.selector()))
         crashes, infra, n = found.crashes, found.infra, found.next_incarnation
         if found.done is not None:
             log.info("worker %s already succeeded: nothing to do", found.done["metadata"]["name"])
@@ -168,6 +232,7 @@ class Keeper:
                 log.info("worker %s succeeded", self.worker)
                 return
             name, self.worker = self.worker, None
+            self.workers.retire(name)
             if ending.state == USAGE:
                 raise KeeperFailed(f"worker {name}: {ending.why}")
             if ending.state == CRASH:
@@ -195,15 +260,15 @@ class Keeper:
             self.sleep(self.backoff_s)
 
     def _create(self, n: int) -> None:
-        body = worker_manifest(self.slot, n, self.spec, self.own or {})
-        self.pods.create(body)
+        body = self.manifest(self.slot, n, self.spec, self.own or {})
+        self.workers.create(body)
         self.worker = body["metadata"]["name"]
         log.info("started worker %s", self.worker)
 
     def _watch(self) -> Any:
         assert self.worker is not None
         while True:
-            pod = self.pods.get(self.worker)
+            pod = self.workers.get(self.worker)
             ending = classify(pod)
             if ending.state != RUNNING:
                 return ending
@@ -211,10 +276,13 @@ class Keeper:
 
     def _wait_for_terminating(self) -> None:
         waited = 0.0
+        for p in self.workers.list(self.slot.selector()):  # a retried keeper's predecessor may have left one
+            if classify(p).state not in (RUNNING, SUCCEEDED):  # ended, not being deleted
+                self.workers.retire(p["metadata"]["name"])
         while True:
             going = [
                 p["metadata"]["name"]
-                for p in self.pods.list(self.slot.selector())
+                for p in self.workers.list(self.slot.selector())
                 if classify(p).state == RUNNING and (p.get("metadata") or {}).get("deletionTimestamp")
             ]
             if not going:
@@ -222,7 +290,7 @@ class Keeper:
             if waited >= self.stuck_s:
                 for name in going:
                     log.warning("worker %s still terminating after %gs: force-deleting it", name, waited)
-                    self.pods.delete(name, 0)
+                    self.workers.delete(name, 0)
             self.sleep(self.poll_s)
             waited += self.poll_s
 
@@ -243,7 +311,7 @@ class Keeper:
             stopping = False
         if stopping and self.worker:
             log.warning("the run is being stopped: deleting worker %s", self.worker)
-            self.pods.delete(self.worker)
+            self.workers.delete(self.worker)
 
 
 def keep(keeper: Keeper) -> None:
@@ -297,7 +365,8 @@ def keep_role(
     tolerations: list[dict[str, Any]] | None = None,
     crash_restarts: int = 0,
 ) -> None:
-    """A keeper task's body: keep `ddiloco ROLE --store ROOT [--learner-id N] FLAGS` running in a worker pod.
+    """A keeper task's body: keep `ddiloco ROLE --store ROOT [--learner-id N] FLAGS` running in a worker pod, or
+    in a TrainJob of `worker["nodes"]` pods of `worker["procs_per_node"]` ranks each when nodes > 1.
     `worker` is the compile-time part (image, resources, limits, backoff), the rest comes from the run."""
     from ddiloco.components.runtime import NAMESPACE_ENV, command
 
@@ -319,8 +388,14 @@ def keep_role(
         raise ValueError(
             f"the keeper needs {POD_NAME_ENV} and {NAMESPACE_ENV} (the pipeline sets them from the downward API)"
         )
+    pods, nodes = KubePods(namespace), int(worker.get("nodes", 1))
+    workers: dict[str, Any] = {}
+    if nodes > 1:  # one learner over several pods: a TrainJob (`trainjob`)
+        procs = int(worker["procs_per_node"])
+        workers["workers"] = KubeTrainJobs(pods)
+        workers["manifest"] = partial(trainjob.trainjob_manifest, nodes=nodes, procs_per_node=procs)
     keeper = Keeper(
-        KubePods(namespace),
+        pods,
         Slot(role, run_id, learner_id),
         spec,
         own,
@@ -328,5 +403,6 @@ def keep_role(
         infra_restarts=int(worker["infra_restarts"]),
         backoff_s=float(worker["backoff_s"]),
         poll_s=float(worker.get("poll_s", 2.0)),
+        **workers,
     )
     keep(keeper)

@@ -132,6 +132,7 @@ def _compile_changes(args: argparse.Namespace) -> dict[str, Any]:
         "max_learners": args.max_learners,
         "tokenize_parallelism": getattr(args, "tokenize_parallelism", None),
         "gpus_per_learner": args.gpus_per_learner,
+        "learner_nodes": getattr(args, "learner_nodes", None),
         "accelerator": args.accelerator,
         "learner_retries": args.learner_retries,
         "syncer_retries": args.syncer_retries,
@@ -271,7 +272,14 @@ def _compile_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tokenize-parallelism", type=int, help="tokenize-unit pods at once when a run gives text_corpus"
     )
-    g.add_argument("--gpus-per-learner", type=int)
+    g.add_argument("--gpus-per-learner", type=int, help="GPUs of a learner pod, or of each node of one")
+    g.add_argument(
+        "--learner-nodes",
+        type=int,
+        help="pods per learner (default 1); above 1 each learner is a Kubeflow Trainer TrainJob of that many "
+        "nodes under torchrun (needs Kubeflow Trainer's torch-distributed runtime, and train.ranks ≥ nodes × "
+        "GPUs per learner)",
+    )
     g.add_argument("--accelerator", help="GPU resource name (default nvidia.com/gpu)")
     g.add_argument("--learner-retries", type=int)
     g.add_argument("--syncer-retries", type=int)

@@ -42,6 +42,8 @@ Design choices:
   CPU pods that run the role in a worker pod they create through the Kubernetes API and restart as a new
   incarnation when the cluster takes it away, and that a retry (OnError) brings back with the worker
   adopted when the keeper's own pod is taken (`ddiloco.components.keeper`, docs/cluster.md "Retries").
+  With `learner_nodes` > 1 a learner's keeper keeps a Kubeflow Trainer TrainJob of that many pods instead
+  of a worker pod (`ddiloco.components.trainjob`).
   `keeper=False` runs the roles in the task pods; then only `manifests/argo-retry` (OnTransientError + a
   pattern) brings those failures back, and a crash is restarted inside the pod (`crash_restarts`).
 - Learners and the syncer name themselves by their pod name (downward API `metadata.name`): the kubelet
@@ -93,8 +95,14 @@ class ClusterOptions:
     accelerator: str = "nvidia.com/gpu"
     """Extended resource a GPU step requests."""
     gpus_per_learner: int = 1
-    """GPUs per learner pod (one learner = one single-node training job): one rank per GPU
-    (`ddiloco learner --local-ranks`, `train.ranks`), DDP or FSDP2 by `train.parallel`."""
+    """GPUs per learner pod, or per node of a multi-node learner: one rank per GPU (`ddiloco learner
+    --local-ranks`, or torchrun on each node of a multi-node learner; its ranks per node on CPU too), DDP
+    or FSDP2 by `train.parallel`."""
+    learner_nodes: int = 1
+    """Nodes (pods) per learner. Above 1 each learner is a Kubeflow Trainer TrainJob (`torch-distributed`
+    runtime) of this many pods, `gpus_per_learner` ranks each, under torchrun, which its keeper creates
+    and restarts as a whole (`ddiloco.components.trainjob`); needs `keeper` and Kubeflow Trainer. Prepare
+    sets `train.ranks` to learner_nodes × gpus_per_learner (`learner_ranks`)."""
     learner_cpu: str = "4"
     learner_memory: str = "32Gi"
     syncer_cpu: str = "4"
@@ -135,7 +143,9 @@ class ClusterOptions:
 
     @property
     def learner_ranks(self) -> int:
-        """Ranks a learner pod starts: one per GPU (1 on CPU nodes)."""
+        """Ranks of one learner: one per GPU of each of its nodes (a single-node learner on CPU: 1)."""
+        if self.learner_nodes > 1:
+            return self.learner_nodes * self.gpus_per_learner
         return self.gpus_per_learner if self.gpu else 1
 
 
@@ -186,6 +196,11 @@ def run_defaults(defaults: dict[str, Any], opts: ClusterOptions) -> dict[str, An
 def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., Any]:
     """The `@dsl.pipeline` function for these options (compile it with `kfp.compiler.Compiler`)."""
     d = run_defaults(DEFAULTS, opts)
+    if opts.learner_nodes < 1 or (opts.learner_nodes > 1 and not opts.keeper):
+        raise ValueError(
+            f"learner_nodes={opts.learner_nodes}: give 1, or more with keepers (a TrainJob is created by a "
+            "learner's keeper; drop --no-keeper)"
+        )
     c = build(opts.registry, gpu=opts.gpu)
 
     @dsl.pipeline(name=opts.name, description=opts.description)
@@ -379,10 +394,12 @@ class _Wiring:
             "backoff_s": duration_s(o.backoff),
             "poll_s": o.keeper_poll_s,
         }
-        if role == "learner" and o.learner_ranks > 1:
+        if role == "learner" and o.learner_ranks > 1 and o.learner_nodes == 1:
             out["ranks"] = o.learner_ranks  # one rank per GPU of the pod (`ddiloco learner --local-ranks`)
         if o.run_key_secret:
             out["run_key"] = {"secret": o.run_key_secret, "key": "key", "env": RUN_KEY_ENV}
+        if role == "learner" and o.learner_nodes > 1:  # a TrainJob (keeper_loop.keep_role)
+            out.update(nodes=o.learner_nodes, procs_per_node=o.gpus_per_learner)
         return out
 
     def chaos(self, task: Any) -> Any:

@@ -326,6 +326,28 @@ def test_compile_options_change_parallelism_and_images(tmp_path):
     assert Spec(out).executor("learner")[0]["image"] == f"ghcr.io/ddiloco/ddiloco-learner:{image_tag()}"
 
 
+def test_learner_nodes_give_each_learners_keeper_a_trainjob_of_that_many_nodes(pretrain, tmp_path):
+    """`--learner-nodes 2 --gpus-per-learner 4`: the learner keeper's worker says 2 nodes of 4 ranks (the
+    keeper then creates a TrainJob, components/trainjob.py); the syncer's and the default's say nothing."""
+    from ddiloco.pipelines.cli import main
+
+    out = tmp_path / "p.yaml"
+    assert (
+        main(["pipeline", "compile", "--out", str(out), "--learner-nodes", "2", "--gpus-per-learner", "4"])
+        == 0
+    )
+    spec = Spec(out)
+    worker, _ = _worker(spec, "learner")
+    assert (worker["nodes"], worker["procs_per_node"], worker["limits"]) == (2, 4, {"nvidia.com/gpu": "4"})
+    assert "ranks" not in worker  # torchrun starts each node's ranks, not --local-ranks
+    assert spec.tasks["prepare"][1]["inputs"]["parameters"]["learner_ranks"]["runtimeValue"]["constant"] == 8
+    assert "nodes" not in _worker(Spec(out), "syncer")[0] and "nodes" not in _worker(pretrain, "learner")[0]
+    with pytest.raises(ValueError, match="drop --no-keeper"):
+        compile_pipeline("pretrain", tmp_path / "q.yaml", learner_nodes=2, keeper=False)
+    with pytest.raises(ValueError, match="learner_nodes=0"):
+        compile_pipeline("pretrain", tmp_path / "q.yaml", learner_nodes=0)
+
+
 def test_join_pipeline_checks_the_run_then_starts_learners_with_their_site(compiled):
     join = Spec(compiled["join"])
     assert join.deps("check-run") == []

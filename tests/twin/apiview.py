@@ -1,5 +1,6 @@
 """What the API stand-in (kubeapi.py) sees of a twin run: its task pods, the pods its steps created
-(workers.py), and its Workflow object; mixed into engine.TwinExecution.
+(workers.py), the TrainJobs they created (trainjobs.py), and its Workflow object; mixed into
+engine.TwinExecution.
 
 Design choices:
 - Task pods are served with the fields a step reads of its own pod: labels, annotations, the Workflow as
@@ -50,6 +51,20 @@ class ApiViewMixin:
             return 403, {"reason": "Forbidden", "message": f"the twin's steps may create pods in {self.cluster.namespace} only"}  # fmt: skip
         with self.lock:
             return self.workers.create(namespace, body)
+
+    def list_trainjobs(self, namespace: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return self.trainjobs.list() if namespace == self.cluster.namespace else []
+
+    def create_trainjob(self, namespace: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if namespace != self.cluster.namespace:
+            return 403, {"reason": "Forbidden", "message": f"the twin's steps may create TrainJobs in {self.cluster.namespace} only"}  # fmt: skip
+        with self.lock:
+            return self.trainjobs.create(namespace, body)
+
+    def delete_trainjob(self, namespace: str, name: str, propagation: str | None) -> dict[str, Any] | None:
+        with self.lock:
+            return self.trainjobs.delete(name, propagation) if namespace == self.cluster.namespace else None
 
     def get_workflow(self, namespace: str, name: str) -> dict[str, Any] | None:
         if namespace != self.cluster.namespace or name != self.workflow:

@@ -38,6 +38,7 @@ from tests.twin.kubeapi import KubeAPI
 from tests.twin.pods import PodProcess, default_python_bin, kill_marked
 from tests.twin.records import AttemptRecord, TwinRun
 from tests.twin.resolve import RunContext
+from tests.twin.trainjobs import TrainJobs
 from tests.twin.workers import WorkerPods
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ class TwinExecution(DagMixin, ContainerMixin, ApiViewMixin):
         self.api = KubeAPI(self, self.record.api_requests.append)
         self.workflow_uid = str(uuid.uuid4())
         self.workers = WorkerPods(self)
+        self.trainjobs = TrainJobs(self)
         self.kubeconfig = self.work_dir / "kubeconfig"
         self.thread = threading.Thread(target=self._loop, name=f"twin-{self.workflow}", daemon=True)
 
@@ -276,6 +278,7 @@ class TwinExecution(DagMixin, ContainerMixin, ApiViewMixin):
     def _tick(self) -> None:
         self.dying = [p for p in self.dying if p.poll() is None]
         self.workers.poll()
+        self.trainjobs.poll()
         deadline = workflow_deadline_s(self.ir)
         if deadline is not None and not self.terminated and self.now_cluster() >= deadline:
             self._deadline_passed(f"stopped by the workflow deadline (activeDeadlineSeconds {deadline:g})")

@@ -15,6 +15,8 @@ Design choices:
   Running, then Succeeded/Failed), a deleted pod is gone at once. A delete with grace period 0 is a force
   delete: the pod's processes get SIGKILL and Argo records the node as Error "pod deleted"; a delete with a
   grace period sends SIGTERM first (the twin's `PodTable.delete` does the killing and the recording).
+- TrainJobs (trainer.kubeflow.org/v1alpha1, a multi-node learner's keeper): create, get, list with a label
+  selector, delete with a propagationPolicy, served by trainjobs.py.
 - No authentication, no watch, no PATCH, no other resources: anything else is a 404 (a 405 for other verbs), and
   every request is recorded for the test to look at.
 - The chaos pod reaches it through a kubeconfig the twin writes: KubernetesPods.connect tries
@@ -55,6 +57,14 @@ class PodTable(Protocol):
     def create_pod(self, namespace: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]: ...
 
     def get_workflow(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def list_trainjobs(self, namespace: str) -> list[dict[str, Any]]: ...
+
+    def create_trainjob(self, namespace: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]: ...
+
+    def delete_trainjob(
+        self, namespace: str, name: str, propagation: str | None
+    ) -> dict[str, Any] | None: ...
 
 
 def _split(selector: str) -> list[str]:
@@ -163,6 +173,11 @@ class KubeAPI:
                 if found
                 else (404, _status(404, "NotFound", f'workflows.argoproj.io "{wf.group(2)}" not found'))
             )
+        tj = re.fullmatch(
+            r"/apis/trainer.kubeflow.org/v1alpha1/namespaces/([^/]+)/trainjobs(?:/([^/]+))?", path
+        )
+        if tj:
+            return self._trainjobs(method, *tj.groups(), query, body)
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?", path)
         if not m:
             return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
@@ -192,6 +207,37 @@ class KubeAPI:
             grace = query.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
             gone = self.pods.delete_pod(ns, name, None if grace is None else float(grace))
             return (200, gone) if gone else (404, _status(404, "NotFound", f'pods "{name}" not found'))
+        return 405, _status(405, "MethodNotAllowed", f"{method} is not supported by the twin's API stand-in")
+
+    def _trainjobs(
+        self, method: str, ns: str, name: str | None, query: dict[str, str], body: dict[str, Any]
+    ) -> tuple[int, dict]:
+        """The TrainJob calls of a multi-node learner's keeper (components/keeper_loop.py KubeTrainJobs)."""
+        gone = (404, _status(404, "NotFound", f'trainjobs.trainer.kubeflow.org "{name}" not found'))
+        if name is None and method == "GET":
+            try:
+                items = [
+                    j
+                    for j in self.pods.list_trainjobs(ns)
+                    if selector_matches(query.get("labelSelector", ""), j["metadata"].get("labels") or {})
+                ]
+            except ValueError as e:
+                return 400, _status(400, "BadRequest", str(e))
+            return 200, {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                "kind": "TrainJobList",
+                "items": items,
+            }
+        if name is None and method == "POST":
+            code, out = self.pods.create_trainjob(ns, body)
+            return code, out if code < 300 else _status(code, out["reason"], out["message"])
+        if name is not None and method == "GET":
+            found = [j for j in self.pods.list_trainjobs(ns) if j["metadata"]["name"] == name]
+            return (200, found[0]) if found else gone
+        if name is not None and method == "DELETE":
+            propagation = body.get("propagationPolicy") or query.get("propagationPolicy")
+            out = self.pods.delete_trainjob(ns, name, propagation)
+            return (200, out) if out else gone
         return 405, _status(405, "MethodNotAllowed", f"{method} is not supported by the twin's API stand-in")
 
     def start(self) -> KubeAPI:

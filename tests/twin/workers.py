@@ -28,7 +28,8 @@ Rules and their sources (Kubernetes):
 - Garbage collection: a pod whose ownerReferences all name objects that are gone is deleted (background
   propagation, the pod's default grace period); an owner still present keeps it (pkg/controller/
   garbagecollector/garbagecollector.go attemptToDeleteItem, "solid" owners). Owners the twin knows: the
-  run's pods (gone once deleted) and the run's Workflow (present for the whole run).
+  run's pods (gone once deleted), the run's Workflow (present for the whole run) and its TrainJobs
+  (trainjobs.py: their node pods' stand-in Job has the TrainJob's uid).
 """
 
 from __future__ import annotations
@@ -281,7 +282,7 @@ class WorkerPods:
 
     def _collect(self) -> None:
         """The garbage collector (module docstring)."""
-        present = {w.uid for w in self.pods.values()} | {self.ex.workflow_uid}
+        present = {w.uid for w in self.pods.values()} | {self.ex.workflow_uid} | self.ex.trainjobs.uids()
         present |= {n.state.get("uid") for p, (n, _) in self.ex.pods.items() if p not in self.ex.deleted}
         for w in list(self.pods.values()):
             owners = [o["uid"] for o in w.body["metadata"].get("ownerReferences") or []]

@@ -202,9 +202,10 @@ def test_chaos_rbac_is_list_and_delete_pods_only_bound_to_the_pipeline_runner():
         assert objs["RoleBinding"]["metadata"]["namespace"] == objs["Role"]["metadata"]["namespace"]
 
 
-def test_keeper_rbac_is_namespaced_pods_and_a_workflow_read_bound_to_the_pipeline_runner():
-    """The keeper creates, reads, lists and deletes its workers and reads its own pod and its Workflow
-    (components/keeper_loop.py KubePods): a Role in the run's namespace, no ClusterRole."""
+def test_keeper_rbac_is_namespaced_pods_trainjobs_and_a_workflow_read_bound_to_the_pipeline_runner():
+    """The keeper creates, reads, lists and deletes its workers - pods, or a multi-node learner's TrainJobs
+    (components/keeper_loop.py KubePods, KubeTrainJobs) - and reads its own pod and its Workflow: a Role in
+    the run's namespace, no ClusterRole."""
     by_overlay = _rbac("ddiloco-keeper")
     for name, sa in (
         ("kubeflow", "default-editor"),
@@ -215,6 +216,11 @@ def test_keeper_rbac_is_namespaced_pods_and_a_workflow_read_bound_to_the_pipelin
         assert objs["Role"]["rules"] == [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
             {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["get"]},
+            {
+                "apiGroups": ["trainer.kubeflow.org"],
+                "resources": ["trainjobs"],
+                "verbs": ["create", "get", "list", "delete"],
+            },
         ]
         assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": sa}]
         assert objs["RoleBinding"]["roleRef"]["name"] == "ddiloco-keeper"
