@@ -15,8 +15,8 @@ from tests.chaos.test_local_chaos import assert_no_lost_or_double_merges
 pytestmark = pytest.mark.slow
 
 FSDP = ("diloco.learners=2", "diloco.fragments=2", "train.ranks=2", "train.parallel=fsdp", "sft=null",
-        "diloco.sync_every=8", "train.checkpoint_every_s=1", "diloco.token_budget=120000",
-        "chaos.events=[{kind: kill_learner, learner: 1, at_step: 40}]")  # fmt: skip
+        "diloco.sync_every=8", "train.checkpoint_every_s=1", "diloco.token_budget=80000",
+        "eval.curve_points=2", "chaos.events=[{kind: kill_learner, learner: 1, at_step: 30}]")  # fmt: skip
 
 
 def test_fsdp_learners_survive_a_kill_with_the_ledger_balanced(tmp_path):
