@@ -7,8 +7,15 @@ Design choices:
   `inner_step`, restored from its checkpoint on a restart). A learner that joins late starts AdamW from
   fresh moments, so it ramps up again over its own first steps, then runs at the run's current rate.
 - Decay (`train.lr_schedule`) follows the run's global progress, the fraction of `diloco.token_budget`
-  merged, clamped to [0, 1]: `cosine` (default) from train.lr down to `train.lr_min_ratio`·train.lr at the
-  budget, `linear` between the same two points, or `constant` (no decay: warm-up only).
+  merged, clamped to [0, 1]: `cosine` from train.lr down to `train.lr_min_ratio`·train.lr at the budget,
+  `linear` between the same two points, `wsd` (peak, then a 1 − sqrt cool-down over the last
+  `lr_decay_fraction`), or `constant` (no decay: warm-up only).
+- `auto` (the default) is resolved for Decoupled DiLoCo's learners and the syncer (`resolve`,
+  `learner_train`): the decay reaches the global model only through outer steps, so it is cosine when it
+  spans at least the outer momentum's horizon 1/(1 − μ) outer steps per fragment, as the config plans them,
+  and constant otherwise (over ~6 outer steps per fragment the decay cost 35% vs 23% in loss against
+  data-parallel; over ~150 it is at parity: docs/results.md §11, §12.5). Data-parallel reads `auto` as
+  cosine: it has no outer step. Resolved from the config alone, so every learner, rank and the syncer agree.
   Beyond the budget it stays at the floor. The progress is global, not per learner, so a learner that joined
   late runs at the same rate as one that was there from the start once both are past their warm-up.
 - How a learner reads progress (`GlobalSchedule`): `tokens_merged` of the newest syncer status it polled,
