@@ -131,6 +131,25 @@ def owner_references(keeper_pod: dict[str, Any]) -> list[dict[str, Any]]:
     return refs
 
 
+def resources_of(spec: WorkerSpec) -> dict[str, Any]:
+    """The worker's requests and limits, those that are set (a container's `resources`)."""
+    return {k: dict(v) for k, v in (("requests", spec.requests), ("limits", spec.limits)) if v}
+
+
+def placement(spec: WorkerSpec, keeper_pod: dict[str, Any]) -> dict[str, Any]:
+    """Where a worker's pods go and as whom: nodeSelector, tolerations and the service account (the
+    worker's, else the keeper pod's), those that are set."""
+    out: dict[str, Any] = {}
+    if spec.node_selector:
+        out["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        out["tolerations"] = [dict(t) for t in spec.tolerations]
+    sa = spec.service_account or (keeper_pod.get("spec") or {}).get("serviceAccountName", "")
+    if sa:
+        out["serviceAccountName"] = sa
+    return out
+
+
 def worker_manifest(
     slot: Slot, incarnation: int, spec: WorkerSpec, keeper_pod: dict[str, Any]
 ) -> dict[str, Any]:
@@ -140,17 +159,10 @@ def worker_manifest(
     container: dict[str, Any] = {"name": "main", "image": spec.image, "command": list(spec.command)}
     if spec.env:
         container["env"] = [dict(e) for e in spec.env]
-    resources = {k: dict(v) for k, v in (("requests", spec.requests), ("limits", spec.limits)) if v}
+    resources = resources_of(spec)
     if resources:
         container["resources"] = resources
-    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
-    if spec.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
-    sa = spec.service_account or (keeper_pod.get("spec") or {}).get("serviceAccountName", "")
-    if sa:
-        pod_spec["serviceAccountName"] = sa
+    pod_spec = {"restartPolicy": "Never", "containers": [container], **placement(spec, keeper_pod)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",

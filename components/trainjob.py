@@ -80,6 +80,8 @@ from ddiloco.components.keeper import (
     classify,
     disruption,
     owner_references,
+    placement,
+    resources_of,
 )
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
@@ -127,17 +129,10 @@ def trainjob_manifest(
     }
     if spec.env:
         trainer["env"] = [dict(e) for e in spec.env]
-    resources = {k: dict(v) for k, v in (("requests", spec.requests), ("limits", spec.limits)) if v}
+    resources = resources_of(spec)
     if resources:
         trainer["resourcesPerNode"] = resources
-    pod_spec: dict[str, Any] = {}
-    if spec.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
-    sa = spec.service_account or (keeper_pod.get("spec") or {}).get("serviceAccountName", "")
-    if sa:
-        pod_spec["serviceAccountName"] = sa
+    pod_spec = placement(spec, keeper_pod)
     pod_template: dict[str, Any] = {"metadata": {"labels": dict(labels)}}
     if pod_spec:
         pod_template["spec"] = pod_spec
