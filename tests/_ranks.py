@@ -28,3 +28,41 @@ def spawn_ranks(fn: Callable[..., None], args: tuple, nprocs: int, timeout: floa
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def one_process_reference(store, cfg, world: int, steps: int):
+    """The single-process reference of a learner with `world` ranks: global version 0, each step on every
+    rank's batch concatenated (rank r reads slice r of shard 0). Returns (model, optimizer, rank loaders,
+    parameters before the first step)."""
+    import torch
+
+    from ddiloco.data import ShardLoader
+    from ddiloco.globalmodel import read_global, read_layout
+    from ddiloco.learner import ddp
+    from ddiloco.learner.accel import inner_step, lr_at
+    from ddiloco.model import configure_optimizer, init_model
+    from ddiloco.run import RunRoot
+
+    t, B = cfg.train, cfg.train.batch_size
+    layout = read_layout(store)
+    ref = init_model(layout.gpt_config(), 0)
+    with torch.no_grad():
+        for p in range(layout.num_fragments):
+            for n, v in read_global(store, cfg.run_id, layout, p, 0).items():
+                dict(ref.named_parameters())[n].copy_(v)
+    opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
+    tokens = RunRoot(store, cfg.run_id).shard(0)
+    b = ddp.slice_bounds(tokens.numel(), world)
+    seq = cfg.model.seq_len
+    loaders = [
+        ShardLoader(
+            tokens[b[r] : b[r + 1]], batch_size=B, seq_len=seq, seed=ddp.rank_seed(cfg.seed * 1000, r)
+        )
+        for r in range(world)
+    ]
+    start = {n: v.clone() for n, v in ref.named_parameters()}
+    for step in range(steps):
+        batches = [ld.next_batch() for ld in loaders]
+        x, y = torch.cat([xb for xb, _ in batches]), torch.cat([yb for _, yb in batches])
+        inner_step(ref, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
+    return ref, opt, loaders, start

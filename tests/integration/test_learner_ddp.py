@@ -16,12 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ddiloco import keys
-from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import read_global, read_layout
 from ddiloco.learner import ddp
-from ddiloco.learner.accel import inner_step, lr_at
 from ddiloco.learner.loop import Learner
-from ddiloco.model import configure_optimizer, init_model
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
@@ -29,7 +25,7 @@ from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config
-from tests._ranks import free_port, spawn_ranks
+from tests._ranks import free_port, one_process_reference, spawn_ranks
 
 WORLD = 2
 STEPS = 5
@@ -89,7 +85,7 @@ def test_two_ranks_match_one_process_on_the_concatenated_batch_then_merge_and_re
     )
     store = open_store(url)
     prepare(store, cfg)
-    t, B = cfg.train, cfg.train.batch_size
+    B = cfg.train.batch_size
 
     # --- launch A: no syncer, so the ranks only take inner steps (and checkpoint every step) ---------------
     a = _launch(url, tmp_path / "a", STEPS)
@@ -98,25 +94,9 @@ def test_two_ranks_match_one_process_on_the_concatenated_batch_then_merge_and_re
     p0, p1 = _params(tmp_path / "a", 0), _params(tmp_path / "a", 1)
     assert all(torch.equal(p0[n], p1[n]) for n in p0)
 
-    # Reference: one process, global version 0, each step on rank 0's and rank 1's batches concatenated.
-    layout = read_layout(store)
-    ref = init_model(layout.gpt_config(), 0)
-    with torch.no_grad():
-        for p in range(layout.num_fragments):
-            for n, v in read_global(store, cfg.run_id, layout, p, 0).items():
-                dict(ref.named_parameters())[n].copy_(v)
-    opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
-    tokens = RunRoot(store, cfg.run_id).shard(0)
-    b = ddp.slice_bounds(tokens.numel(), WORLD)
-    loaders = [
-        ShardLoader(tokens[b[r] : b[r + 1]], batch_size=B, seq_len=cfg.model.seq_len, seed=ddp.rank_seed(cfg.seed * 1000, r))
-        for r in range(WORLD)
-    ]  # fmt: skip
-    start = {n: v.clone() for n, v in ref.named_parameters()}
-    for step in range(STEPS):
-        batches = [ld.next_batch() for ld in loaders]
-        x, y = torch.cat([xb for xb, _ in batches]), torch.cat([yb for _, yb in batches])
-        inner_step(ref, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
+    # Reference: one process, global version 0, each step on the ranks' batches concatenated.
+    ref, opt, loaders, start = one_process_reference(store, cfg, WORLD, STEPS)
+    b = ddp.slice_bounds(RunRoot(store, cfg.run_id).shard(0).numel(), WORLD)
     for n, v in ref.named_parameters():
         assert not torch.equal(v, start[n]), n  # the reference really trained every tensor
         torch.testing.assert_close(p0[n], v.detach(), rtol=1e-4, atol=1e-5, msg=n)

@@ -18,21 +18,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ddiloco import keys
-from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import read_global, read_layout
 from ddiloco.learner import ddp, sharded
-from ddiloco.learner.accel import inner_step, lr_at
 from ddiloco.learner.fsdp import full_tensors
 from ddiloco.learner.loop import Learner
-from ddiloco.model import configure_optimizer, init_model
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
-from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config
-from tests._ranks import free_port, spawn_ranks
+from tests._ranks import free_port, one_process_reference, spawn_ranks
 
 WORLD = 2
 STEPS = 4
@@ -55,7 +50,12 @@ def _rank_main(rank: int, url: str, port: int, max_steps: int | None, out: str) 
         else:
             follower = ddp.Follower(group)
             assert follower.run() == 0
-            model, opt, loader, info = follower.model, follower.opt, follower.loader, {"steps": follower.steps}
+            model, opt, loader, info = (
+                follower.model,
+                follower.opt,
+                follower.loader,
+                {"steps": follower.steps},
+            )
         assert group.sharded
         names = [n for n, _ in model.named_parameters()]
         params = full_tensors(model, names, out_device="cpu")  # both ranks: a collective
@@ -63,7 +63,9 @@ def _rank_main(rank: int, url: str, port: int, max_steps: int | None, out: str) 
         if rank == 0:
             assert params is not None
             save_file({n: t.contiguous() for n, t in params.items()}, f"{out}/params.safetensors")
-            save_file({n: t.contiguous().reshape(t.shape) for n, t in moments.items()}, f"{out}/opt.safetensors")
+            save_file(
+                {n: t.contiguous().reshape(t.shape) for n, t in moments.items()}, f"{out}/opt.safetensors"
+            )
         Path(f"{out}/rank{rank}.json").write_text(json.dumps({**info, "cursor": loader.state_dict()}))
     finally:
         group.close()
@@ -88,7 +90,7 @@ def test_sharded_ranks_train_like_one_process_checkpoint_whole_state_and_resume_
     )  # fmt: skip
     store = open_store(url)
     prepare(store, cfg)
-    t, B = cfg.train, cfg.train.batch_size
+    B = cfg.train.batch_size
 
     # --- launch A: no syncer, so the ranks only take inner steps (and checkpoint every step) ---------------
     a = _launch(url, tmp_path / "a", STEPS)
@@ -96,25 +98,8 @@ def test_sharded_ranks_train_like_one_process_checkpoint_whole_state_and_resume_
     assert a[0]["tokens"] == STEPS * WORLD * B * cfg.model.seq_len
     got = load_file(str(tmp_path / "a" / "params.safetensors"))
 
-    # Reference: one process from global version 0, each step on both ranks' batches concatenated.
-    layout = read_layout(store)
-    ref = init_model(layout.gpt_config(), 0)
-    with torch.no_grad():
-        for p in range(layout.num_fragments):
-            for n, v in read_global(store, cfg.run_id, layout, p, 0).items():
-                dict(ref.named_parameters())[n].copy_(v)
-    opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
-    tokens = RunRoot(store, cfg.run_id).shard(0)
-    b = ddp.slice_bounds(tokens.numel(), WORLD)
-    loaders = [
-        ShardLoader(tokens[b[r] : b[r + 1]], batch_size=B, seq_len=cfg.model.seq_len, seed=ddp.rank_seed(cfg.seed * 1000, r))
-        for r in range(WORLD)
-    ]  # fmt: skip
-    start = {n: v.clone() for n, v in ref.named_parameters()}
-    for step in range(STEPS):
-        batches = [ld.next_batch() for ld in loaders]
-        x, y = torch.cat([xb for xb, _ in batches]), torch.cat([yb for _, yb in batches])
-        inner_step(ref, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
+    # Reference: one process, global version 0, each step on the ranks' batches concatenated.
+    ref, opt, loaders, start = one_process_reference(store, cfg, WORLD, STEPS)
     for n, v in ref.named_parameters():
         assert not torch.equal(v, start[n]), n  # the reference really trained every tensor
         torch.testing.assert_close(got[n], v.detach(), rtol=1e-4, atol=1e-5, msg=n)
