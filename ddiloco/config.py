@@ -188,10 +188,11 @@ class DilocoConfig:
     """H: inner steps between two syncs of the same fragment (a round opens every H/P learner steps)."""
     overlap: int = 2
     """τ: maximum number of rounds in flight."""
-    sync_from: str = "publish"
-    """What a fragment's H learner steps are counted from before its next round opens: `publish` (its newest
-    version: an answer covers ~H steps, a fragment is synced every H + overlap steps) or `open` (its last
-    round's opening: synced every H steps as in the paper, the overlap taken out of them)."""
+    sync_from: str = "open"
+    """What a fragment's H learner steps are counted from before its next round opens: `open` (its last
+    round's opening: synced every H steps as in the paper, the overlap taken out of them) or `publish` (its
+    newest version: an answer covers ~H steps, a fragment is synced every H + overlap steps; at a small budget
+    its rounds merge fewer answers: docs/results.md §12.6)."""
     grace: GraceConfig | None = field(default_factory=GraceConfig)
     """Adaptive grace window after quorum; null merges as soon as K learners answered."""
     outer_lr: float = 0.7

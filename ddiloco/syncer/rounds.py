@@ -95,15 +95,15 @@ class Round:
 @dataclass(frozen=True, slots=True)
 class OpenRule:
     """When the next round may open: at most τ in flight, never two for one fragment, one per (H/P)·ξ_step,
-    and a fragment's round no sooner than H·ξ_step after its newest version was published (learners still
-    train on it) or, with `sync_from="open"`, after its previous round opened (the paper's schedule: a
-    fragment synced every H steps, the round's overlap inside them). Until a learner reported its cadence,
-    only the first three hold, with a guessed ξ_step."""
+    and a fragment's round no sooner than H·ξ_step after its previous round opened (`sync_from="open"`, the
+    paper's schedule: a fragment synced every H steps, the round's overlap inside them) or, with
+    `sync_from="publish"`, after its newest version was published (learners still train on it). Until a
+    learner reported its cadence, only the first three hold, with a guessed ξ_step."""
 
     overlap: int
     sync_every: int
     num_fragments: int
-    sync_from: str = "publish"
+    sync_from: str = "open"
 
     @classmethod
     def of(cls, d: DilocoConfig, num_fragments: int) -> OpenRule:

@@ -302,13 +302,21 @@ def test_an_older_heartbeat_landing_after_an_answer_cannot_hide_it_from_the_book
     )
 
 
-def test_a_fragment_is_answered_about_every_h_learner_steps():
-    """Issue 17 item 3: rounds are paced by the learners' wall seconds per step, their loop included. Here a
-    learner's compute is a fraction of the time between its steps (the syncer and the other learner run in
-    between); paced by compute alone, answers covered 1-3 steps at H = 8."""
+@pytest.mark.parametrize("sync_from", ["publish", "open"])
+def test_a_fragment_is_synced_about_every_h_learner_steps(sync_from):
+    """Rounds are paced by the learners' wall seconds per step, their loop included. Here a learner's compute is
+    a fraction of the time between its steps (the syncer and the other learner run in between); paced by
+    compute alone, answers covered 1-3 steps at H = 8. Counted from a fragment's newest version (`publish`),
+    an answer covers about H steps; counted from its last round's opening (`open`, the default and the
+    paper's schedule), a fragment is synced about every H steps and an answer covers H less the round's
+    overlap."""
     H = 8  # a heartbeat about every 10 steps, as a learner stepping in 0.1 s with the default 1 s heartbeat
     store, cfg = _prepared(
-        "eng-pacing", f"diloco.sync_every={H}", "diloco.token_budget=40000", "train.heartbeat_every_s=0.05"
+        f"eng-pacing-{sync_from}",
+        f"diloco.sync_every={H}",
+        "diloco.token_budget=40000",
+        "train.heartbeat_every_s=0.05",
+        f"diloco.sync_from={sync_from}",
     )
     syncer = Syncer(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
@@ -317,9 +325,15 @@ def test_a_fragment_is_answered_about_every_h_learner_steps():
     drive(syncer, learners)
     steps = [c["c_steps"] for r in read_round_records(store) for c in r["contributors"].values()]
     assert len(steps) >= 20
-    assert abs(statistics.fmean(steps) - H) <= 0.15 * H, steps
     s = build_summary(store)
     assert s["steps_per_answer"] == pytest.approx(statistics.fmean(steps)) and s["sync_every"] == H
+    period = s["sync_pace"]["mean_sync_period_steps"]
+    if sync_from == "publish":
+        assert abs(statistics.fmean(steps) - H) <= 0.15 * H, steps
+        assert period > H, "the overlap comes on top of H"
+    else:
+        assert 0.8 * H <= period <= 1.25 * H, s["sync_pace"]  # 8.9-9.5 seen at load 20
+        assert statistics.fmean(steps) < H, "the overlap is taken out of H"
 
 
 def test_goodput_counts_a_killed_learners_down_time_as_lost():

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from ddiloco.config import DilocoConfig
 from ddiloco.syncer.rounds import (
     DEFAULT_STEP_S,
     GraceRule,
@@ -75,7 +76,7 @@ def test_ema_takes_the_first_sample_as_it_is():
     assert ema(1.0, 3.0, 0.25) == pytest.approx(1.5)
 
 
-OPEN = OpenRule(overlap=2, sync_every=32, num_fragments=4)  # a round every H/P = 8 steps
+OPEN = OpenRule(overlap=2, sync_every=32, num_fragments=4, sync_from="publish")  # a round every H/P = 8 steps
 
 
 def may(now: float, **kw) -> bool:
@@ -94,6 +95,14 @@ def test_rounds_open_every_h_over_p_steps_at_most_tau_in_flight():
 def test_a_fragment_waits_h_steps_after_its_newest_version():
     assert not may(10.0 + 0.319, published_clock=10.0)
     assert may(10.0 + 0.32, published_clock=10.0)
+
+
+def test_by_default_a_fragment_waits_h_steps_after_its_last_round_opened():
+    rule = OpenRule.of(DilocoConfig(sync_every=32, overlap=2), num_fragments=4)
+    kw = {"fragment": 0, "open_fragments": [], "last_open": -math.inf, "measured_step": 0.01}
+    assert rule.sync_from == "open"
+    assert not rule.may_open(10.319, published_clock=10.2, opened_clock=10.0, **kw)
+    assert rule.may_open(10.32, published_clock=10.2, opened_clock=10.0, **kw), "the version's age is not counted"
 
 
 def test_without_a_measured_cadence_only_a_guessed_step_paces():
