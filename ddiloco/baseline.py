@@ -4,7 +4,7 @@ Design choices:
 - Same everything as a DiLoCo run of the same prepared store: rank r reads learner r's shard (shard r;
   `ddiloco.shards`, which warns when r ≥ num_shards and the rank shares shard r mod num_shards) with the
   learner's data seed (seed·1000 + r), starts from global version 0, and updates with the learner's own
-  `inner_step` (AdamW, gradient clipping) and schedule (`ddiloco.schedule.lr_at`: warm-up on the step,
+  `train_step` (AdamW, gradient clipping) and schedule (`ddiloco.schedule.lr_at`: warm-up on the step,
   decay on progress = tokens all ranks processed before the step / the token budget it trains for, the
   axis a learner reads as tokens merged) — the only difference is that gradients are averaged over the M
   ranks before clipping, every step. The global batch is M × train.batch_size.
@@ -39,7 +39,7 @@ from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_global, read_layout
-from ddiloco.learner.accel import inner_step, resolve_device
+from ddiloco.learner.accel import resolve_device, train_step
 from ddiloco.model import GPT, configure_optimizer
 from ddiloco.posttrain.evaluate import validation_loss
 from ddiloco.protocol import wire
@@ -197,7 +197,7 @@ def _rank_main(rank: int, plan: Plan) -> None:
             x, y = loader.next_batch()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             lr = lr_at(progress_of(step * global_batch, plan.token_budget), step, t)
-            loss = inner_step(ddp, opt, x, y, lr, t.grad_clip)
+            loss = float(train_step(ddp, opt, x, y, lr, t.grad_clip))
             if not math.isfinite(loss):
                 raise FloatingPointError(f"rank {rank}: loss is {loss} at step {step}; lower train.lr")
             tokens += x.numel()

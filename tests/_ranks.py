@@ -39,7 +39,7 @@ def one_process_reference(store, cfg, world: int, steps: int):
     from ddiloco.data import ShardLoader
     from ddiloco.globalmodel import read_global, read_layout
     from ddiloco.learner import ddp
-    from ddiloco.learner.accel import inner_step, lr_at
+    from ddiloco.learner.accel import lr_at, train_step
     from ddiloco.model import configure_optimizer, init_model
     from ddiloco.run import RunRoot
 
@@ -64,5 +64,5 @@ def one_process_reference(store, cfg, world: int, steps: int):
     for step in range(steps):
         batches = [ld.next_batch() for ld in loaders]
         x, y = torch.cat([xb for xb, _ in batches]), torch.cat([yb for _, yb in batches])
-        inner_step(ref, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
+        train_step(ref, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
     return ref, opt, loaders, start

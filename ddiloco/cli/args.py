@@ -11,11 +11,22 @@ Design choices:
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from typing import Any
 
 from ddiloco.config import RunConfig
 from ddiloco.errors import ConfigError
 from ddiloco.overrides import apply_override
 from ddiloco.recipes import RECIPES, load_config
+
+
+def emit(result: Any, line: str | None = None) -> int:
+    """A command's output: `line` for people on stderr, `result` as one JSON object on stdout; exit code 0."""
+    if line is not None:
+        print(line, file=sys.stderr)
+    print(json.dumps(result, sort_keys=True))
+    return 0
 
 
 def add_set_arg(p: argparse.ArgumentParser, example: str = "diloco.quorum=2") -> None:

@@ -8,11 +8,9 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
-from ddiloco.cli.args import add_config_args, config_for_store
+from ddiloco.cli.args import add_config_args, config_for_store, emit
 from ddiloco.errors import ConfigError
 from ddiloco.protocol.signing import key_from_env
 from ddiloco.store.url import open_store
@@ -35,14 +33,12 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         tasks=not args.no_tasks,
     )
-    print(
+    return emit(
+        summary,
         f"baseline {summary['run_id']}: {summary['learners']} ranks, {summary['tokens_processed']} tokens in "
         f"{summary['wall_seconds']:.0f}s, val loss {summary['initial_val_loss']:.3f} -> "
         f"{summary['final_val_loss']:.3f}, {summary['bytes_sent_per_rank'] / 1e6:.1f} MB sent per rank",
-        file=sys.stderr,
     )
-    print(json.dumps(summary, sort_keys=True))
-    return 0
 
 
 def register(sub: Any) -> None:

@@ -10,24 +10,21 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
+from ddiloco.cli.args import emit
 from ddiloco.corpora import sidecar_path, write_python_docs
 
 
 def cmd_python_docs(args: argparse.Namespace) -> int:
     meta = write_python_docs(args.out)
-    print(
+    return emit(
+        meta,
         f"wrote {args.out}: {meta['documents']} documents ({meta['topics']} help() topics, "
         f"{meta['module_documents']} modules' docstrings), {meta['characters']:,} characters, "
         f"{meta['bytes']:,} bytes, Python {meta['python']}, sha256 {meta['sha256']}; "
         f"metadata in {sidecar_path(args.out)}; train on it with --set data.source={args.out}",
-        file=sys.stderr,
     )
-    print(json.dumps(meta, sort_keys=True))
-    return 0
 
 
 def register(sub: Any) -> None:

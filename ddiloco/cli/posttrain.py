@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ddiloco.cli.args import add_set_arg, with_section_overrides
+from ddiloco.cli.args import add_set_arg, emit, with_section_overrides
 from ddiloco.config import EvalConfig, SFTConfig
 from ddiloco.store.url import open_store
 
@@ -61,14 +60,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if spec is None:
         spec = "final" if root.has_final_model() else "latest"
     if spec == "sft" and (why := root.sft_skipped()) is not None:
-        print(json.dumps({"model": spec, "skipped": why}, sort_keys=True))
-        return 0
+        return emit({"model": spec, "skipped": why})
     if args.harness == "lm-eval":
         return _evaluate_lm_eval(root, cfg, ecfg, spec, args.name, task_dir)
     result = evaluate_checkpoint(root, spec, name=args.name, ecfg=ecfg)
     brief = {k: result[k] for k in ("model", "val_loss", "perplexity", "task_accuracy") if k in result}
-    print(json.dumps(brief, sort_keys=True))
-    return 0
+    return emit(brief)
 
 
 def _evaluate_lm_eval(
@@ -84,8 +81,7 @@ def _evaluate_lm_eval(
         result = run_lm_eval(root, spec, name=name, tasks=tasks, device=device)
     else:
         result = run_lm_eval(root, spec, name=name, task_dir=task_dir, device=device)
-    print(json.dumps({"model": spec, "harness": "lm-eval", "lm_eval": metrics_of(result)}, sort_keys=True))
-    return 0
+    return emit({"model": spec, "harness": "lm-eval", "lm_eval": metrics_of(result)})
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -106,11 +102,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
         device=args.device,
     )
     if args.skip_without_data and (why := skip_without_instructions(root, scfg)) is not None:
-        print(json.dumps({"skipped": why}, sort_keys=True))
-        return 0
+        return emit({"skipped": why})
     metrics = run_sft(root, scfg)
-    print(json.dumps({k: v for k, v in metrics.items() if k not in ("loss_curve", "config")}, sort_keys=True))
-    return 0
+    return emit({k: v for k, v in metrics.items() if k not in ("loss_curve", "config")})
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -124,8 +118,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.out is None:
             raise ValueError("a comparison of several runs needs --out DIR")
         where = write_comparison(stores, args.out, curve_points=args.curve_points)["paths"]
-    print(json.dumps(where, sort_keys=True))
-    return 0
+    return emit(where)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -134,8 +127,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     root = RunRoot.from_env(open_store(args.store), role="export")
     out = export_model(root, args.model, args.out)
-    print(json.dumps(out, sort_keys=True))
-    return 0
+    return emit(out)
+
+
+def _add_section_args(p: argparse.ArgumentParser, section: str, seed: str, example: str) -> None:
+    """`--seed`, `--device` and `--set` of a command whose settings are the run's `section`."""
+    p.add_argument(
+        "--seed", type=int, default=None, help=f"{seed} (default: {section}.seed, else the run's seed)"
+    )
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default=None, help=f"(default: {section}.device)"
+    )
+    add_set_arg(p, example)
 
 
 def register(sub: Any) -> None:
@@ -169,11 +172,7 @@ def register(sub: Any) -> None:
         "eval/lm-NAME.json",
     )
     p.add_argument("--items", type=int, default=None, help="items per task (default: eval.items_per_task)")
-    p.add_argument(
-        "--seed", type=int, default=None, help="task seed (default: eval.seed, else the run's seed)"
-    )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="(default: eval.device)")
-    add_set_arg(p, "eval.items_per_task=50")
+    _add_section_args(p, "eval", "task seed", "eval.items_per_task=50")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
@@ -199,19 +198,12 @@ def register(sub: Any) -> None:
         help="share of pre-training windows per batch (default: sft.replay_fraction)",
     )
     p.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="seed of split and batches (default: sft.seed, else the run's seed)",
-    )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="(default: sft.device)")
-    p.add_argument(
         "--skip-without-data",
         action="store_true",
         help="a user corpus without sft.data: warn and skip (evaluate --model sft then skips too) "
         "instead of failing",
     )
-    add_set_arg(p, "sft.steps=100")
+    _add_section_args(p, "sft", "seed of split and batches", "sft.steps=100")
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser(

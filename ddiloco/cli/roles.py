@@ -21,7 +21,6 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import time
@@ -29,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ddiloco import failpoints, keys, logship
-from ddiloco.cli.args import add_config_args, add_metrics_args, config_for_store
+from ddiloco.cli.args import add_config_args, add_metrics_args, config_for_store, emit
 from ddiloco.join import add_learner_args, learner_id_for, resolve_args, shape_learner_store
 from ddiloco.metrics import push_task_metrics, serve
 from ddiloco.protocol import signing
@@ -78,8 +77,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         "val_tokens": meta["val_tokens"],
     }
     push_task_metrics(args.pushgateway, "prepare", cfg.run_id, task_metrics)
-    print(json.dumps(meta, sort_keys=True))
-    return 0
+    return emit(meta)
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
@@ -172,8 +170,7 @@ def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: byt
 def cmd_summary(args: argparse.Namespace) -> int:
     from ddiloco.posttrain.summary import build_summary
 
-    print(json.dumps(build_summary(open_store(args.store)), indent=2, sort_keys=True))
-    return 0
+    return emit(build_summary(open_store(args.store)), indent=2)
 
 
 def register(sub: Any) -> None:

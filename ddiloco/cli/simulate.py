@@ -13,11 +13,13 @@ Design choices:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,20 @@ def distribution(text: str) -> gp.Distribution:
 # goodput
 
 
+def _clean_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A bad flag or summary file: one line `error: ...` on stderr and exit code 2, not a traceback."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (tables.SummaryError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+
+    return run
+
+
 def add_goodput_args(p: argparse.ArgumentParser) -> None:
     d = gp.FailureModel()
     p.add_argument("--chips", type=chips, nargs="+", default=list(gp.PAPER_CHIPS), help="cluster sizes")
@@ -105,15 +121,8 @@ def add_goodput_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+@_clean_errors
 def run_goodput(args: argparse.Namespace) -> int:
-    try:
-        return _run_goodput(args)
-    except (tables.SummaryError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-def _run_goodput(args: argparse.Namespace) -> int:
     learners, step = args.learners, args.step_seconds
     measured = None
     if args.from_summary is not None:
@@ -188,21 +197,14 @@ def add_bandwidth_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run_bandwidth(args: argparse.Namespace) -> int:
-    try:
-        return _run_bandwidth(args)
-    except (tables.SummaryError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
 def _pick(flag: Any, summary: dict[str, Any] | None, key: str, default: Any) -> Any:
     if flag is not None:
         return flag
     return summary[key] if summary is not None else default
 
 
-def _run_bandwidth(args: argparse.Namespace) -> int:
+@_clean_errors
+def run_bandwidth(args: argparse.Namespace) -> int:
     s = (
         tables.load_summary(args.from_summary, tables.BANDWIDTH_FIELDS)
         if args.from_summary is not None

@@ -12,9 +12,9 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
+
+from ddiloco.cli.args import emit
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -31,8 +31,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         plan = plan_corpus(
             args.input, open_store(args.out), "", tokenizer, shard_tokens=args.shard_tokens, field=args.field
         )
-        print(json.dumps({k: plan[k] for k in ("url", "reused", "units")}, sort_keys=True))
-        return 0
+        return emit({k: plan[k] for k in ("url", "reused", "units")})
     result = tokenize_to_npy(
         args.input,
         open_store(args.out),
@@ -44,13 +43,11 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     )
     s = result.summary()
     how = "reused" if result.reused else "wrote"
-    print(
+    return emit(
+        s,
         f"{how} {s['tokens']:,} {s['dtype']} tokens of {s['documents']:,} documents in {s['parts']} parts at "
         f"{result.url}",
-        file=sys.stderr,
     )
-    print(json.dumps(s, sort_keys=True))
-    return 0
 
 
 def _stage(args: argparse.Namespace) -> int:
@@ -66,15 +63,11 @@ def _stage(args: argparse.Namespace) -> int:
         if args.unit is None:
             raise ValueError("--stage unit needs --unit N (one of the units --stage plan printed)")
         record = run_planned_unit(store, prefix, args.unit)
-        print(json.dumps({k: v for k, v in record.items() if k != "parts"}, sort_keys=True))
-        return 0
+        return emit({k: v for k, v in record.items() if k != "parts"})
     manifest = finish_corpus(store, prefix)
-    print(
-        json.dumps(
-            {"url": args.corpus.rstrip("/"), "tokens": manifest["tokens"], "parts": len(manifest["parts"])}
-        )
+    return emit(
+        {"url": args.corpus.rstrip("/"), "tokens": manifest["tokens"], "parts": len(manifest["parts"])}
     )
-    return 0
 
 
 def register(sub: Any) -> None:

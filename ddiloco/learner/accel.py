@@ -3,8 +3,7 @@
 Design choices:
 - One inner step (`train_step`) shared by the learner, its data-parallel ranks, the baseline and the
   benchmarks, so "plain loop vs learner" compares the same arithmetic. It returns the loss as a detached
-  device tensor and never synchronises; `inner_step` is the float-returning wrapper for callers that want
-  the number at once.
+  device tensor and never synchronises (`float(...)` it where the number is wanted at once).
 - Precision: bf16 autocast around the forward pass only (`precision="bf16"`, or `auto` on a CUDA device
   that supports it); parameters, gradients and AdamW state stay fp32, and the model computes its loss in
   fp32. fp32 runs no TF32 matmuls: this module never changes global torch flags, so CPU and GPU fp32 runs
@@ -95,19 +94,6 @@ def train_step(
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()
-
-
-def inner_step(
-    model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    lr: float,
-    grad_clip: float,
-    precision: str = "fp32",
-) -> float:
-    """`train_step` and read the loss (one device sync); shared by the baseline and tests."""
-    return float(train_step(model, opt, x, y, lr, grad_clip, precision=precision))
 
 
 def maybe_compile(model: torch.nn.Module, enabled: bool, **kwargs: Any) -> torch.nn.Module:

@@ -130,6 +130,15 @@ def _plan(
     return start, stop, out
 
 
+def _plan_of(
+    params: Mapping[str, torch.Tensor], name: str, world: int
+) -> tuple[DTensor, int, int, list[tuple[int, int]]]:
+    """Member `name`'s sharded parameter (or tensor placed like it) and its `_plan`."""
+    tensor, start, stop = _member(name)
+    p = params[tensor]
+    return (p, *_plan(p, start, stop, world))  # type: ignore[return-value]
+
+
 def _params(model: nn.Module) -> dict[str, torch.Tensor]:
     return dict(model.named_parameters())
 
@@ -159,9 +168,7 @@ def full_tensors(
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name in names:
-            tensor, start, stop = _member(name)
-            p = params[tensor]
-            base, end, plan = _plan(p, start, stop, world)
+            p, base, end, plan = _plan_of(params, name, world)
             local = p.to_local()
             if rank == 0:
                 full = torch.empty((end - base, *p.shape[1:]), dtype=p.dtype, device=local.device)
@@ -199,16 +206,13 @@ def load_full(
         for name, value in (
             tensors or {}
         ).items():  # before any traffic: a bad value must not strand the others
-            tensor, start, stop = _member(name)
-            base, end, _ = _plan(params[tensor], start, stop, world)
-            if tuple(value.shape) != (end - base, *params[tensor].shape[1:]):
+            p, base, end, _ = _plan_of(params, name, world)
+            if tuple(value.shape) != (end - base, *p.shape[1:]):
                 raise ValueError(f"{name}: shape {tuple(value.shape)} does not fit its parameter")
     names = _bcast_names(list(tensors or {}) if rank == 0 else None, group, first.device)
     with torch.no_grad():
         for name in names:
-            tensor, start, stop = _member(name)
-            p = params[tensor]
-            base, _, plan = _plan(p, start, stop, world)
+            p, base, _, plan = _plan_of(params, name, world)
             local = p.to_local()
             off = _row_ranges(p, world)[rank][0]  # type: ignore[arg-type]
             if rank == 0:

@@ -59,6 +59,42 @@ def _empty(ax: Any, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} recorded", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
+_AXES = {
+    "loss_vs_tokens": ("tokens merged into the global model", "loss (nats/token)", "Loss vs tokens"),
+    "loss_vs_time": ("seconds since the first learner started", "validation loss", "Global model over time"),
+    "merged_tokens": ("seconds since the first learner started", "tokens merged", "Merged tokens over time"),
+    "staleness": (
+        "staleness (versions the answer's base was behind)",
+        "fraction of answers",
+        "Staleness of merged answers",
+    ),
+    "sft_loss": ("SFT step", "response loss", "Supervised fine-tuning"),
+}
+"""Plot -> (x label, y label, title)."""
+
+
+def _finish(
+    fig: Figure,
+    ax: Any,
+    labels: tuple[str, str, str],
+    *,
+    empty: str | None,
+    legend: dict[str, Any] | None = None,
+) -> bytes:
+    """x label, y label and title (`labels`), grid and (with `legend`, its keyword arguments) a legend;
+    `empty`: what was not recorded, said in the middle of the axes. The figure as PNG bytes."""
+    if empty is not None:
+        _empty(ax, empty)
+    x, y, title = labels
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if legend is not None:
+        ax.legend(**legend)
+    return _png(fig)
+
+
 def _mark_events(ax: Any, events: Sequence[dict[str, Any]], *, label: bool = True) -> None:
     seen = False
     for ev in events:
@@ -119,15 +155,14 @@ def loss_vs_tokens(runs: Sequence[RunView], *, learners: bool = True) -> bytes:
                     if len(runs) == 1
                     else None,
                 )
-    if not any_data:
-        _empty(ax, "losses")
-    ax.set_xlabel("tokens merged into the global model")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title("Loss vs tokens")
-    ax.grid(alpha=0.3)
-    if any_data:
-        ax.legend(fontsize=7, ncol=2 if learners and len(runs) == 1 else 1, loc="upper right")
-    return _png(fig)
+    legend = {"fontsize": 7, "ncol": 2 if learners and len(runs) == 1 else 1, "loc": "upper right"}
+    return _finish(
+        fig,
+        ax,
+        _AXES["loss_vs_tokens"],
+        empty=None if any_data else "losses",
+        legend=legend if any_data else None,
+    )
 
 
 def loss_vs_time(runs: Sequence[RunView]) -> bytes:
@@ -148,15 +183,13 @@ def loss_vs_time(runs: Sequence[RunView]) -> bytes:
             )
         if len(runs) == 1:
             _mark_events(ax, run.events, label=False)
-    if not any_data:
-        _empty(ax, "validation losses")
-    ax.set_xlabel("seconds since the first learner started")
-    ax.set_ylabel("validation loss")
-    ax.set_title("Global model over time")
-    ax.grid(alpha=0.3)
-    if any_data:
-        ax.legend(fontsize=7, loc="upper right")
-    return _png(fig)
+    return _finish(
+        fig,
+        ax,
+        _AXES["loss_vs_time"],
+        empty=None if any_data else "validation losses",
+        legend={"fontsize": 7, "loc": "upper right"} if any_data else None,
+    )
 
 
 def merged_tokens(runs: Sequence[RunView]) -> bytes:
@@ -168,14 +201,13 @@ def merged_tokens(runs: Sequence[RunView]) -> bytes:
         ax.step(t, tok, where="post", color=f"C{i}", label=run.label)
         if len(runs) == 1:
             _mark_events(ax, run.events)
-    if not any(r.records for r in runs):
-        _empty(ax, "merges")
-    ax.set_xlabel("seconds since the first learner started")
-    ax.set_ylabel("tokens merged")
-    ax.set_title("Merged tokens over time")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _png(fig)
+    return _finish(
+        fig,
+        ax,
+        _AXES["merged_tokens"],
+        empty=None if any(r.records for r in runs) else "merges",
+        legend={"fontsize": 7},
+    )
 
 
 def incarnations(run: RunView) -> bytes:
@@ -247,15 +279,10 @@ def staleness(runs: Sequence[RunView]) -> bytes:
                 label=run.label,
                 density=True,
             )
-    if not any(values):
-        _empty(ax, "merged answers")
-    ax.set_xlabel("staleness (versions the answer's base was behind)")
-    ax.set_ylabel("fraction of answers")
-    ax.set_title("Staleness of merged answers")
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _png(fig)
+    return _finish(
+        fig, ax, _AXES["staleness"], empty=None if any(values) else "merged answers", legend={"fontsize": 7}
+    )
 
 
 def traffic(runs: Sequence[RunView]) -> bytes:
@@ -296,10 +323,4 @@ def sft_loss(curve: Sequence[float], steps: int) -> bytes:
     ax = fig.add_subplot()
     if curve:
         ax.plot(np.linspace(0, max(steps - 1, 0), len(curve)), curve, color="C4")
-    else:
-        _empty(ax, "SFT steps")
-    ax.set_xlabel("SFT step")
-    ax.set_ylabel("response loss")
-    ax.set_title("Supervised fine-tuning")
-    ax.grid(alpha=0.3)
-    return _png(fig)
+    return _finish(fig, ax, _AXES["sft_loss"], empty=None if curve else "SFT steps")

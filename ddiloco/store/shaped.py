@@ -63,13 +63,19 @@ _LATENCY_UNIT = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 MAX_LATENCY_S = 60.0
 
 
+def _match(text: str, what: str, pattern: re.Pattern[str], forms: str) -> re.Match[str]:
+    """`text` matched by `pattern` as a whole; ValueError naming the accepted forms."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} {text!r} must be a string: {forms}")
+    m = pattern.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"bad {what} {text!r}: use {forms}")
+    return m
+
+
 def parse_bandwidth(text: str) -> float:
     """Bytes per second from a string like `10Mbit` or `5MB/s`; ValueError naming the accepted forms."""
-    if not isinstance(text, str):
-        raise ValueError(f"bandwidth {text!r} must be a string: {BANDWIDTH_FORMS}")
-    m = _BANDWIDTH_RE.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(f"bad bandwidth {text!r}: use {BANDWIDTH_FORMS}")
+    m = _match(text, "bandwidth", _BANDWIDTH_RE, BANDWIDTH_FORMS)
     prefix = (m["prefix"] or "").lower()
     scale = _BINARY[prefix] if prefix.endswith("i") else _PREFIX[prefix]
     bits = m["unit"].startswith("b")  # bit, bps, b/s: bits; B, B/s, Bps: bytes
@@ -81,11 +87,7 @@ def parse_bandwidth(text: str) -> float:
 
 def parse_latency(text: str) -> float:
     """Seconds from a string like `50ms`; ValueError naming the accepted forms."""
-    if not isinstance(text, str):
-        raise ValueError(f"latency {text!r} must be a string: {LATENCY_FORMS}")
-    m = _LATENCY_RE.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(f"bad latency {text!r}: use {LATENCY_FORMS}")
+    m = _match(text, "latency", _LATENCY_RE, LATENCY_FORMS)
     value = float(m["num"]) * _LATENCY_UNIT[m["unit"]]
     if value > MAX_LATENCY_S:
         raise ValueError(f"bad latency {text!r}: at most {MAX_LATENCY_S:.0f}s (it is one-way, e.g. 50ms)")

@@ -15,7 +15,7 @@ from ddiloco.baseline import (
 from ddiloco.data import ShardLoader
 from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import read_layout
-from ddiloco.learner.accel import inner_step
+from ddiloco.learner.accel import train_step
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
@@ -76,7 +76,7 @@ def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
         batches = [ld.next_batch() for ld in loaders]
         x = torch.cat([b[0] for b in batches])  # (M·B, T)
         y = torch.cat([b[1] for b in batches])  # (M·B, T)
-        inner_step(ref, opt, x, y, lr_at(progress_of(step * M * B * T, tokens), step, t), t.grad_clip)
+        train_step(ref, opt, x, y, lr_at(progress_of(step * M * B * T, tokens), step, t), t.grad_clip)
     dp = load_baseline_model(store, cfg.run_id, layout)
     for (name, a), (_, b) in zip(sorted(dp.named_parameters()), sorted(ref.named_parameters()), strict=True):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{name} differs from the reference")

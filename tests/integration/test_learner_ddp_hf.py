@@ -11,7 +11,7 @@ import torch
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import build_model, read_global, read_layout
 from ddiloco.learner import ddp
-from ddiloco.learner.accel import inner_step, lr_at
+from ddiloco.learner.accel import lr_at, train_step
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
@@ -58,7 +58,7 @@ def test_two_ranks_of_a_mixture_of_experts_model_match_one_process_on_the_concat
     for step in range(STEPS):
         batches = [ld.next_batch() for ld in loaders]
         x, y = torch.cat([xb for xb, _ in batches]), torch.cat([yb for _, yb in batches])
-        inner_step(ref, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
+        train_step(ref, opt, x, y, lr_at(step, t.lr, t.warmup_steps), t.grad_clip)
     trained = [n for n, v in named.items() if not torch.equal(v, start[n])]
     assert len(trained) > len(named) // 2
     for n, v in named.items():

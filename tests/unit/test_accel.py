@@ -42,7 +42,7 @@ def _train(precision: str, steps: int) -> list[float]:
     model = init_model(_cfg(), seed=0)
     opt = configure_optimizer(model, 3e-3, 0.1)
     return [
-        accel.inner_step(model, opt, x, y, accel.lr_at(i, 3e-3, 5), 1.0, precision)
+        accel.train_step(model, opt, x, y, accel.lr_at(i, 3e-3, 5), 1.0, precision=precision)
         for i, (x, y) in enumerate(_batches(steps))
     ]
 

@@ -102,7 +102,9 @@ def test_by_default_a_fragment_waits_h_steps_after_its_last_round_opened():
     kw = {"fragment": 0, "open_fragments": [], "last_open": -math.inf, "measured_step": 0.01}
     assert rule.sync_from == "open"
     assert not rule.may_open(10.319, published_clock=10.2, opened_clock=10.0, **kw)
-    assert rule.may_open(10.32, published_clock=10.2, opened_clock=10.0, **kw), "the version's age is not counted"
+    assert rule.may_open(10.32, published_clock=10.2, opened_clock=10.0, **kw), (
+        "the version's age is not counted"
+    )
 
 
 def test_without_a_measured_cadence_only_a_guessed_step_paces():
