@@ -4,8 +4,9 @@ Design choices:
 - A part's state is a flat mapping of named fields; the syncer's state document (`SyncerState`) is the union
   of its parts' mappings, so each part names the fields it owns and no one lists them for it. The values are
   the document's typed messages (`ddiloco.protocol.messages`), not JSON: the document converts them.
-- `load_state_dict` restores exactly what `state_dict` returned (what a restart does on top, such as counting
-  an incarnation, is the caller's); the mapping may hold other parts' fields, which a part ignores.
+- `load_state_dict` restores what `state_dict` returned (what a restart does on top, such as counting an
+  incarnation, is the caller's; a figure of one process only, the pace's busy seconds, starts afresh); the
+  mapping may hold other parts' fields, which a part ignores.
 - `gather` refuses two parts that claim one field: a field has one owner.
 """
 

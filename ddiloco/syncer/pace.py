@@ -104,8 +104,8 @@ class Pace:
         return out
 
     def load_state_dict(self, state: Any) -> None:
-        """Every aggregate of `state` that is usable (the document is the syncer's, but anything unreadable
-        starts afresh)."""
+        """Every aggregate of `state` that is usable (anything unreadable starts afresh); `busy_seconds`
+        stays this process's, measured afresh like the busy share it makes."""
         if isinstance(state, dict):
             for name in ("rounds", "periods"):
                 x = state.get(name)
