@@ -30,7 +30,9 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ddiloco import keys
 from ddiloco.globalmodel import Layout, read_global_full
@@ -68,6 +70,13 @@ class VersionSlots:
         self.store, self.run_id, self.layout, self.key = store, run_id, layout, key
         self.quarantined: Counter[str] = Counter()
         """Objects found at a global version key that did not verify, moved aside, by reason."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The quarantine's counts (`ddiloco.stateful.Stateful`)."""
+        return {"quarantined": dict(self.quarantined)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.quarantined = Counter(state["quarantined"])
 
     def inspect(self, p: int, version: int) -> Written | wire.PayloadError | None:
         """What is at fragment p's version key: nothing, a version that verifies, or why it does not."""

@@ -1,4 +1,5 @@
-"""Closing a merged round once its publish returned, and the books the syncer saves.
+"""Closing a merged round once its publish returned (every round closes through `close_round`), and the
+state the syncer saves, asked of its stateful parts (`ddiloco.stateful`).
 
 Design choices:
 - The loop commits publishes in the order they were handed to the publisher (`ddiloco.syncer.publisher`),
@@ -19,6 +20,7 @@ from typing import Any
 from ddiloco import failpoints, keys
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol.messages import RoundRecord, SyncerState
+from ddiloco.stateful import Stateful, gather
 from ddiloco.store.base import StoreError
 from ddiloco.syncer.adopt import Superseded
 from ddiloco.syncer.publisher import InFlight
@@ -50,9 +52,7 @@ def commit_published(syncer: Any, done: InFlight) -> None:
     syncer.metrics.overlap_steps.observe(overlap)
     if period is not None:
         syncer.metrics.sync_period_steps.observe(period)
-    frag.commit(
-        pending.proposal, published_at=pending.published_at, clock=now, dtype=syncer.cfg.diloco.global_dtype
-    )
+    frag.commit(pending.proposal, published_at=pending.published_at, clock=now)
     syncer.books.bytes_published += written
     syncer.metrics.published.inc(written)
     credit(frag.ledger, record)
@@ -61,9 +61,7 @@ def commit_published(syncer: Any, done: InFlight) -> None:
         log.warning("syncer: round %d: outer gradient of %s clipped by %.3g (robust mode)", rnd.round, c, f)
         syncer.books.clipped["norm_outlier"] += 1
         syncer.metrics.clipped.labels(reason="norm_outlier").inc()
-    del syncer.open[rnd.round]
-    if rnd.sums is not None:
-        rnd.sums.release()
+    close_round(syncer, rnd, merged=True)
     alpha = syncer.ema_alpha
     syncer.books.xi_sync = ema(syncer.books.xi_sync, syncer.clock() - pending.began, alpha)
     if (link := link_time(rnd.answers.values())) is not None:
@@ -93,31 +91,31 @@ def commit_published(syncer: Any, done: InFlight) -> None:
     )
 
 
+def close_round(syncer: Any, rnd: Round, merged: bool = False) -> None:
+    """Take `rnd` out of the open rounds and give its sums back. One that did not merge (abandoned, or open
+    when the run finishes) leaves no round record (one there is what a publish that died left: a learner
+    would read it as a merge) and no updates; a merged round's updates are the cleaner's."""
+    if not merged:
+        syncer.store.delete(keys.round_record_key(rnd.round))
+        syncer.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
+    del syncer.open[rnd.round]
+    if rnd.sums is not None:
+        rnd.sums.release()
+        rnd.sums = None
+
+
 def state_of(syncer: Any) -> SyncerState:
-    """What `Syncer.save_state` writes: the syncer's books now."""
-    b = syncer.books
-    return SyncerState(
-        run_id=syncer.run_id,
-        incarnation=b.incarnation,
-        versions=syncer.versions,
-        ledger=[f.ledger for f in syncer.fragments],
-        rejected=dict(syncer.intake.rejected),
-        clipped=dict(b.clipped),
-        next_round=b.next_round,
-        rounds_merged=b.rounds_merged,
-        rounds_abandoned=b.rounds_abandoned,
-        merged_recent=list(b.merged_recent),
-        xi_quorum=b.xi_quorum,
-        xi_sync=b.xi_sync,
-        xi_link=b.xi_link,
-        started_wall=b.started_wall,
-        open_rounds=syncer._open_rounds(),
-        bytes_published=b.bytes_published,
-        late_answers=syncer.intake.late_answers,
-        learner_events=list(syncer.roster.events),
-        epoch=syncer.lease.epoch,
-        quarantined=dict(syncer.files.slots.quarantined),
-    )
+    """What `Syncer.save_state` writes: the run, the lease epoch, the fragments' versions and ledgers and
+    the open rounds, then the fields of each stateful part (`ddiloco.stateful`)."""
+    own = {"run_id": syncer.run_id, "epoch": syncer.lease.epoch, "versions": syncer.versions}
+    own |= {"ledger": [f.ledger for f in syncer.fragments], "open_rounds": syncer._open_rounds()}
+    return SyncerState(**own, **gather(parts_of(syncer)))
+
+
+def parts_of(syncer: Any) -> tuple[Stateful, ...]:
+    """The syncer's parts whose fields the saved state holds: the books of rounds, the intake's counts, the
+    roster's learner events, the quarantine."""
+    return (syncer.books, syncer.intake, syncer.roster, syncer.files.slots)
 
 
 def adopt_superseding(syncer: Any, rnd: Round, e: Superseded) -> None:

@@ -257,10 +257,9 @@ class GlobalFragment:
         sums.recycle(done)  # the step consumed the merged gradient (momentum keeps its own copy)
         return Proposal(self.version + 1, theta, outer, contributors, dict(done.clipped), stats, pooled)
 
-    def commit(self, proposal: Proposal, *, published_at: float, clock: float, dtype: str) -> None:
-        """Adopt a persisted proposal, published as `dtype`. `published_at`: wall time before it was
-        written; `clock`: now. `theta` stays the fp32 master; the published values (L_v) become the version's
-        base."""
+    def commit(self, proposal: Proposal, *, published_at: float, clock: float) -> None:
+        """Adopt a persisted proposal. `published_at`: wall time before it was written; `clock`: now.
+        `theta` stays the fp32 master; the published values (L_v) become the version's base."""
         for buf in self.pooled:  # the replaced Θ_p and momentum: no one else holds them (module docstring)
             SYNCER_POOL.give(buf)
         self.theta, self.outer, self.version = proposal.theta, proposal.outer, proposal.version

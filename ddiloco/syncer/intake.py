@@ -39,6 +39,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -229,8 +230,6 @@ class Intake:
         on_notice: Callable[[], None],
         accept: Callable[[Round, Answer], None] | None = None,
         threads: int = 1,
-        rejected: Mapping[str, int] | None = None,
-        late_answers: int = 0,
     ) -> None:
         """`accept(rnd, answer)`: called for each valid answer before it is filed (the syncer adds it to the
         round's running sums and drops its delta); a ValueError from it rejects the answer. `threads`: the
@@ -241,9 +240,16 @@ class Intake:
         self.pool = ThreadPoolExecutor(self.workers, "intake") if self.workers > 0 else None
         self._buffers = threading.local()  # a decode buffer per reader
         self.clock, self.wall, self.on_notice = clock, wall, on_notice
-        self.rejected: Counter[str] = Counter(rejected or {})
+        self.rejected: Counter[str] = Counter()
         self.notices: deque[Rejection] = deque(maxlen=MAX_NOTICES)
-        self.late_answers = late_answers
+        self.late_answers = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run-long counts of rejections and late answers (`ddiloco.stateful.Stateful`)."""
+        return {"rejected": dict(self.rejected), "late_answers": self.late_answers}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.rejected, self.late_answers = Counter(state["rejected"]), state["late_answers"]
 
     def collect(self, rnd: Round) -> None:
         """File every new valid update of `rnd` in `rnd.answers`; count and note the rest.

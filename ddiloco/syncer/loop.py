@@ -66,8 +66,9 @@ from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import OpenRound, Status
 from ddiloco.run import MAX_DOC_BYTES, prepared_at_of
 from ddiloco.schedule import learner_train
+from ddiloco.stateful import restore
 from ddiloco.store.base import NotFound, Store, StoreError
-from ddiloco.syncer.commit import commit_published, state_of
+from ddiloco.syncer.commit import close_round, commit_published, state_of
 from ddiloco.syncer.fragment import MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.lease import Lease
@@ -162,7 +163,6 @@ class Syncer:
             clock=clock,
             wall=wall,
             heartbeat_s=cfg.train.heartbeat_every_s,
-            events=resumed.learner_events,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
@@ -182,9 +182,9 @@ class Syncer:
             on_notice=self.publish_status,
             accept=lambda rnd, ans: self.fragments[rnd.fragment_id].accept(rnd, ans, self.rule),
             threads=self.threads,
-            rejected=resumed.rejected,
-            late_answers=resumed.late_answers,
         )
+        if resumed.state is not None:  # `resume` restored the books, fragments and quarantine
+            restore((self.roster, self.intake), resumed.state)
 
     # --- books ------------------------------------------------------------------------------------------------
     @property
@@ -296,6 +296,7 @@ class Syncer:
             self.merge(rnd, now)
 
     def _abandon(self, rnd: Round) -> None:
+        close_round(self, rnd)
         log.warning(
             "syncer: round %d (fragment %d) abandoned: %d of %d answers",
             rnd.round,
@@ -305,11 +306,6 @@ class Syncer:
         )
         self.books.rounds_abandoned += 1
         self.metrics.rounds.labels(outcome="abandoned").inc()
-        del self.open[rnd.round]
-        if rnd.sums is not None:
-            rnd.sums.release()
-        self.store.delete(keys.round_record_key(rnd.round))  # left by a publish that died (module docstring)
-        self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
         self.publish_status()
 
     def merge(self, rnd: Round, now: float) -> None:
@@ -383,9 +379,7 @@ class Syncer:
         self.publisher.wait_clean()
         self.lease.check(publish_s=self.books.xi_sync)
         for rnd in list(self.open.values()):
-            self.store.delete(keys.round_record_key(rnd.round))  # left by a publish that died
-            self.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))
-        self.open.clear()
+            close_round(self, rnd)
         self.unpublished.clear()
         self.store.delete_prefix(keys.UPDATES)
         self.files.write_final(self.fragments, self.tokens_merged())

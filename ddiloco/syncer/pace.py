@@ -96,23 +96,33 @@ class Pace:
             threads,
         )
 
-    def to_json(self, figures: dict[str, Any]) -> dict[str, Any]:
-        """The aggregates (what a restarted syncer continues from) and the `figures` now (what the summary
-        reports). The busy share is this process's: a restart measures it afresh."""
+    def state_dict(self) -> dict[str, Any]:
+        """The aggregates, what a restarted syncer continues from (`ddiloco.stateful.Stateful`). The busy
+        share is this process's: a restart measures it afresh."""
         out = asdict(self)
         del out["since"], out["warned_at"]  # this process's clock: meaningless to the next one
-        return {**out, "figures": figures}
+        return out
+
+    def load_state_dict(self, state: Any) -> None:
+        """Every aggregate of `state` that is usable (anything unreadable starts afresh); `busy_seconds`
+        stays this process's, measured afresh like the busy share it makes."""
+        if isinstance(state, dict):
+            for name in ("rounds", "periods"):
+                x = state.get(name)
+                if isinstance(x, int) and not isinstance(x, bool) and x >= 0:
+                    setattr(self, name, x)
+            for name in ("overlap_steps_sum", "overlap_steps_max", "period_steps_sum"):
+                x = state.get(name)
+                if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0:
+                    setattr(self, name, float(x))
+
+    def to_json(self, figures: dict[str, Any]) -> dict[str, Any]:
+        """syncer/pace.json: the aggregates and the `figures` now (what the summary reports)."""
+        return {**self.state_dict(), "figures": figures}
 
     @classmethod
     def from_json(cls, obj: Any, since: float) -> Pace:
         """What a restarted syncer continues from (anything unreadable starts afresh)."""
         pace = cls(since=since)
-        if isinstance(obj, dict):
-            for name in ("rounds", "periods"):
-                if isinstance(obj.get(name), int) and not isinstance(obj.get(name), bool) and obj[name] >= 0:
-                    setattr(pace, name, obj[name])
-            for name in ("overlap_steps_sum", "overlap_steps_max", "period_steps_sum"):
-                x = obj.get(name)
-                if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0:
-                    setattr(pace, name, float(x))
+        pace.load_state_dict(obj)
         return pace

@@ -23,7 +23,7 @@ import logging
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddiloco import chiptime, keys
@@ -46,7 +46,6 @@ class Roster:
         clock: Callable[[], float],
         wall: Callable[[], float],
         heartbeat_s: float,
-        events: list[LearnerEvent] | None = None,
     ) -> None:
         self.store, self.clock, self.wall = store, clock, wall
         self.timeout_s = max(3.0, 5 * heartbeat_s)
@@ -56,7 +55,7 @@ class Roster:
         """learner id -> ((incarnation, seq) of its newest report, this syncer's `clock()` when it changed)."""
         self.past: dict[str, Report] = {}
         """report key -> the last report of an incarnation no longer its learner's newest (for goodput)."""
-        self.events: list[LearnerEvent] = list(events or [])
+        self.events: list[LearnerEvent] = []
         self._live_prev: set[str] = set()
         self.ignored: Counter[str] = Counter()
         """Report fields dropped as unusable, by field (`ddiloco.protocol.reports`)."""
@@ -64,6 +63,13 @@ class Roster:
         self._warned: set[tuple[str, str]] = set()
         self._counted: dict[str, Any] = {}  # contributor -> seq of the report last counted
         self._fastest: dict[str, float] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The learners' joins and losses so far (`ddiloco.stateful.Stateful`)."""
+        return {"learner_events": list(self.events)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.events = list(state["learner_events"])
 
     def refresh(self) -> None:
         """Re-read the learners' reports and record who joined or was lost."""

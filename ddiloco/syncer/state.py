@@ -38,10 +38,11 @@ import json
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -60,7 +61,6 @@ from ddiloco.globalmodel import (
 from ddiloco.merge import OuterNesterov
 from ddiloco.protocol import wire
 from ddiloco.protocol.messages import (
-    LearnerEvent,
     Ledger,
     Merged,
     OpenRound,
@@ -105,19 +105,30 @@ class Books:
         self.rounds_merged += 1
         self.merged_recent.append(Merged.of(record))
 
+    def state_dict(self) -> dict[str, Any]:
+        """Every counter, under its name in the state (`ddiloco.stateful.Stateful`)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return out | {"merged_recent": list(self.merged_recent), "clipped": dict(self.clipped)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """The saved counters; `merged_recent` keeps this syncer's bound (`recent_len`)."""
+        bound = self.merged_recent.maxlen
+        for f in fields(self):
+            setattr(self, f.name, state[f.name])
+        self.merged_recent = deque(state["merged_recent"], maxlen=bound)
+        self.clipped = Counter(state["clipped"])
+
 
 @dataclass(slots=True)
 class Resumed:
     """What a starting syncer continues from: the saved state (empty books on a first start) with any
-    version published after it adopted into `books`, `fragments` and `open_rounds`."""
+    version published after it adopted into `books`, `fragments` and `open_rounds`; `state`: the saved
+    state's fields, which the syncer's other parts load (`ddiloco.stateful`; None on a first start)."""
 
     books: Books
     fragments: list[GlobalFragment]
     open_rounds: list[OpenRound] = field(default_factory=list)
-    rejected: dict[str, int] = field(default_factory=dict)
-    late_answers: int = 0
-    learner_events: list[LearnerEvent] = field(default_factory=list)
-    quarantined: dict[str, int] = field(default_factory=dict)
+    state: dict[str, Any] | None = None
 
 
 class SyncerFiles:
@@ -354,10 +365,13 @@ class SyncerFiles:
         num = self.layout.num_fragments
         books = Books(started_wall, merged_recent=deque(maxlen=Books.recent_len(num)))
         versions, ledgers, open_rounds = [0] * num, [Ledger() for _ in range(num)], []
-        if saved is not None:
-            books = _books_of(saved, num)
+        state = None
+        if saved is not None:  # the parts adoption adds to are loaded first; the syncer loads the others
+            state = {f.name: getattr(saved, f.name) for f in fields(saved)}
+            books.load_state_dict(state)
+            books.incarnation += 1
+            self.slots.load_state_dict(state)
             versions, ledgers, open_rounds = list(saved.versions), saved.ledger, list(saved.open_rounds)
-            self.slots.quarantined.update(saved.quarantined)
         for p in range(num):
             try:
                 pointer = latest_version(self.store, p)
@@ -376,8 +390,8 @@ class SyncerFiles:
                 log.warning("syncer: pointing fragment %d's latest at v%d (was %s)", p, versions[p], pointer)
                 put_latest(self.store, p, versions[p])
         fragments = [self.load_fragment(p, v, ledgers[p], rule) for p, v in enumerate(versions)]
-        if saved is None:
-            return Resumed(books, fragments, quarantined=dict(self.slots.quarantined))
+        if state is None:
+            return Resumed(books, fragments)
         log.info(
             "syncer incarnation %d resumed run %s at round %d, versions %s",
             books.incarnation,
@@ -385,15 +399,7 @@ class SyncerFiles:
             books.next_round,
             versions,
         )
-        return Resumed(
-            books,
-            fragments,
-            open_rounds,
-            saved.rejected,
-            saved.late_answers,
-            saved.learner_events,
-            dict(self.slots.quarantined),
-        )
+        return Resumed(books, fragments, open_rounds, state)
 
 
 def _values_to_publish(
@@ -435,19 +441,3 @@ def credit(ledger: Ledger, record: RoundRecord) -> None:
         ledger.merged_tokens += c.c_tokens
         ledger.merged_steps += c.c_steps
         ledger.merged_answers += 1
-
-
-def _books_of(saved: SyncerState, num_fragments: int) -> Books:
-    return Books(
-        started_wall=saved.started_wall,
-        incarnation=saved.incarnation + 1,
-        next_round=saved.next_round,
-        rounds_merged=saved.rounds_merged,
-        rounds_abandoned=saved.rounds_abandoned,
-        merged_recent=deque(saved.merged_recent, maxlen=Books.recent_len(num_fragments)),
-        clipped=Counter(saved.clipped),
-        xi_quorum=saved.xi_quorum,
-        xi_sync=saved.xi_sync,
-        xi_link=saved.xi_link,
-        bytes_published=saved.bytes_published,
-    )

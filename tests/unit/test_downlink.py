@@ -82,7 +82,7 @@ def syncer_run(dtype: str, codec: str, versions: int, seed: int = 0):
         }
         proposal = frag.propose(answers, RULE)
         files.publish(proposal, proposal.record(Round(r, 0, 0.0, 0.0), now=0.0, merged_at=0.0))
-        frag.commit(proposal, published_at=0.0, clock=0.0, dtype=dtype)
+        frag.commit(proposal, published_at=0.0, clock=0.0)
         yield store, frag
 
 

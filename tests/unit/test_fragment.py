@@ -64,7 +64,7 @@ class Run:
         cast = torch.bfloat16 if self.dtype == "bf16" else torch.float32
         # what `publish_global` writes and `read_global` gives back
         self.store[v] = {n: t.to(cast).float() for n, t in proposal.theta.items()}
-        self.frag.commit(proposal, published_at=float(v), clock=float(v), dtype=self.dtype)
+        self.frag.commit(proposal, published_at=float(v), clock=float(v))
 
     @property
     def published(self) -> dict[str, torch.Tensor]:

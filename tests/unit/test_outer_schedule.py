@@ -108,7 +108,7 @@ def test_the_scale_is_saved_with_the_momentum_and_a_restart_continues_bit_for_bi
     for r, tokens in enumerate((0, 300, 600)):
         proposal = frag.propose(answers(frag), rule, tokens_merged=tokens)
         f.publish(proposal, proposal.record(Round(r, 0, 0.0, 0.0), now=0.0, merged_at=0.0))
-        frag.commit(proposal, published_at=0.0, clock=0.0, dtype="fp32")
+        frag.commit(proposal, published_at=0.0, clock=0.0)
     assert frag.outer.lr_scale == pytest.approx(rule.lr_scale(600))
     restarted = SyncerFiles(store, run, LAYOUT, key, "fp32").resume(rule, 0.0).fragments[0]
     assert restarted.outer.lr_scale == frag.outer.lr_scale

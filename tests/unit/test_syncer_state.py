@@ -55,7 +55,7 @@ def merged_run(dtype: str, rounds: int = 10) -> tuple[MemoryStore, GlobalFragmen
         answers = {f"{m}-0": Answer(f"{m}-0", header, delta) for m in range(4)}
         proposal = frag.propose(answers, RULE)
         f.publish(proposal, proposal.record(Round(r, 0, 0.0, 0.0), now=0.0, merged_at=0.0))
-        frag.commit(proposal, published_at=0.0, clock=0.0, dtype=dtype)
+        frag.commit(proposal, published_at=0.0, clock=0.0)
     return store, frag
 
 
