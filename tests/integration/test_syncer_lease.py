@@ -113,9 +113,13 @@ def test_each_version_is_written_once_even_by_a_syncer_that_missed_its_expiry():
     syncer = Syncer(store, poll_s=0)
     published = []
     publish = syncer.files.publish
-    syncer.files.publish = lambda proposal, record: (
-        published.append((proposal, record)) or publish(proposal, record)
-    )
+
+    def publish_then_note(proposal, record):  # on the publisher's thread: noted once it is in the store
+        out = publish(proposal, record)
+        published.append((proposal, record))
+        return out
+
+    syncer.files.publish = publish_then_note
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
