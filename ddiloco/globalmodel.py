@@ -379,7 +379,7 @@ def read_global_delta(
         raise wire.PayloadError(
             "malformed", f"delta of fragment {p} v{version} has codec {str(codec)[:20]!r}"
         )
-    packing(meta, f"delta of fragment {p} v{version}")
+    packing(codec, meta.get("packing"), f"delta of fragment {p} v{version}")
     if meta.get("dtype") not in _DTYPES:
         raise wire.PayloadError("wrong_dtype", f"delta of fragment {p} v{version} names no global dtype")
     if not all(isinstance(meta.get(f), str) for f in ("base_sha256", "values_sha256")):

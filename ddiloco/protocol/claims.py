@@ -50,8 +50,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.protocol.validation import MIN_STEP_SECONDS, TIME_SLACK_FRACTION, TIME_SLACK_S
 from ddiloco.protocol.wire import PayloadError
 
@@ -101,10 +101,10 @@ class Limits:
         return 6.0 * self.params * tokens_per_step / (PEAK_FLOPS_PER_RANK * self.ranks)
 
 
-def tokens_per_step(meta: Mapping[str, Any], limits: Limits) -> int:
+def tokens_per_step(header: UpdateHeader, limits: Limits) -> int:
     """The answer's tokens per step, checked exact (`bad_counters` otherwise)."""
-    steps, tokens = meta["c_steps"], meta["c_tokens"]
-    unit = limits.per_rank(meta["learner_id"])
+    steps, tokens = header.c_steps, header.c_tokens
+    unit = limits.per_rank(header.learner_id)
     ranks, rest = divmod(tokens, steps * unit) if steps >= 1 else (0, 1)
     if rest or not 1 <= ranks <= limits.ranks:
         raise PayloadError(
@@ -121,9 +121,9 @@ def allowed_age(now: float, base_time: float) -> float:
     return max(0.0, now - base_time) * (1 + TIME_SLACK_FRACTION) + TIME_SLACK_S
 
 
-def steps(meta: Mapping[str, Any], *, age: float, tps: int, limits: Limits, pace: Pace, who: str) -> None:
+def steps(header: UpdateHeader, *, age: float, tps: int, limits: Limits, pace: Pace, who: str) -> None:
     """`c_steps` fit in `age` allowed seconds on the base (`future_steps` otherwise); `who`: its sender."""
-    n, base = meta["c_steps"], meta["base_version"]
+    n, base = header.c_steps, header.base_version
     floor = max(MIN_STEP_SECONDS, limits.flops_floor(tps))
     if pace.fleet is not None:
         floor = max(floor, pace.fleet / FLEET_SPEEDUP)

@@ -60,81 +60,66 @@ import torch
 
 from ddiloco.compression import BLOCK, CODECS, PACKING, all_finite, decode, encoded_nbytes
 from ddiloco.encoded import EncodedTensor
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.protocol.wire import PayloadError
 
 MIN_STEP_SECONDS = 1e-5
 TIME_SLACK_S = 1.0
 TIME_SLACK_FRACTION = 0.05
-_INT_FIELDS = (
-    "learner_id",
-    "incarnation",
-    "fragment_id",
-    "round",
-    "base_version",
-    "c_steps",
-    "c_tokens",
-    "inner_step",
-)
 
 
-def header_fields(meta: Mapping[str, Any]) -> None:
-    """The fields the syncer reads must have the right types (anything else is `malformed`)."""
-    for f in _INT_FIELDS:
-        v = meta.get(f)
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 62:
-            raise PayloadError("malformed", f"header field {f}={str(v)[:40]!r} is not a non-negative integer")
-    s = meta.get("c_seconds")
-    if not isinstance(s, int | float) or isinstance(s, bool) or not math.isfinite(s) or s < 0:
-        raise PayloadError("malformed", f"header field c_seconds={str(s)[:40]!r} is not a duration")
-    if not isinstance(meta.get("codec"), str):
-        raise PayloadError("malformed", "header has no codec")
+def header_fields(meta: Mapping[str, Any]) -> UpdateHeader:
+    """The update's header, typed, once the fields the syncer reads have the right types (anything else is
+    `malformed`: `ddiloco.protocol.update.UpdateHeader.from_json`)."""
+    return UpdateHeader.from_json(meta)
 
 
-def identity(meta: Mapping[str, Any], named: tuple[int, int], round_: int) -> None:
+def identity(header: UpdateHeader, named: tuple[int, int], round_: int) -> None:
     """An authentic update must sit under its own learner's name and its own round (else `replay`)."""
-    if (meta["learner_id"], meta["incarnation"]) != named:
+    if (header.learner_id, header.incarnation) != named:
         raise PayloadError(
             "replay",
-            f"update of learner {meta['learner_id']}-{meta['incarnation']} filed as {named[0]}-{named[1]}",
+            f"update of learner {header.learner_id}-{header.incarnation} filed as {named[0]}-{named[1]}",
         )
-    if meta["round"] != round_:
-        raise PayloadError("replay", f"update of round {meta['round']} filed under round {round_}")
+    if header.round != round_:
+        raise PayloadError("replay", f"update of round {header.round} filed under round {round_}")
 
 
-def packing(meta: Mapping[str, Any], what: str) -> None:
+def packing(codec: Any, packed: Any, what: str) -> None:
     """int4/int2 codes must be packed as this version packs them (`compression.PACKING`): a payload of
-    another layout would decode to valid-looking wrong values, so it is refused by name (`bad_codec`)."""
-    codec = meta.get("codec")
-    if codec in ("int4", "int2") and meta.get("packing") != PACKING:
+    another layout would decode to valid-looking wrong values, so it is refused by name (`bad_codec`).
+    `codec`, `packed`: the payload header's `codec` and `packing` (None when it has none)."""
+    if codec in ("int4", "int2") and packed != PACKING:
+        was = "interleaved (an older ddiloco)" if packed is None else packed
         raise PayloadError(
             "bad_codec",
-            f"{what}: {codec} codes packed {str(meta.get('packing', 'interleaved (an older ddiloco)'))[:40]}"
+            f"{what}: {codec} codes packed {str(was)[:40]}"
             f", this ddiloco reads {PACKING!r}; run learners and syncer of the same ddiloco version",
         )
 
 
-def counters(meta: Mapping[str, Any], *, codec: str, tokens_per_step: int, latest_version: int) -> None:
-    if meta["codec"] != codec:
-        raise PayloadError("bad_codec", f"codec {meta['codec'][:20]!r}, the run uses {codec!r}")
-    packing(meta, "update")
-    steps, tokens = meta["c_steps"], meta["c_tokens"]
+def counters(header: UpdateHeader, *, codec: str, tokens_per_step: int, latest_version: int) -> None:
+    if header.codec != codec:
+        raise PayloadError("bad_codec", f"codec {header.codec[:20]!r}, the run uses {codec!r}")
+    packing(header.codec, header.packing, "update")
+    steps, tokens = header.c_steps, header.c_tokens
     if not (steps >= 1 and 0 < tokens <= steps * tokens_per_step):
         raise PayloadError(
             "bad_counters", f"c_steps={steps} c_tokens={tokens} (≤ {tokens_per_step} tokens per step)"
         )
-    if meta["base_version"] > latest_version:
+    if header.base_version > latest_version:
         raise PayloadError(
-            "bad_base", f"base_version {meta['base_version']} is newer than the latest ({latest_version})"
+            "bad_base", f"base_version {header.base_version} is newer than the latest ({latest_version})"
         )
 
 
-def staleness(meta: Mapping[str, Any], *, latest_version: int, max_staleness: int | None) -> None:
+def staleness(header: UpdateHeader, *, latest_version: int, max_staleness: int | None) -> None:
     """An answer built on a base more than `max_staleness` versions behind is `too_stale` (None: any)."""
-    behind = latest_version - meta["base_version"]
+    behind = latest_version - header.base_version
     if max_staleness is not None and behind > max_staleness:
         raise PayloadError(
             "too_stale",
-            f"base_version {meta['base_version']} is {behind} versions behind (diloco.max_staleness={max_staleness})",
+            f"base_version {header.base_version} is {behind} versions behind (diloco.max_staleness={max_staleness})",
         )
 
 
@@ -145,15 +130,8 @@ class StepClock:
         self.capacity = capacity
         self._last: OrderedDict[tuple[str, int], tuple[int, int, int]] = OrderedDict()
 
-    def check(
-        self, contributor: str, meta: Mapping[str, Any], published_at: float | None, now: float
-    ) -> None:
-        steps, inner, seconds, base = (
-            meta["c_steps"],
-            meta["inner_step"],
-            meta["c_seconds"],
-            meta["base_version"],
-        )
+    def check(self, contributor: str, header: UpdateHeader, published_at: float | None, now: float) -> None:
+        steps, inner, seconds, base = header.c_steps, header.inner_step, header.c_seconds, header.base_version
         if steps > inner:
             raise PayloadError("future_steps", f"c_steps={steps} exceeds the learner's inner_step={inner}")
         if steps * MIN_STEP_SECONDS > seconds:
@@ -166,7 +144,7 @@ class StepClock:
                 raise PayloadError(
                     "future_steps", f"c_seconds={seconds:.1f} but base version {base} exists for {age:.1f}s"
                 )
-        prev = self._last.get((contributor, meta["fragment_id"]))
+        prev = self._last.get((contributor, header.fragment_id))
         if prev is None:
             return
         inner0, base0, steps0 = prev
@@ -180,9 +158,9 @@ class StepClock:
         if base > base0 and steps > inner - inner0:
             raise PayloadError("future_steps", f"c_steps={steps} since inner_step {inner0}, now {inner}")
 
-    def record(self, contributor: str, meta: Mapping[str, Any]) -> None:
-        key = (contributor, meta["fragment_id"])
-        self._last[key] = (meta["inner_step"], meta["base_version"], meta["c_steps"])
+    def record(self, contributor: str, header: UpdateHeader) -> None:
+        key = (contributor, header.fragment_id)
+        self._last[key] = (header.inner_step, header.base_version, header.c_steps)
         self._last.move_to_end(key)
         while len(self._last) > self.capacity:
             self._last.popitem(last=False)

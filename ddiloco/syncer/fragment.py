@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -52,6 +51,7 @@ from ddiloco.config import DilocoConfig, TrainConfig
 from ddiloco.globalmodel import Layout
 from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
 from ddiloco.protocol.messages import Contribution, Ledger, RoundRecord
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.schedule import decay_of, progress_of
 from ddiloco.syncer.rounds import Answer, Round
 
@@ -168,15 +168,13 @@ class GlobalFragment:
         `read`). Nothing of it is kept in memory (module docstring)."""
         return self.read(version)
 
-    def weigh(
-        self, header: Mapping[str, Any], rule: MergeRule, cap: float | None = None
-    ) -> tuple[float, float]:
+    def weigh(self, header: UpdateHeader, rule: MergeRule, cap: float | None = None) -> tuple[float, float]:
         """(token weight, staleness discount) of an answer merged into the current version; `cap`: the most
         token weight it may carry (`Answer.max_weight`)."""
-        w = token_weight(header["c_tokens"], header["c_steps"]) if rule.token_weighting else 1.0
+        w = token_weight(header.c_tokens, header.c_steps) if rule.token_weighting else 1.0
         if cap is not None:
             w = min(w, cap)
-        return w, staleness_discount(self.version - header["base_version"], rule.staleness_exponent)
+        return w, staleness_discount(self.version - header.base_version, rule.staleness_exponent)
 
     def new_sums(self, rule: MergeRule) -> RoundSums:
         """Empty running sums for a round of this fragment (`ddiloco.accumulate`)."""
@@ -188,7 +186,7 @@ class GlobalFragment:
         open on one version of its fragment, so the weight is the one the merge would give it."""
         w, discount = self.weigh(ans.header, rule, ans.max_weight)
         if ans.encoded is not None:
-            sums.add_encoded(ans.contributor, w * discount, ans.encoded, ans.header.get("norms"))
+            sums.add_encoded(ans.contributor, w * discount, ans.encoded, ans.header.norms)
         elif ans.delta is not None:
             sums.add(ans.contributor, w * discount, {n: ans.delta[n] for n in self.theta})
         else:
@@ -233,11 +231,11 @@ class GlobalFragment:
             w, discount = self.weigh(h, rule, ans.max_weight)
             discounts.append(discount)
             contributors[c] = Contribution(
-                h["c_tokens"],
-                h["c_steps"],
-                h["c_seconds"],
-                h["base_version"],
-                self.version - h["base_version"],
+                h.c_tokens,
+                h.c_steps,
+                h.c_seconds,
+                h.base_version,
+                self.version - h.base_version,
                 w,
                 discount,
             )

@@ -148,41 +148,40 @@ class UpdateValidator:
             expect={"run_id": self.run_id, "kind": "update", "fragment_id": rnd.fragment_id},
             key=self.key,
         )
-        meta = h.meta
-        validation.header_fields(meta)
+        header = validation.header_fields(h.meta)
         named = keys.parse_update_name(name)
         if named is None:
             raise wire.PayloadError("malformed", f"{name[:80]!r} is not an update name")
-        validation.identity(meta, named, rnd.round)
+        validation.identity(header, named, rnd.round)
         contributor = keys.contributor(*named)
         try:
             validation.counters(
-                meta, codec=self.codec, tokens_per_step=self.tokens_per_step, latest_version=frag.version
+                header, codec=self.codec, tokens_per_step=self.tokens_per_step, latest_version=frag.version
             )
-            validation.staleness(meta, latest_version=frag.version, max_staleness=self.max_staleness)
-            base = meta["base_version"]
+            validation.staleness(header, latest_version=frag.version, max_staleness=self.max_staleness)
+            base = header.base_version
             if self.retained is not None and not self.retained(rnd.fragment_id, base, frag.version):
                 raise wire.PayloadError(
                     "pruned_base",
                     f"base version {base} is older than the versions kept (latest {frag.version})",
                 )
             now, base_time = self.wall(), self.base_time(frag, base)
-            self.step_clock.check(contributor, meta, base_time, now)
-            tps = claims.tokens_per_step(meta, self.limits)
+            self.step_clock.check(contributor, header, base_time, now)
+            tps = claims.tokens_per_step(header, self.limits)
             age, pace = claims.allowed_age(now, base_time), self.pace
-            claims.steps(meta, age=age, tps=tps, limits=self.limits, pace=pace, who=contributor)
+            claims.steps(header, age=age, tps=tps, limits=self.limits, pace=pace, who=contributor)
             names = self.layout.fragments[rnd.fragment_id].names
-            encoded = validation.check_delta(h.tensors, meta["codec"], names, self.layout.shapes)
+            encoded = validation.check_delta(h.tensors, header.codec, names, self.layout.shapes)
         except wire.PayloadError as e:
             e.sender = named  # type: ignore[attr-defined]
             raise
-        self.step_clock.record(contributor, meta)
+        self.step_clock.record(contributor, header)
         cap = (
             claims.max_weight(age=age, tps=tps, limits=self.limits, pace=pace)
             if self.token_weighting
             else None
         )
-        return Answer(contributor, meta, None, encoded=encoded, max_weight=cap)
+        return Answer(contributor, header, None, encoded=encoded, max_weight=cap)
 
     def decode(
         self, rnd: Round, blob: bytes, out: Mapping[str, torch.Tensor] | None = None
@@ -195,7 +194,9 @@ class UpdateValidator:
             key=self.key,
         )
         names = self.layout.fragments[rnd.fragment_id].names
-        return validation.decode_delta(h.tensors, h.meta["codec"], names, self.layout.shapes, out)
+        return validation.decode_delta(
+            h.tensors, validation.header_fields(h.meta).codec, names, self.layout.shapes, out
+        )
 
 
 def accepted_digest(blob: bytes) -> str:

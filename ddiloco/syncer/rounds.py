@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: this module runs without torch
     import torch
@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # annotations only: this module runs without torch
     from ddiloco.accumulate import RoundSums
     from ddiloco.config import DilocoConfig
     from ddiloco.encoded import EncodedTensor
+    from ddiloco.protocol.update import UpdateHeader
 
 DEFAULT_EMA = 0.2
 """Smoothing of ξ_quorum and ξ_sync when the config has no grace section."""
@@ -50,7 +51,7 @@ DEFAULT_STEP_S = 0.05
 @dataclass(slots=True)
 class Answer:
     contributor: str
-    header: dict[str, Any]
+    header: UpdateHeader
     delta: dict[str, torch.Tensor] | None
     """fp32, relative to the learner's base version (answers built in memory); None once added to its
     round's sums."""
@@ -68,8 +69,7 @@ class Answer:
     @property
     def wait_s(self) -> float:
         """The learner's own share of the answer's delay (header `wait_s`, its clock; 0 if absent)."""
-        w = self.header.get("wait_s", 0.0)
-        return float(w) if isinstance(w, int | float) and not isinstance(w, bool) and w >= 0 else 0.0
+        return self.header.wait_s
 
 
 @dataclass(slots=True)

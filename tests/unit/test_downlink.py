@@ -29,6 +29,7 @@ from ddiloco.learner.sharded import LiveMembers
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol import signing, wire
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import MergeRule
 from ddiloco.syncer.rounds import Answer, Round
@@ -73,7 +74,7 @@ def syncer_run(dtype: str, codec: str, versions: int, seed: int = 0):
     files = SyncerFiles(store, RUN, LAYOUT, KEY, dtype, codec)
     frag = files.resume(RULE, 0.0).fragments[0]
     for r in range(versions):
-        header = {"base_version": frag.version, "c_tokens": 640, "c_steps": 10, "c_seconds": 1.0}
+        header = UpdateHeader(base_version=frag.version, c_tokens=640, c_steps=10, c_seconds=1.0)
         answers = {
             f"{m}-0": Answer(
                 f"{m}-0", header, {n: 1e-2 * torch.randn(s, generator=g) for n, s in SHAPES.items()}

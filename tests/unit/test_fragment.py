@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ddiloco.protocol.messages import Ledger
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.rounds import Answer
 
@@ -55,7 +56,7 @@ class Run:
             n: t + (step if isinstance(step, float) else step[n]) for n, t in got.items()
         }  # the learner's θ_m
         delta = {n: moved[n] - got[n] for n in got}
-        header = {"base_version": base, "c_tokens": 640, "c_steps": 10, "c_seconds": 1.0}
+        header = UpdateHeader(base_version=base, c_tokens=640, c_steps=10, c_seconds=1.0)
         return Answer(name, header, delta)
 
     def merge(self, answers: list[Answer]) -> None:
@@ -185,15 +186,13 @@ def test_propose_matches_a_float64_reference_of_the_staleness_rule(bases):
     answers = {}
     for m, (base, (tokens, steps)) in enumerate(zip(bases, counters, strict=True)):
         delta = {n: 1e-3 * torch.randn(*s, generator=gen) for n, s in shapes.items()}
-        header = {"base_version": base, "c_tokens": tokens, "c_steps": steps, "c_seconds": 1.0}
+        header = UpdateHeader(base_version=base, c_tokens=tokens, c_steps=steps, c_seconds=1.0)
         answers[f"{m}-0"] = Answer(f"{m}-0", header, delta)
     proposal = frag.propose(answers, r)
 
     ans = [answers[c] for c in sorted(answers)]
-    discounts = [(1 + 5 - a.header["base_version"]) ** -0.5 for a in ans]
-    weights = [
-        a.header["c_tokens"] ** 2 / a.header["c_steps"] * f for a, f in zip(ans, discounts, strict=True)
-    ]
+    discounts = [(1 + 5 - a.header.base_version) ** -0.5 for a in ans]
+    weights = [a.header.c_tokens**2 / a.header.c_steps * f for a, f in zip(ans, discounts, strict=True)]
     for n in shapes:
         grads = [-a.delta[n].double() for a in ans]
         if n == "wte.weight":
@@ -205,8 +204,8 @@ def test_propose_matches_a_float64_reference_of_the_staleness_rule(bases):
         torch.testing.assert_close(proposal.theta[n].double(), expected, rtol=0, atol=1e-6)
     for c, a, f in zip(sorted(answers), ans, discounts, strict=True):
         rec = proposal.contributors[c]
-        assert rec.staleness == 5 - a.header["base_version"]
-        assert rec.weight == a.header["c_tokens"] ** 2 / a.header["c_steps"]
+        assert rec.staleness == 5 - a.header.base_version
+        assert rec.weight == a.header.c_tokens**2 / a.header.c_steps
         assert rec.discount == pytest.approx(f)
 
 
@@ -218,7 +217,7 @@ def test_a_zero_staleness_exponent_weighs_answers_by_tokens_alone():
     def step(r: MergeRule, bases: tuple[int, int]) -> torch.Tensor:
         frag = GlobalFragment(0, 3, {GAIN: theta[GAIN].clone()}, r.optimizer(), Ledger(), read=None)
         answers = {
-            f"{m}-0": Answer(f"{m}-0", {"base_version": b, "c_tokens": 64, "c_steps": 1, "c_seconds": 1.0}, d)
+            f"{m}-0": Answer(f"{m}-0", UpdateHeader(base_version=b, c_tokens=64, c_steps=1, c_seconds=1.0), d)
             for m, (b, d) in enumerate(zip(bases, deltas, strict=True))
         }
         return frag.propose(answers, r).theta[GAIN]

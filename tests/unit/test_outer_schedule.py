@@ -11,6 +11,7 @@ from ddiloco.fragments import Fragment
 from ddiloco.globalmodel import Layout, publish_global
 from ddiloco.merge import OuterNesterov
 from ddiloco.protocol import signing
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.schedule import decay_factor
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import MergeRule
@@ -96,7 +97,7 @@ def test_the_scale_is_saved_with_the_momentum_and_a_restart_continues_bit_for_bi
     rule = _rule(True)
 
     def answers(frag) -> dict[str, Answer]:
-        header = {"base_version": frag.version, "c_tokens": 640, "c_steps": 10, "c_seconds": 1.0}
+        header = UpdateHeader(base_version=frag.version, c_tokens=640, c_steps=10, c_seconds=1.0)
         return {
             f"{m}-0": Answer(f"{m}-0", header, {"g": torch.full((16,), 1e-3 * (m + 1))}) for m in range(2)
         }

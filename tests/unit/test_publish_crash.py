@@ -11,6 +11,7 @@ from ddiloco import failpoints, keys
 from ddiloco.globalmodel import latest_version, pack_global, publish_global
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import Ledger, RoundRecord, SyncerState
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import GlobalFragment
 from ddiloco.syncer.lease import Fenced
@@ -52,7 +53,7 @@ def merge(files: SyncerFiles, frag: GlobalFragment, round_: int, epoch: int) -> 
     """One round of four learners merged and published as the loop does (commit and credit after)."""
     got = frag.base(frag.version)
     tokens = 640 + round_  # every round credits a different amount: a double or missing credit shows
-    header = {"base_version": frag.version, "c_tokens": tokens, "c_steps": 10, "c_seconds": 1.0}
+    header = UpdateHeader(base_version=frag.version, c_tokens=tokens, c_steps=10, c_seconds=1.0)
     answers = {f"{m}-0": Answer(f"{m}-0", header, {GAIN: torch.full_like(got[GAIN], 3e-4)}) for m in range(4)}
     proposal = frag.propose(answers, RULE)
     record = proposal.record(Round(round_, 0, 0.0, 0.0), now=0.0, merged_at=0.0)

@@ -1,4 +1,5 @@
-"""The syncer's documents (`ddiloco.protocol.messages`): the JSON as written, read back, and bad fields named."""
+"""The protocol's documents (`ddiloco.protocol.messages`, the update header): the JSON as written, read back, and bad
+fields named."""
 
 import json
 import math
@@ -6,6 +7,8 @@ import math
 import pytest
 
 from ddiloco.protocol.messages import RoundRecord, Status, SyncerState
+from ddiloco.protocol.update import UpdateHeader
+from ddiloco.protocol.wire import PayloadError
 
 RECORD = {
     "round": 12,
@@ -154,3 +157,31 @@ def test_documents_from_before_the_lease_read_as_epoch_0(cls, doc):
 def test_a_bad_field_is_named(cls, doc, field):
     with pytest.raises(ValueError, match=field):
         cls.from_json(doc)
+
+
+HEADER = {
+    "run_id": "r", "kind": "update", "learner_id": 1, "incarnation": 2, "fragment_id": 0, "round": 7,
+    "base_version": 3, "c_steps": 4, "c_tokens": 512, "c_seconds": 0.25, "inner_step": 40, "codec": "int8",
+    "wait_s": 0.125,
+}  # fmt: skip
+
+
+def test_an_update_header_is_written_in_the_learners_order_and_reads_back():
+    """The learner packs `to_json` (wire bytes sort the keys; the key set and values are the header's)."""
+    got = UpdateHeader.from_json({**HEADER, "norms": {"w": 1.0}, "packing": "planar"})
+    assert list(got.to_json().items()) == list(HEADER.items())
+    assert (got.norms, got.packing) == ({"w": 1.0}, "planar")
+    assert UpdateHeader.from_json(HEADER).norms is None
+
+
+@pytest.mark.parametrize("wait", [-1, "x", True, math.nan, None])
+def test_an_unusable_wait_reads_as_zero(wait):
+    assert UpdateHeader.from_json({**HEADER, "wait_s": wait}).wait_s == 0.0
+    assert UpdateHeader.from_json({k: v for k, v in HEADER.items() if k != "wait_s"}).wait_s == 0.0
+
+
+@pytest.mark.parametrize("field", ["learner_id", "round", "c_tokens", "c_seconds", "codec"])
+def test_a_bad_update_header_field_is_malformed_and_named(field):
+    with pytest.raises(PayloadError, match=field) as e:
+        UpdateHeader.from_json({**HEADER, field: None if field != "codec" else 5})
+    assert e.value.reason == "malformed"

@@ -11,6 +11,7 @@ from ddiloco import keys
 from ddiloco.fragments import Fragment
 from ddiloco.globalmodel import Layout, publish_global
 from ddiloco.protocol import signing, wire
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.rounds import Answer, Round
@@ -50,7 +51,7 @@ def merged_run(dtype: str, rounds: int = 10) -> tuple[MemoryStore, GlobalFragmen
     frag = f.resume(RULE, 0.0).fragments[0]
     for r in range(rounds):
         got = frag.base(frag.version)  # what the learners received
-        header = {"base_version": frag.version, "c_tokens": 640, "c_steps": 10, "c_seconds": 1.0}
+        header = UpdateHeader(base_version=frag.version, c_tokens=640, c_steps=10, c_seconds=1.0)
         delta = {GAIN: (got[GAIN] + 3e-4) - got[GAIN]}
         answers = {f"{m}-0": Answer(f"{m}-0", header, delta) for m in range(4)}
         proposal = frag.propose(answers, RULE)

@@ -8,12 +8,18 @@ from ddiloco.protocol import validation
 from ddiloco.protocol.wire import PayloadError
 
 
-def meta(**over):
+def raw(**over):
+    """An update header as its JSON."""
     m = {
         "learner_id": 1, "incarnation": 0, "fragment_id": 0, "round": 7, "base_version": 2, "c_steps": 4,
         "c_tokens": 512, "c_seconds": 0.2, "inner_step": 40, "codec": "fp32",
     }  # fmt: skip
     return {**m, **over}
+
+
+def meta(**over):
+    """An update header, typed."""
+    return validation.header_fields(raw(**over))
 
 
 def reason(fn, *args, **kwargs) -> str | None:
@@ -29,8 +35,8 @@ def reason(fn, *args, **kwargs) -> str | None:
     [{"c_steps": -1}, {"round": True}, {"inner_step": "9"}, {"c_seconds": float("nan")}, {"codec": None}],
 )
 def test_header_fields_must_have_usable_types(over):
-    assert reason(validation.header_fields, meta(**over)) == "malformed"
-    assert reason(validation.header_fields, meta()) is None
+    assert reason(validation.header_fields, raw(**over)) == "malformed"
+    assert reason(validation.header_fields, raw()) is None
 
 
 def test_identity_and_round_must_match_where_the_update_is_filed():
@@ -93,15 +99,15 @@ def test_steps_not_in_the_future_without_history():
 def test_steps_agree_with_the_learners_own_clock():
     clock = validation.StepClock()
     clock.record("1-0", meta(inner_step=40, base_version=2, c_steps=4))
-    same_base = meta(round=9, inner_step=46, base_version=2)
-    assert reason(clock.check, "1-0", {**same_base, "c_steps": 10}, None, 0.0) is None  # 4 + 6 steps
-    assert reason(clock.check, "1-0", {**same_base, "c_steps": 11}, None, 0.0) == "future_steps"
-    newer = meta(round=9, inner_step=46, base_version=3)
-    assert reason(clock.check, "1-0", {**newer, "c_steps": 6}, None, 0.0) is None
-    assert reason(clock.check, "1-0", {**newer, "c_steps": 7}, None, 0.0) == "future_steps"
+    same_base = dict(round=9, inner_step=46, base_version=2)
+    assert reason(clock.check, "1-0", meta(**same_base, c_steps=10), None, 0.0) is None  # 4 + 6 steps
+    assert reason(clock.check, "1-0", meta(**same_base, c_steps=11), None, 0.0) == "future_steps"
+    newer = dict(round=9, inner_step=46, base_version=3)
+    assert reason(clock.check, "1-0", meta(**newer, c_steps=6), None, 0.0) is None
+    assert reason(clock.check, "1-0", meta(**newer, c_steps=7), None, 0.0) == "future_steps"
     assert reason(clock.check, "1-0", meta(inner_step=39, c_steps=4), None, 0.0) == "future_steps"
     assert reason(clock.check, "1-0", meta(inner_step=50, base_version=1), None, 0.0) == "future_steps"
-    assert reason(clock.check, "2-0", {**same_base, "c_steps": 11}, None, 0.0) is None  # others: no history
+    assert reason(clock.check, "2-0", meta(**same_base, c_steps=11), None, 0.0) is None  # others: no history
     assert reason(clock.check, "1-0", meta(fragment_id=1, c_steps=11), None, 0.0) is None  # per fragment
 
 
