@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ddiloco.config import RunConfig, TrainConfig
+    from ddiloco.protocol.messages import Status
 
 __all__ = [
     "GlobalSchedule",
@@ -135,10 +136,10 @@ class GlobalSchedule:
         self.last_lr: float | None = None
         """The rate `lr` last handed out (the learner's report and metrics)."""
 
-    def observe(self, status: dict[str, Any] | None) -> int:
-        """Take `tokens_merged` from a status (ignored when missing, malformed or older); returns tokens."""
-        merged = None if status is None else status.get("tokens_merged")
-        if isinstance(merged, int | float) and not isinstance(merged, bool) and math.isfinite(merged):
+    def observe(self, status: Status | None) -> int:
+        """Take `tokens_merged` from a status (ignored when missing, not finite or older); returns tokens."""
+        merged = None if status is None else status.tokens_merged
+        if merged is not None and math.isfinite(merged):
             self.tokens = max(self.tokens, int(merged))
         return self.tokens
 

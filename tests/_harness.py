@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from typing import Any
+
 from ddiloco.config import RunConfig
+from ddiloco.protocol.learner_report import LearnerReport
+from ddiloco.protocol.messages import Status
 from ddiloco.recipes import load_config
 
 TINY = [
@@ -32,6 +38,28 @@ def tiny_config(run_id: str, *overrides: str, recipe: str | None = None) -> RunC
     cfg = load_config(recipe, None, [*TINY, *overrides])
     cfg.run_id = run_id
     return cfg
+
+
+def status(**fields: Any) -> Status:
+    """A syncer status with nothing open, merged or rejected; `fields`: the ones a test sets."""
+    empty = Status(
+        run_id="", time=0.0, syncer_incarnation=0, done=False, syncer_host="", syncer_pid=0, next_round=0,
+        versions=[], open_rounds=[], merged=[], tokens_merged=0, token_budget=0, rounds_merged=0,
+        live_learners=0, loss=math.nan, rejected={}, clipped={}, rejections=[],
+    )  # fmt: skip
+    return dataclasses.replace(empty, **fields)
+
+
+def learner_report(**fields: Any) -> LearnerReport:
+    """A learner report of an incarnation that has done nothing yet; `fields`: the ones a test sets."""
+    empty = LearnerReport(
+        run_id="", learner_id=0, incarnation=0, seq=0, time=0.0, started_at=0.0, joined_at=None, inner_step=0,
+        host="", pid=0, site="local", tokens_processed=0, busy_seconds=0.0, loss=None, loss_ema=None,
+        step_time_ema=None, rounds_answered=0, step_wall_ema=None, productive_seconds=0.0, bytes_up=0,
+        bytes_down=0, upload_failures=0, final=False, exit_reason=None, fragments={}, rejected_globals={},
+        rejected_updates={}, history=[], lr=None, progress=0.0,
+    )  # fmt: skip
+    return dataclasses.replace(empty, **fields)
 
 
 def train_in_process(store, num_learners: int) -> int:

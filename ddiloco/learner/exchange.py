@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import torch
 
@@ -36,7 +35,8 @@ from ddiloco.learner.ledger import FragmentLedger, Settled
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol.learner_report import LearnerReport
-from ddiloco.protocol.messages import credited
+from ddiloco.protocol.messages import Status, credited
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.store.base import Store, StoreError
 
 __all__ = ["Exchange"]
@@ -88,7 +88,7 @@ class Exchange:
             versions.append(got.version)
         return versions
 
-    def sync(self, pool: ThreadPoolExecutor, status: dict[str, Any]) -> None:
+    def sync(self, pool: ThreadPoolExecutor, status: Status) -> None:
         """Apply finished downloads, start new ones, settle answers whose round closed without a merge."""
         pending = self.ledger.pending_rounds()
         for s in self.rounds.follow(pool, status, pending):
@@ -97,16 +97,15 @@ class Exchange:
             if got.version > self.ledger[p].anchor:
                 self._apply(p, got, status)
         self._read_notices(status)
-        versions = status.get("versions", {})
         for p, books in enumerate(self.ledger):
-            v = int(versions.get(str(p), books.anchor))
+            v = status.versions[p] if p < len(status.versions) else books.anchor
             self.metrics.staleness.labels(learner_id=self.metrics.learner_id, fragment=str(p)).set(
                 max(0, v - books.anchor)
             )
             if v > books.anchor:
                 self.feed.request(pool, p, v)
 
-    def _apply(self, p: int, got: Received, status: dict[str, Any]) -> None:
+    def _apply(self, p: int, got: Received, status: Status) -> None:
         self.feed.overwrite(p, got, self.diloco.mixing)
         self.overwritten.append(p)
         pend = self.ledger[p].pending
@@ -114,10 +113,10 @@ class Exchange:
         self._settle(self.ledger.applied(p, got.version, merged))
 
     # --- the syncer's word ----------------------------------------------------------------------------------
-    def _credited(self, status: dict[str, Any], p: int, round_: int, version: int) -> bool:
+    def _credited(self, status: Status | None, p: int, round_: int, version: int) -> bool:
         return credited(self.rounds.merge_of(status, round_, p, version), self.learner_id, self.incarnation)
 
-    def _fate_known(self, status: dict[str, Any], p: int) -> bool:
+    def _fate_known(self, status: Status | None, p: int) -> bool:
         """False while p's pending answer is in a round not known to be merged: applying a version would
         settle its tokens before the syncer's word (an open round, or a closed one whose record is read)."""
         pend = self.ledger[p].pending
@@ -129,15 +128,15 @@ class Exchange:
         self.metrics.merged_tokens.inc(settled.merged / P)
         self.metrics.discarded_tokens.inc(settled.discarded / P)
 
-    def _read_notices(self, status: dict[str, Any]) -> None:
+    def _read_notices(self, status: Status) -> None:
         """The syncer's rejections of this incarnation's answers: log, count, and drop the pending answer
         (its tokens stay outstanding and go into the next answer for that fragment)."""
         me = (self.learner_id, self.incarnation)
-        for n in status.get("rejections", []):
-            if not isinstance(n, dict) or (n.get("learner_id"), n.get("incarnation")) != me:
+        for n in status.rejections:
+            if (n.learner_id, n.incarnation) != me:
                 continue
-            key, reason = (n.get("round"), n.get("fragment_id")), str(n.get("reason"))[:40]
-            if key in self._notices_seen or not all(isinstance(k, int) for k in key):
+            key, reason = (n.round, n.fragment_id), n.reason[:40]
+            if key in self._notices_seen:
                 continue
             self._notices_seen.add(key)
             self.rejected_updates[reason] += 1
@@ -152,9 +151,9 @@ class Exchange:
             if 0 <= key[1] < len(self.ledger):
                 self.ledger.drop_pending(key[1], key[0])
 
-    def settle_final(self, status: dict[str, Any]) -> None:
-        """The run is over: answers the final status or their round record names as merged are credited,
-        the rest is discarded."""
+    def settle_final(self, status: Status | None) -> None:
+        """The run is over: answers the final status (None: none was read) or their round record names as
+        merged are credited, the rest is discarded."""
         for p, books in enumerate(self.ledger):
             if not self._fate_known(status, p):  # merged too long ago for the status to list it?
                 try:
@@ -170,7 +169,7 @@ class Exchange:
     def answer_rounds(
         self,
         pool: ThreadPoolExecutor,
-        status: dict[str, Any],
+        status: Status,
         inner_step: int,
         report: Callable[[], LearnerReport],
         seen_at: Mapping[int, float] | None = None,
@@ -182,14 +181,14 @@ class Exchange:
         learner's own (finishing a step, an answer in flight), which the syncer's grace window does not
         stretch for (`ddiloco.syncer.rounds`)."""
         now = time.monotonic()
-        for r in status.get("open_rounds", []):
-            s, p = int(r["round"]), int(r["fragment_id"])
+        for r in status.open_rounds:
+            s, p = r.round, r.fragment_id
             if s in self._answered or not self.ledger.can_answer(p) or self.feed.downloading(p):
                 continue
             self._answered.add(s)
             snap = self._delta(p)
             header = self._header(p, s, inner_step)
-            header["wait_s"] = round(max(0.0, now - (seen_at or {}).get(s, now)), 6)
+            header.wait_s = round(max(0.0, now - (seen_at or {}).get(s, now)), 6)
             self.ledger.answer_sent(p, s)
             upload = guard(self.errors, "upload", self._upload)  # a bug: logged, counted, tokens outstanding
             self.uploads.append(pool.submit(upload, p, s, snap, header, report()))
@@ -204,25 +203,27 @@ class Exchange:
             delta = {n: (values[n] - anchors[n]).float() for n in names}
         return copier.snapshot(delta, copy=False)
 
-    def _header(self, p: int, round_: int, inner_step: int) -> dict[str, Any]:
+    def _header(self, p: int, round_: int, inner_step: int) -> UpdateHeader:
         books = self.ledger[p]
-        return {
-            "run_id": self.run_id,
-            "kind": "update",
-            "learner_id": self.learner_id,
-            "incarnation": self.incarnation,
-            "fragment_id": p,
-            "round": round_,
-            "base_version": books.anchor,
-            "c_steps": books.c_steps,
-            "c_tokens": books.c_tokens,
-            "c_seconds": books.c_seconds,
-            "inner_step": inner_step,
-            "codec": self.diloco.codec,
-        }
+        return UpdateHeader(
+            run_id=self.run_id,
+            kind="update",
+            learner_id=self.learner_id,
+            incarnation=self.incarnation,
+            fragment_id=p,
+            round=round_,
+            base_version=books.anchor,
+            c_steps=books.c_steps,
+            c_tokens=books.c_tokens,
+            c_seconds=books.c_seconds,
+            inner_step=inner_step,
+            codec=self.diloco.codec,
+        )
 
-    def _upload(self, p: int, s: int, snap: HostSnapshot, header: dict, report: LearnerReport) -> None:
-        blob = pack_update(snap, header["codec"], header, self.key)
+    def _upload(
+        self, p: int, s: int, snap: HostSnapshot, header: UpdateHeader, report: LearnerReport
+    ) -> None:
+        blob = pack_update(snap, header.codec, header.to_json(), self.key)
         try:
             self.reports.write(
                 report.to_json()

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 from ddiloco.config import DilocoConfig
 from ddiloco.metrics import LearnerMetrics
+from ddiloco.protocol.messages import Status
 from ddiloco.store.base import StoreError
 
 __all__ = ["Heartbeats", "IoErrors", "MergeBound", "UNMERGED_EXIT", "Unmerged", "guard"]
@@ -181,13 +182,13 @@ class MergeBound:
         return max(SYNCER_SILENT_S, 4 * self.sync_every / self.fragments * (step_s or 0.0))
 
     def check(
-        self, status: dict[str, Any] | None, merged_tokens: int, store_errors: int, step_s: float | None
+        self, status: Status | None, merged_tokens: int, store_errors: int, step_s: float | None
     ) -> None:
         """At a step boundary: add the time since the last check if the run could merge this learner then,
         restart the count on a new merge (`merged_tokens` grew); `Unmerged` once the count reaches the bound."""
         now = self.clock()
         dt, self._last = now - self._last, now
-        mark = None if status is None else (status.get("epoch"), status.get("time"), status.get("next_round"))
+        mark = None if status is None else (status.epoch, status.time, status.next_round)
         if mark != self._mark:
             self._mark, self._changed_at = mark, now
         silent = self.silent_s(step_s)

@@ -36,6 +36,7 @@ from ddiloco.learner.accel import HostCopier, HostSnapshot
 from ddiloco.learner.checkpoint import optimizer_tensors, write_checkpoint
 from ddiloco.learner.health import IoErrors, guard
 from ddiloco.protocol import wire
+from ddiloco.protocol.messages import Merged, RoundRecord, Status
 from ddiloco.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -129,21 +130,15 @@ class RoundRecords:
 
     def __init__(self, store: Store, errors: IoErrors | None = None) -> None:
         self.store, self.errors = store, errors
-        self.known: dict[int, dict[str, Any]] = {}  # round -> its merge, as the status lists one
+        self.known: dict[int, Merged] = {}  # round -> its merge, as the status lists one
         self._reads: dict[int, Future] = {}
 
-    def _fetch(self, round_: int) -> dict[str, Any] | None:
-        rec = self.store.get_json_or_none(keys.round_record_key(round_))
-        if rec is None:
-            return None
-        return {
-            "round": round_,
-            "fragment_id": rec["fragment_id"],
-            "version": rec["version"],
-            "contributors": list(rec["contributors"]),
-        }
+    def _fetch(self, round_: int) -> Merged | None:
+        key = keys.round_record_key(round_)
+        rec = self.store.get_json_or_none(key)
+        return None if rec is None else Merged.of(RoundRecord.from_json(rec, key))
 
-    def read(self, round_: int) -> dict[str, Any] | None:
+    def read(self, round_: int) -> Merged | None:
         """Read the round's record into `known` now; None if it has none (it never merged). May raise
         StoreError."""
         merge = self._fetch(round_)
@@ -151,26 +146,26 @@ class RoundRecords:
             self.known[round_] = merge
         return merge
 
-    def merge_of(self, status: dict, round_: int, p: int, version: int) -> dict[str, Any] | None:
+    def merge_of(self, status: Status | None, round_: int, p: int, version: int) -> Merged | None:
         """The merge of `round_` (fragment p) into a version ≤ `version`, if the status or a record shows one."""
-        for m in [*status.get("merged", []), self.known.get(round_)]:
-            if m is not None and m["round"] == round_ and m["fragment_id"] == p and m["version"] <= version:
+        for m in [*(status.merged if status else []), self.known.get(round_)]:
+            if m is not None and m.round == round_ and m.fragment_id == p and m.version <= version:
                 return m
         return None
 
-    def decided(self, status: dict, round_: int) -> bool:
+    def decided(self, status: Status | None, round_: int) -> bool:
         """Whether the status or a record read so far shows the round merged (with this learner or not)."""
-        return round_ in self.known or any(m["round"] == round_ for m in status.get("merged", []))
+        return round_ in self.known or any(m.round == round_ for m in (status.merged if status else []))
 
-    def follow(self, pool: ThreadPoolExecutor, status: dict, pending: Collection[int]) -> list[int]:
+    def follow(self, pool: ThreadPoolExecutor, status: Status, pending: Collection[int]) -> list[int]:
         """Start or collect record reads for pending rounds that closed unlisted; returns those found without
         a record (closed without a merge). Forgets rounds no longer pending."""
         self.known = {s: m for s, m in self.known.items() if s in pending}
         self._reads = {s: f for s, f in self._reads.items() if s in pending}
-        open_rounds = {r["round"] for r in status.get("open_rounds", [])}
+        open_rounds = {r.round for r in status.open_rounds}
         unmerged = []
         for s in pending:
-            if self.decided(status, s) or s in open_rounds or s >= status.get("next_round", 0):
+            if self.decided(status, s) or s in open_rounds or s >= status.next_round:
                 continue
             fut = self._reads.get(s)
             if fut is None:
@@ -192,22 +187,28 @@ class RoundRecords:
 
 
 class StatusPoller(threading.Thread):
-    """Keeps the newest syncer status in memory; survives an unavailable store with backoff."""
+    """Keeps the newest syncer status in memory, read and checked once (`Status`); survives an unavailable
+    store, or a status that does not read, with backoff."""
 
     def __init__(self, store: Store, every: float, stop: threading.Event) -> None:
         super().__init__(daemon=True, name="status-poller")
         self.store, self.every, self.stop = store, every, stop
-        self.latest: dict[str, Any] | None = None
+        self.latest: Status | None = None
         self.first_seen: dict[int, float] = {}
         """round -> monotonic time of the first fetched status that listed it open (replaced, not mutated,
         so the loop's thread reads a consistent dict)."""
         self.errors = 0
 
     def poll_once(self) -> None:
-        status = self.store.get_json_or_none(keys.STATUS)
-        if status is not None:
+        """Fetch the status; one that does not read as a `Status` is a StoreError (the last one is kept)."""
+        doc = self.store.get_json_or_none(keys.STATUS)
+        if doc is not None:
+            try:
+                status = Status.from_json(doc)
+            except ValueError as e:
+                raise StoreError(f"unreadable status ({e})") from None
             now, seen = time.monotonic(), self.first_seen
-            rounds = [int(r["round"]) for r in status.get("open_rounds", [])]
+            rounds = [r.round for r in status.open_rounds]
             self.first_seen = {s: seen.get(s, now) for s in rounds}
             self.latest = status
 

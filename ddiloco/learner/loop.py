@@ -82,6 +82,7 @@ from ddiloco.prepare import load_run_config, load_tokens
 from ddiloco.procinfo import peak_rss_bytes
 from ddiloco.protocol import signing
 from ddiloco.protocol.learner_report import LearnerReport
+from ddiloco.protocol.messages import Status
 from ddiloco.run import prepared_at_of
 from ddiloco.schedule import GlobalSchedule, learner_train
 from ddiloco.shards import Assignment, assign_shard
@@ -321,7 +322,7 @@ class Learner:
         self.checkpoints.submit(self.pool, self.inner_step, snap, meta)
 
     # --- the loop ---------------------------------------------------------------------------------------------
-    def _answer_rounds(self, status: dict[str, Any]) -> None:
+    def _answer_rounds(self, status: Status) -> None:
         self.exchange.answer_rounds(self.pool, status, self.inner_step, self._report, self.poller.first_seen)
 
     def step(self) -> float | None:
@@ -372,7 +373,7 @@ class Learner:
         status = self.poller.latest
         merged = self.schedule.observe(status)  # read once: all ranks of this learner step at this progress
         if status is not None:
-            if status.get("done"):
+            if status.done:
                 return False
             self.exchange.sync(self.pool, status)
             self._answer_rounds(status)
@@ -421,7 +422,7 @@ class Learner:
                 self.poller.poll_once()
             except StoreError:
                 pass
-            self.exchange.settle_final(self.poller.latest or {})
+            self.exchange.settle_final(self.poller.latest)
         self.pool.shutdown(wait=True)
         self.heartbeats.shutdown()
         self.loader.close()  # a streamed loader's read-ahead thread

@@ -15,10 +15,11 @@ from ddiloco import keys
 from ddiloco.protocol.fields import Fields, plain
 
 
-def credited(merge: Mapping[str, Any] | None, learner_id: int, incarnation: int) -> bool:
-    """Whether the merge record `merge` ({"contributors": [...], ...} of one fragment in one round, or
-    None when that fragment was not merged in that round) credits learner `learner_id`'s `incarnation`."""
-    return merge is not None and keys.contributor(learner_id, incarnation) in merge["contributors"]
+def credited(merge: Merged | RoundRecord | None, learner_id: int, incarnation: int) -> bool:
+    """Whether the merge record `merge` (of one fragment in one round: a status's `Merged` or the round
+    record; None when that fragment was not merged in that round) credits learner `learner_id`'s
+    `incarnation`."""
+    return merge is not None and keys.contributor(learner_id, incarnation) in merge.contributors
 
 
 # --- the syncer's documents: syncer/status.json, syncer/rounds/<round>.json, syncer/state.json ---------------

@@ -25,10 +25,12 @@ from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import signing, wire
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.run import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
+from tests._harness import status as empty_status
 from tests._harness import tiny_config
 
 SECRET = bytes.fromhex("5a" * 32)
@@ -362,7 +364,7 @@ def test_a_learner_is_told_when_its_answer_is_rejected_and_its_tokens_stay_outst
         if r.syncer.step():
             break
         tick(r)
-        told = {n["round"] for n in bad.poller.latest["rejections"] if n["learner_id"] == 0}
+        told = {n.round for n in bad.poller.latest.rejections if n.learner_id == 0}
         assert not any(fs.pending and fs.pending.round in told for fs in bad.ledger)  # dropped once told
     for learner in r.learners:
         learner.poller.poll_once()
@@ -400,10 +402,10 @@ def test_a_lying_learner_with_the_run_key_is_rejected_and_the_ledger_stays_balan
     liar = r.learners[0]
     honest_header = liar.exchange._header
 
-    def inflated(p: int, round_: int, inner_step: int) -> dict:
+    def inflated(p: int, round_: int, inner_step: int) -> UpdateHeader:
         h = honest_header(p, round_, inner_step)
-        h.update(c_steps=h["c_steps"] * LIE, c_tokens=h["c_tokens"] * LIE, inner_step=inner_step * LIE)
-        h["c_seconds"] = max(h["c_seconds"], h["c_steps"] * 1e-5)
+        h.c_steps, h.c_tokens, h.inner_step = h.c_steps * LIE, h.c_tokens * LIE, inner_step * LIE
+        h.c_seconds = max(h.c_seconds, h.c_steps * 1e-5)
         return h
 
     lying_from = None
@@ -469,7 +471,11 @@ def test_a_learner_skips_a_global_version_that_fails_verification_and_keeps_trai
     r = start("bad-global", learners=1)
     learner = r.learners[0]
     tick(r)
-    status = r.store.get_json(keys.STATUS) if r.store.exists(keys.STATUS) else {"run_id": r.name}
+    status = (
+        r.store.get_json(keys.STATUS)
+        if r.store.exists(keys.STATUS)
+        else empty_status(run_id=r.name).to_json()
+    )
     _forge_global(r, 0, 1)
     r.store.put_json(keys.STATUS, {**status, "versions": {"0": 1, "1": 0}, "open_rounds": [], "merged": []})
     steps = learner.inner_step

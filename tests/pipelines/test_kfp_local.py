@@ -34,8 +34,9 @@ def stop_learners(store: str) -> None:
     """What the syncer publishes when a run is over; learners exit at their next step."""
     from ddiloco import keys
     from ddiloco.store.url import open_store
+    from tests._harness import status
 
-    open_store(store).put_json(keys.STATUS, {"done": True, "versions": {}, "open_rounds": [], "merged": []})
+    open_store(store).put_json(keys.STATUS, status(done=True).to_json())
 
 
 @pytest.fixture(scope="module")

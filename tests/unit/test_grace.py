@@ -12,10 +12,12 @@ from ddiloco import keys
 from ddiloco.learner.io import StatusPoller
 from ddiloco.learner.loop import Learner
 from ddiloco.prepare import prepare
+from ddiloco.protocol.messages import OpenRound
+from ddiloco.protocol.update import UpdateHeader
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from ddiloco.syncer.rounds import Answer, link_time
-from tests._harness import drive, tiny_config
+from tests._harness import drive, status, tiny_config
 
 STEP = 0.010  # the learners' median wall seconds per step
 
@@ -70,7 +72,9 @@ def test_the_cap_bounds_the_transport_allowance_only():
 
 
 def answer(arrived: float | None, wait: object) -> Answer:
-    return Answer("0-0", {"wait_s": wait}, None, arrived_s=arrived)
+    return Answer(
+        "0-0", UpdateHeader.from_json({**UpdateHeader().to_json(), "wait_s": wait}), None, arrived_s=arrived
+    )
 
 
 def test_link_time_is_the_rounds_largest_arrival_less_the_learners_own_wait():
@@ -89,7 +93,7 @@ def test_learners_report_their_own_wait_and_merges_feed_the_link_ema():
     prepare(store, tiny_config("grace-run"))
     s = Syncer(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
-    headers: list[dict] = []
+    headers: list[UpdateHeader] = []
     for learner in learners:
         upload = learner.exchange._upload
         learner.exchange._upload = lambda p, r, snap, h, rep, up=upload: (
@@ -98,7 +102,7 @@ def test_learners_report_their_own_wait_and_merges_feed_the_link_ema():
         )
         learner.start()
     drive(s, learners)
-    assert headers and all(isinstance(h["wait_s"], float) and 0 <= h["wait_s"] < 5 for h in headers)
+    assert headers and all(isinstance(h.wait_s, float) and 0 <= h.wait_s < 5 for h in headers)
     assert s.books.xi_link > 0
     assert Syncer(store).books.xi_link == pytest.approx(s.books.xi_link)
 
@@ -106,14 +110,12 @@ def test_learners_report_their_own_wait_and_merges_feed_the_link_ema():
 def test_the_poller_remembers_when_it_first_saw_each_open_round():
     store = open_store("memory://grace-poller")
     poller = StatusPoller(store, 0.05, threading.Event())
-    store.put_json(keys.STATUS, {"open_rounds": [{"round": 5, "fragment_id": 1}]})
+    store.put_json(keys.STATUS, status(open_rounds=[OpenRound(5, 1, 0.0)]).to_json())
     poller.poll_once()
     first = poller.first_seen[5]
-    store.put_json(
-        keys.STATUS, {"open_rounds": [{"round": 5, "fragment_id": 1}, {"round": 6, "fragment_id": 2}]}
-    )
+    store.put_json(keys.STATUS, status(open_rounds=[OpenRound(5, 1, 0.0), OpenRound(6, 2, 0.0)]).to_json())
     poller.poll_once()
     assert poller.first_seen[5] == first and poller.first_seen[6] >= first
-    store.put_json(keys.STATUS, {"open_rounds": [{"round": 6, "fragment_id": 2}]})
+    store.put_json(keys.STATUS, status(open_rounds=[OpenRound(6, 2, 0.0)]).to_json())
     poller.poll_once()
     assert set(poller.first_seen) == {6}

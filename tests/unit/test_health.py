@@ -7,7 +7,7 @@ import pytest
 from ddiloco.config import DilocoConfig
 from ddiloco.errors import ConfigError
 from ddiloco.learner.health import UNMERGED_MIN_S, MergeBound, Unmerged
-from tests._harness import tiny_config
+from tests._harness import status, tiny_config
 
 
 class Clock:
@@ -33,22 +33,22 @@ def test_time_counts_only_while_the_status_changes_and_the_store_answers_and_a_m
     bound.begin()
     for t in range(1, 6):  # a live syncer: its status changes every check
         clock.t += 10
-        bound.check({"time": t}, merged_tokens=0, store_errors=0, step_s=0.01)
+        bound.check(status(time=t), merged_tokens=0, store_errors=0, step_s=0.01)
     assert bound.unmerged_s == 50
     clock.t += 10
-    bound.check({"time": 6}, merged_tokens=0, store_errors=1, step_s=0.01)  # a store error: not counted
+    bound.check(status(time=6), merged_tokens=0, store_errors=1, step_s=0.01)  # a store error: not counted
     assert bound.unmerged_s == 50
     clock.t += 10
-    bound.check({"time": 7}, merged_tokens=128, store_errors=1, step_s=0.01)  # merged: from zero
+    bound.check(status(time=7), merged_tokens=128, store_errors=1, step_s=0.01)  # merged: from zero
     assert bound.unmerged_s == 0
     for _ in range(100):  # the status stops changing: at most the silent window counts
         clock.t += 10
-        bound.check({"time": 7}, merged_tokens=128, store_errors=1, step_s=0.01)
+        bound.check(status(time=7), merged_tokens=128, store_errors=1, step_s=0.01)
     assert bound.unmerged_s == 120  # the window from the last change (at the merge)
     with pytest.raises(Unmerged, match="train.max_unmerged_s"):
         for t in range(8, 20):
             clock.t += 10
-            bound.check({"time": t}, merged_tokens=128, store_errors=1, step_s=0.01)
+            bound.check(status(time=t), merged_tokens=128, store_errors=1, step_s=0.01)
 
 
 @pytest.mark.parametrize("value", [0, -5, math.nan, math.inf])

@@ -9,8 +9,10 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.learner.io import ReportWriter, RoundRecords
+from ddiloco.protocol.messages import Contribution, Merged, OpenRound, RoundRecord
 from ddiloco.store.base import StoreUnavailable
 from ddiloco.store.url import open_store
+from tests._harness import status as _status
 
 KEY = keys.report_key(0, 0)
 
@@ -57,15 +59,15 @@ def test_a_failed_write_does_not_block_an_older_report(monkeypatch):
 
 
 def _record(round_: int, contributors: list[str]) -> dict:
-    return {"round": round_, "fragment_id": round_ % 2, "version": 3,
-            "contributors": {c: {"c_tokens": 128} for c in contributors}}  # fmt: skip
+    merged = {c: Contribution(128, 1, 1.0, 2, 0, 1.0) for c in contributors}
+    return RoundRecord(round_, round_ % 2, 3, 0.0, 0.0, 0.0, 0.0, 1, merged, {}, 0.0, 0.0, 0.0, {}).to_json()
 
 
 def test_round_records_settle_closed_rounds_the_status_no_longer_lists():
     store = open_store("memory://lio-rounds")
     store.put_json(keys.round_record_key(5), _record(5, ["1-0", "0-0"]))
     store.put_json(keys.round_record_key(9), _record(9, ["0-0"]))
-    status = {"next_round": 40, "open_rounds": [{"round": 39, "fragment_id": 1}], "merged": []}
+    status = _status(next_round=40, open_rounds=[OpenRound(39, 1, 0.0)])
     rounds = RoundRecords(store)
     pending = {5, 7, 9, 39, 41}  # merged with us, abandoned, merged without us, open, not opened yet
     with ThreadPoolExecutor(1) as pool:
@@ -75,9 +77,9 @@ def test_round_records_settle_closed_rounds_the_status_no_longer_lists():
         assert rounds.follow(pool, status, pending) == [7]  # no record: closed without a merge
     assert sorted(rounds.known) == [5, 9]
     assert rounds.decided(status, 5) and rounds.decided(status, 9) and not rounds.decided(status, 39)
-    assert "1-0" in rounds.merge_of(status, 5, 1, version=3)["contributors"]
+    assert "1-0" in rounds.merge_of(status, 5, 1, version=3).contributors
     assert rounds.merge_of(status, 5, 1, version=2) is None  # not in a version this old
-    assert "1-0" not in rounds.merge_of(status, 9, 1, version=3)["contributors"]
+    assert "1-0" not in rounds.merge_of(status, 9, 1, version=3).contributors
     with ThreadPoolExecutor(1) as pool:
         rounds.follow(pool, status, {9})
     assert sorted(rounds.known) == [9], "rounds no longer pending are forgotten"
@@ -85,10 +87,9 @@ def test_round_records_settle_closed_rounds_the_status_no_longer_lists():
 
 def test_the_status_list_answers_before_any_record_is_read():
     store = open_store("memory://lio-listed")
-    status = {"next_round": 4, "open_rounds": [], "merged": [
-        {"round": 2, "fragment_id": 0, "version": 1, "contributors": {"1-0": 128}}]}  # fmt: skip
+    status = _status(next_round=4, merged=[Merged(2, 0, 1, {"1-0": 128})])
     rounds = RoundRecords(store)
     with ThreadPoolExecutor(1) as pool:
         assert rounds.follow(pool, status, {2}) == []
     assert not rounds._reads and rounds.decided(status, 2)
-    assert rounds.merge_of(status, 2, 0, version=1)["contributors"] == {"1-0": 128}
+    assert rounds.merge_of(status, 2, 0, version=1).contributors == {"1-0": 128}

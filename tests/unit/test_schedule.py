@@ -10,6 +10,7 @@ from ddiloco.config import TrainConfig
 from ddiloco.errors import ConfigError
 from ddiloco.learner.loop import Learner
 from ddiloco.prepare import prepare
+from ddiloco.protocol.messages import Status
 from ddiloco.recipes import RECIPES, load_config
 from ddiloco.schedule import (
     GlobalSchedule,
@@ -21,7 +22,7 @@ from ddiloco.schedule import (
     resolve,
 )
 from ddiloco.store.url import open_store
-from tests._harness import tiny_config
+from tests._harness import status, tiny_config
 
 
 def _t(**kw) -> TrainConfig:
@@ -147,35 +148,29 @@ def test_bad_schedule_settings_say_what_to_change(override, message):
 def test_global_progress_never_goes_back_and_ignores_bad_statuses():
     s = GlobalSchedule(_t(), 1000)
     assert s.progress == 0.0 and s.observe(None) == 0
-    assert s.observe({"tokens_merged": 500.7}) == 500 and s.progress == 0.5
-    for stale in (
-        {"tokens_merged": 300},
-        {},
-        {"tokens_merged": "many"},
-        {"tokens_merged": math.nan},
-        {"tokens_merged": True},
-    ):
-        assert s.observe(stale) == 500  # an older, stale or malformed status never moves it back
-    assert s.observe({"tokens_merged": 2500}) == 2500 and s.progress == 1.0
+    assert s.observe(status(tokens_merged=500.7)) == 500 and s.progress == 0.5
+    for stale in (300, math.nan, math.inf):
+        assert s.observe(status(tokens_merged=stale)) == 500  # an older or non-finite one never moves it back
+    doc = status().to_json()
+    for bad in ({k: v for k, v in doc.items() if k != "tokens_merged"}, {**doc, "tokens_merged": "many"},
+                {**doc, "tokens_merged": True}):  # fmt: skip
+        with pytest.raises(ValueError, match="tokens_merged"):  # never read as a status (`StatusPoller`)
+            Status.from_json(bad)
+    assert s.observe(status(tokens_merged=2500)) == 2500 and s.progress == 1.0
 
 
 def test_a_late_joiner_runs_at_the_early_learners_rate_at_the_same_global_progress():
     t, budget = _t(lr=3e-3, warmup_steps=20), 10_000
     early, late = GlobalSchedule(t, budget), GlobalSchedule(t, budget)
     for merged in (0, 1200, 3100, 6000):  # the early learner saw every status
-        early.observe({"tokens_merged": merged})
-    late.observe({"tokens_merged": 6000})  # the late one only the current one
+        early.observe(status(tokens_merged=merged))
+    late.observe(status(tokens_merged=6000))  # the late one only the current one
     assert early.lr(500) == late.lr(20) == pytest.approx(lr_at(0.6, 10**6, t))
     assert late.lr(0) == pytest.approx(early.lr(500) / 20)  # its own warm-up first
 
 
 def _status(cfg, merged: float) -> dict:
-    return {
-        "run_id": cfg.run_id,
-        "done": False,
-        "tokens_merged": merged,
-        "token_budget": cfg.diloco.token_budget,
-    }
+    return status(run_id=cfg.run_id, tokens_merged=merged, token_budget=cfg.diloco.token_budget).to_json()
 
 
 def _tick(learner) -> float:
