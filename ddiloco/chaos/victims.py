@@ -10,12 +10,16 @@ Design choices:
 
 from __future__ import annotations
 
-from typing import Any
+import logging
 
 from ddiloco import keys
 from ddiloco.chaos.events import ChaosEvent
 from ddiloco.chaos.runner import Outcome
+from ddiloco.protocol.learner_report import LearnerReport
+from ddiloco.protocol.messages import Status
 from ddiloco.store.base import Store
+
+log = logging.getLogger(__name__)
 
 TIMED_KILLS = frozenset({"kill_learner", "kill_syncer"})
 CANNOT_ON_A_CLUSTER = {
@@ -24,25 +28,29 @@ CANNOT_ON_A_CLUSTER = {
 }
 
 
-def newest_report(store: Store, learner_id: int) -> dict[str, Any] | None:
-    """The newest incarnation's report of a learner (keys are zero-padded, so the largest key is newest)."""
+def newest_report(store: Store, learner_id: int) -> LearnerReport | None:
+    """The newest incarnation's report of a learner (keys are zero-padded, so the largest key is newest);
+    None when it has none. A report that does not read is a ValueError naming the field."""
     found = [k for k in store.list(keys.learner_prefix(learner_id)) if keys.is_report_key(k)]
-    return store.get_json_or_none(max(found)) if found else None
+    doc = store.get_json_or_none(max(found)) if found else None
+    return None if doc is None else LearnerReport.from_json(doc)
 
 
 def victim_of(store: Store, ev: ChaosEvent) -> tuple[str, int | None] | None:
-    """(host, pid) of the process an event targets, from the store; None when it has not reported yet."""
-    if ev.kind == "kill_syncer":
-        status = store.get_json_or_none(keys.STATUS)
-        return (
-            (status["syncer_host"], status.get("syncer_pid"))
-            if status and status.get("syncer_host")
-            else None
-        )
-    report = newest_report(store, ev.learner) if ev.learner is not None else None
-    if report is None or not report.get("host") or report.get("final"):
+    """(host, pid) of the process an event targets, from the store; None when it has not reported yet, or
+    what it reported does not read (logged)."""
+    try:
+        if ev.kind == "kill_syncer":
+            doc = store.get_json_or_none(keys.STATUS)
+            status = None if doc is None else Status.from_json(doc)
+            return (status.syncer_host, status.syncer_pid) if status and status.syncer_host else None
+        report = newest_report(store, ev.learner) if ev.learner is not None else None
+    except ValueError as e:
+        log.warning("chaos: no victim for %s yet: %s", ev.id, e)
+        return None
+    if report is None or not report.host or report.final:
         return None  # not started, or its newest incarnation already exited
-    return report["host"], report.get("pid")
+    return report.host, report.pid
 
 
 class ReportedVictims:

@@ -23,6 +23,7 @@ from ddiloco.cli.chaos import register
 from ddiloco.config import ChaosConfig, RunConfig
 from ddiloco.store.memory import reset_memory_stores
 from ddiloco.store.url import open_store
+from tests._harness import learner_report, status
 
 NS = "team-a"
 
@@ -146,10 +147,8 @@ def store():
 
 
 def report(store, learner_id: int, incarnation: int, host: str, final: bool = False) -> None:
-    store.put_json(
-        keys.report_key(learner_id, incarnation),
-        {"learner_id": learner_id, "incarnation": incarnation, "host": host, "pid": 1, "final": final},
-    )
+    doc = learner_report(learner_id=learner_id, incarnation=incarnation, host=host, pid=1, final=final)
+    store.put_json(keys.report_key(learner_id, incarnation), doc.to_json())
 
 
 def events(*raw: dict):
@@ -170,7 +169,7 @@ def test_deletes_exactly_the_scheduled_pods_of_its_own_run(store):
     report(store, 1, 0, "wf-a-learner-1-gone")  # an older incarnation's pod
     report(store, 1, 1, "wf-a-learner-1")  # the newest report names the live pod
     report(store, 0, 0, "wf-a-learner-0")
-    store.put_json(keys.STATUS, {"syncer_host": "wf-a-syncer", "syncer_pid": 7})
+    store.put_json(keys.STATUS, status(syncer_host="wf-a-syncer", syncer_pid=7).to_json())
     with KubeAPIStandIn(two_runs()) as api:
         role = ChaosRunner(
             store, KubernetesPods.connect(NS, "wf-a", host=api.url), events(*SCHEDULE), time.time()
@@ -206,7 +205,7 @@ def test_never_deletes_a_pod_of_another_run_or_without_the_role_label(store, hon
     report(store, 0, 0, "wf-b-learner-0")  # a report naming another run's pod (stale, forged, or misrouted)
     report(store, 1, 0, "wf-a-evaluate")  # ... and a pod of our run that is no learner
     report(store, 2, 0, "wf-a-learner-old")  # ... and our learner pod that already failed
-    store.put_json(keys.STATUS, {"syncer_host": "wf-b-syncer"})
+    store.put_json(keys.STATUS, status(syncer_host="wf-b-syncer").to_json())
     schedule = events(
         {"id": "a", "kind": "kill_learner", "learner": 0, "at_s": 0},
         {"id": "b", "kind": "kill_learner", "learner": 1, "at_s": 0},
