@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 EMA = 0.1
 WARMUP_SAMPLES = 5
@@ -89,35 +89,57 @@ class StepCadence:
             self._last_end = None
 
 
-def productive_seconds(report: dict[str, Any]) -> float:
+class Incarnation(Protocol):
+    """What goodput reads of one incarnation's report: a `ddiloco.protocol.learner_report.LearnerReport`,
+    or the syncer's checked view of one (`ddiloco.protocol.reports.CheckedReport`)."""
+
+    @property
+    def incarnation(self) -> int: ...
+    @property
+    def time(self) -> float: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def joined_at(self) -> float | None: ...
+    @property
+    def final(self) -> bool: ...
+    @property
+    def exit_reason(self) -> str | None: ...
+    @property
+    def productive_seconds(self) -> float | None: ...
+    @property
+    def busy_seconds(self) -> float | None: ...
+
+
+def productive_seconds(report: Incarnation) -> float:
     """An incarnation's productive seconds; reports written before the field existed give compute time."""
-    v = report.get("productive_seconds")
-    return float(v if v is not None else report.get("busy_seconds") or 0.0)
+    v = report.productive_seconds
+    return float(v if v is not None else report.busy_seconds or 0.0)
 
 
-def cadence(report: dict[str, Any]) -> float | None:
-    """Wall seconds per step of a report: its loop cadence (None until measured), or compute time for a
-    learner too old to report a cadence."""
+def cadence(report: Mapping[str, Any]) -> float | None:
+    """Wall seconds per step of a report's JSON (read where the report is parsed): its loop cadence (None
+    until measured), or compute time for a learner too old to report a cadence."""
     if "step_wall_ema" in report:
         return report["step_wall_ema"] or None
     return report.get("step_time_ema") or None
 
 
-def learner_chip_time(incarnations: Iterable[dict[str, Any]], end: float | None) -> tuple[float, float]:
+def learner_chip_time(incarnations: Iterable[Incarnation], end: float | None) -> tuple[float, float]:
     """(productive, provisioned) seconds of one learner id from the reports of its incarnations.
 
     Provisioned: from the moment the learner id first joined the run (its first incarnation's `joined_at`;
     setting up the run is not a failure) to `end` (the run's end or now; None: the newest report), or to the
     newest report when that one is final because the run was done (the learner's own clock). A later
     incarnation's start-up is lost time: it happens only because the previous one died."""
-    incs = sorted(incarnations, key=lambda r: r["incarnation"])
+    incs = sorted(incarnations, key=lambda r: r.incarnation)
     if not incs:
         return 0.0, 0.0
     newest = incs[-1]
-    stop = newest["time"]
-    if end is not None and not (newest.get("final") and newest.get("exit_reason") == "done"):
+    stop = newest.time
+    if end is not None and not (newest.final and newest.exit_reason == "done"):
         stop = max(stop, end)
-    first = incs[0].get("joined_at") or incs[0]["started_at"]
+    first = incs[0].joined_at or incs[0].started_at
     provisioned = max(stop - first, 0.0)
     productive = min(sum(productive_seconds(r) for r in incs), provisioned)
     return productive, provisioned

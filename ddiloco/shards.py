@@ -22,11 +22,11 @@ Design choices:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddiloco.protocol.learner_report import DataRead
+from ddiloco.protocol.learner_report import DataRead, LearnerReport
 
 log = logging.getLogger(__name__)
 
@@ -79,19 +79,19 @@ def assign_shard(who: int, shard_tokens: Sequence[int], *, role: str = "learner"
     return Assignment(who, shard, start, start + int(shard_tokens[shard]), own)
 
 
-def data_read(reports: Iterable[Mapping[str, Any]], num_shards: int) -> dict[str, Any]:
+def data_read(reports: Iterable[LearnerReport], num_shards: int) -> dict[str, Any]:
     """The summary's record of which data each learner id read (see the module docstring)."""
-    latest: dict[int, Mapping[str, Any]] = {}
+    latest: dict[int, LearnerReport] = {}
     processed: dict[int, int] = {}
     for rep in reports:
-        lid = int(rep["learner_id"])
-        processed[lid] = processed.get(lid, 0) + int(rep["tokens_processed"])
-        if rep.get("data") is not None and _newer(rep, latest.get(lid)):
+        lid = rep.learner_id
+        processed[lid] = processed.get(lid, 0) + rep.tokens_processed
+        if rep.data is not None and _newer(rep, latest.get(lid)):
             latest[lid] = rep
     per_learner: dict[str, dict[str, Any]] = {}
     readers: dict[int, list[int]] = {}
     for lid in sorted(processed):
-        d = DataRead.from_json(latest[lid]["data"]) if lid in latest else None
+        d = latest[lid].data if lid in latest else None
         entry: dict[str, Any] = {"shard": None, "tokens_processed": processed[lid]}
         if d is not None:
             readers.setdefault(d.shard, []).append(lid)
@@ -114,5 +114,5 @@ def data_read(reports: Iterable[Mapping[str, Any]], num_shards: int) -> dict[str
     }
 
 
-def _newer(rep: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
-    return than is None or (rep["incarnation"], rep["seq"]) > (than["incarnation"], than["seq"])
+def _newer(rep: LearnerReport, than: LearnerReport | None) -> bool:
+    return than is None or (rep.incarnation, rep.seq) > (than.incarnation, than.seq)

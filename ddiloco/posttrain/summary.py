@@ -33,6 +33,9 @@ from typing import Any
 
 from ddiloco import chiptime, keys
 from ddiloco.protocol import messages
+from ddiloco.protocol.fields import plain
+from ddiloco.protocol.learner_report import LearnerReport
+from ddiloco.protocol.messages import LearnerEvent, RoundRecord, SyncerState
 from ddiloco.shards import data_read
 from ddiloco.store.base import Store
 
@@ -43,6 +46,16 @@ def read_reports(store: Store) -> list[dict[str, Any]]:
 
 def read_round_records(store: Store) -> list[dict[str, Any]]:
     return [store.get_json(k) for k in store.list(keys.ROUNDS)]
+
+
+def learner_reports(store: Store) -> list[LearnerReport]:
+    """Every learner report, typed (a report that does not read is a ValueError naming the field)."""
+    return [LearnerReport.from_json(r) for r in read_reports(store)]
+
+
+def round_records(store: Store) -> list[RoundRecord]:
+    """Every round record, typed (`RoundRecord.from_json`)."""
+    return [RoundRecord.from_json(store.get_json(k), k) for k in store.list(keys.ROUNDS)]
 
 
 def store_bytes_by_prefix(sizes: dict[str, int]) -> dict[str, int]:
@@ -64,20 +77,21 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     cfg = store.get_json(keys.CONFIG)
     meta = store.get_json(keys.DATA_META)
     layout = store.get_json(keys.LAYOUT)
-    state = store.get_json_or_none(keys.SYNCER_STATE) or {}
+    saved = store.get_json_or_none(keys.SYNCER_STATE)
+    state = None if saved is None else SyncerState.from_json(saved)
     pace_doc = store.get_json_or_none(keys.SYNCER_PACE, max_bytes=1 << 16)
     pace = pace_doc.get("figures") if isinstance(pace_doc, dict) else None
     pace = pace if isinstance(pace, dict) else {}
     done = store.get_json_or_none(keys.DONE)
     events = store.get_json_or_none(keys.LAUNCHER_EVENTS) or {}
-    reports = read_reports(store)
+    reports = learner_reports(store)
     fired = [store.get_json(k) for k in store.list(keys.CHAOS) if k.endswith(".json")]
     chaos_events = sorted(events.get("chaos_events", []) + fired, key=lambda e: e.get("time_s", 0.0))
-    records = read_round_records(store)
+    records = round_records(store)
     sizes = store.sizes()
     P = len(layout["fragments"])
     M = cfg["diloco"]["learners"]
-    by_round = {r["round"]: r for r in records}
+    by_round = {r.round: r for r in records}
 
     processed = merged_l = discarded = outstanding = 0
     merged_seconds = 0.0
@@ -85,60 +99,59 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     per_learner: dict[str, dict[str, Any]] = {}
     by_site: dict[str, dict[str, Any]] = {}  # site -> merged (fragment-tokens), processed, learner ids
     for rep in reports:
-        site = by_site.setdefault(
-            str(rep.get("site") or "local"), {"merged": 0, "processed": 0, "ids": set()}
-        )
-        site["processed"] += rep["tokens_processed"]
-        site["ids"].add(rep["learner_id"])
-        alive = done is None and not rep.get("final")
-        processed += rep["tokens_processed"]
-        for p_str, f in rep["fragments"].items():
+        site = by_site.setdefault(str(rep.site or "local"), {"merged": 0, "processed": 0, "ids": set()})
+        site["processed"] += rep.tokens_processed
+        site["ids"].add(rep.learner_id)
+        alive = done is None and not rep.final
+        processed += rep.tokens_processed
+        for p_str, f in rep.fragments.items():
             p = int(p_str)
-            m_tok, m_sec = f["merged_tokens"], f["merged_seconds"]
-            pend = f.get("pending")
+            m_tok, m_sec = f.merged_tokens, f.merged_seconds
+            pend = f.pending
             credited = 0
             if pend is not None:
-                if messages.credited(by_round.get(pend["round"]), rep["learner_id"], rep["incarnation"]):
-                    credited = pend["tokens"]
-                    m_sec += pend["seconds"]
+                if messages.credited(by_round.get(pend.round), rep.learner_id, rep.incarnation):
+                    credited = pend.tokens
+                    m_sec += pend.seconds
             m_tok += credited
             learner_merged_per_frag[p] += m_tok
             merged_l += m_tok
             site["merged"] += m_tok
             merged_seconds += m_sec
-            rest = f["c_tokens"] - credited
+            rest = f.c_tokens - credited
             if alive:
                 outstanding += rest
-                discarded += f["discarded_tokens"]
+                discarded += f.discarded_tokens
             else:
-                discarded += f["discarded_tokens"] + rest
-        lid = str(rep["learner_id"])
+                discarded += f.discarded_tokens + rest
+        lid = str(rep.learner_id)
         entry = per_learner.setdefault(lid, {"incarnations": 0, "tokens": 0})
-        entry["tokens"] += rep["tokens_processed"]
+        entry["tokens"] += rep.tokens_processed
     for lid, entry in per_learner.items():
         # Count started processes, not reports: one killed before its first report still was an incarnation.
         pointer = store.get_json_or_none(keys.incarnation_key(int(lid))) or {"incarnation": -1}
         claims = len(store.list(keys.incarnation_claim_prefix(int(lid))))
         entry["incarnations"] = max(
-            pointer["incarnation"] + 1, claims, sum(r["learner_id"] == int(lid) for r in reports)
+            pointer["incarnation"] + 1, claims, sum(r.learner_id == int(lid) for r in reports)
         )
 
-    syncer_per_frag = [led["merged_tokens"] for led in state.get("ledger", [{"merged_tokens": 0}] * P)]
-    starts = [r["started_at"] for r in reports]
-    end = done["time"] if done else max((r["time"] for r in reports), default=None)
+    syncer_per_frag = [led.merged_tokens for led in state.ledger] if state else [0] * P
+    starts = [r.started_at for r in reports]
+    end = done["time"] if done else max((r.time for r in reports), default=None)
     wall = (end - min(starts)) if (starts and end) else None
-    versions = state.get("versions", [0] * P)
+    versions = state.versions if state else [0] * P
     contiguous = all(
-        sorted(r["version"] for r in records if r["fragment_id"] == p) == list(range(1, versions[p] + 1))
+        sorted(r.version for r in records if r.fragment_id == p) == list(range(1, versions[p] + 1))
         for p in range(P)
     )
     writers: dict[tuple[int, int], list[int]] = {}
     for r in records:
-        writers.setdefault((r["fragment_id"], r["version"]), []).append(r.get("epoch", 0))
-    step_times = [r["step_time_ema"] for r in reports if r.get("step_time_ema")]
-    step_walls = [r["step_wall_ema"] for r in reports if r.get("step_wall_ema")]
+        writers.setdefault((r.fragment_id, r.version), []).append(r.epoch)
+    step_times = [r.step_time_ema for r in reports if r.step_time_ema]
+    step_walls = [r.step_wall_ema for r in reports if r.step_wall_ema]
     accounting = learner_accounting(reports, done["time"] if done else None, P)
-    never_reported = set(range(M)) - {r["learner_id"] for r in reports}
+    never_reported = set(range(M)) - {r.learner_id for r in reports}
+    learner_events = state.learner_events if state else []
     tokens_merged = sum(syncer_per_frag) / P
     summary: dict[str, Any] = {
         "run_id": cfg["run_id"],
@@ -149,7 +162,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "quorum": cfg["diloco"]["quorum"],
         "num_fragments": P,
         "sync_every": cfg["diloco"]["sync_every"],
-        "steps_per_answer": _mean([c["c_steps"] for r in records for c in r["contributors"].values()]),
+        "steps_per_answer": _mean([c.c_steps for r in records for c in r.contributors.values()]),
         "overlap": cfg["diloco"]["overlap"],
         "codec": cfg["diloco"]["codec"],
         "token_budget": cfg["diloco"]["token_budget"],
@@ -163,8 +176,8 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "tokens_merged_by_learners_per_fragment": learner_merged_per_frag,
         "ledger_balanced": syncer_per_frag == learner_merged_per_frag
         and processed * P == merged_l + discarded + outstanding,
-        "rounds": state.get("rounds_merged", 0),
-        "rounds_abandoned": state.get("rounds_abandoned", 0),
+        "rounds": state.rounds_merged if state else 0,
+        "rounds_abandoned": state.rounds_abandoned if state else 0,
         "global_versions": versions,
         "global_versions_contiguous": contiguous,
         "global_versions_kept": [len(vs) for vs in keys.global_versions_listed(list(sizes), P)],
@@ -174,9 +187,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "syncer_epochs": sorted(
             e for e in map(keys.lease_epoch_of, store.list(keys.lease_claim_prefix())) if e is not None
         ),
-        "versions_by_epoch": {
-            str(e): n for e, n in sorted(Counter(r.get("epoch", 0) for r in records).items())
-        },
+        "versions_by_epoch": {str(e): n for e, n in sorted(Counter(r.epoch for r in records).items())},
         "incarnations": {k: v["incarnations"] for k, v in sorted(per_learner.items())},
         "tokens_per_learner": {k: v["tokens"] for k, v in sorted(per_learner.items())},
         "tokens_merged_by_site": {k: v["merged"] / P for k, v in sorted(by_site.items())},
@@ -184,18 +195,18 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "learners_by_site": {k: sorted(v["ids"]) for k, v in sorted(by_site.items())},
         **data_read(reports, meta["num_shards"]),
         "chaos_events": chaos_events,
-        "learner_events": state.get("learner_events", []),
-        "kill_recovery": kill_recovery(chaos_events, state.get("learner_events", []), reports),
+        "learner_events": plain(learner_events),
+        "kill_recovery": kill_recovery(chaos_events, learner_events, reports),
         "learner_accounting": accounting,
         "tokens_read_twice": sum(a["tokens_read_twice"] for a in accounting.values()),
         "restarts": events.get("restarts", []),
-        "rejected_updates": state.get("rejected", {}),
-        "clipped_updates": state.get("clipped", {}),
-        "rejected_globals": dict(sum((Counter(r.get("rejected_globals", {})) for r in reports), Counter())),
-        "bytes_uploaded": sum(r["bytes_up"] for r in reports),
-        "bytes_downloaded": sum(r["bytes_down"] for r in reports),
-        "bytes_published": state.get("bytes_published", 0),
-        "late_answers": state.get("late_answers", 0),
+        "rejected_updates": state.rejected if state else {},
+        "clipped_updates": state.clipped if state else {},
+        "rejected_globals": dict(sum((Counter(r.rejected_globals) for r in reports), Counter())),
+        "bytes_uploaded": sum(r.bytes_up for r in reports),
+        "bytes_downloaded": sum(r.bytes_down for r in reports),
+        "bytes_published": state.bytes_published if state else 0,
+        "late_answers": state.late_answers if state else 0,
         "goodput": chiptime.goodput(
             [(a["productive_seconds"], a["provisioned_seconds"]) for a in accounting.values()],
             len(never_reported) * (wall or 0.0),
@@ -203,10 +214,10 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "merged_token_share": tokens_merged / processed if processed else None,
         "learner_step_seconds": _mean(step_times),
         "learner_step_wall_seconds": _mean(step_walls),
-        "mean_quorum": _mean([r["quorum"] for r in records]),
-        "mean_grace_seconds": _mean([r["grace_s"] for r in records]),
-        "mean_time_to_quorum_seconds": _mean([r["time_to_quorum"] for r in records]),
-        "mean_staleness": _mean([c["staleness"] for r in records for c in r["contributors"].values()]),
+        "mean_quorum": _mean([r.quorum for r in records]),
+        "mean_grace_seconds": _mean([r.grace_s for r in records]),
+        "mean_time_to_quorum_seconds": _mean([r.time_to_quorum for r in records]),
+        "mean_staleness": _mean([c.staleness for r in records for c in r.contributors.values()]),
         "syncer_lag": pace.get("syncer_lag"),
         "sync_pace": pace,
         "entropy_floor": meta.get("entropy_floor"),
@@ -219,26 +230,26 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     return summary
 
 
-def learner_accounting(reports: list[dict[str, Any]], end: float | None, P: int) -> dict[str, dict[str, Any]]:
+def learner_accounting(reports: list[LearnerReport], end: float | None, P: int) -> dict[str, dict[str, Any]]:
     """Per learner: seconds provisioned, up, in the training loop (`productive`, `ddiloco.chiptime`) and
     computing inner steps (`training`), its goodput, the share of its tokens that were merged, the peak
     resident memory of its largest incarnation (None when its reports predate the field) and the tokens
     its restarts read again (`read_twice`)."""
     out: dict[str, dict[str, Any]] = {}
-    for lid in sorted({r["learner_id"] for r in reports}):
-        incs = sorted((r for r in reports if r["learner_id"] == lid), key=lambda r: r["incarnation"])
+    for lid in sorted({r.learner_id for r in reports}):
+        incs = sorted((r for r in reports if r.learner_id == lid), key=lambda r: r.incarnation)
         productive, provisioned = chiptime.learner_chip_time(incs, end)
-        processed = sum(r["tokens_processed"] for r in incs)
-        merged = sum(f["merged_tokens"] for r in incs for f in r["fragments"].values()) / P
-        rss = [r["peak_rss_bytes"] for r in incs if r.get("peak_rss_bytes")]
+        processed = sum(r.tokens_processed for r in incs)
+        merged = sum(f.merged_tokens for r in incs for f in r.fragments.values()) / P
+        rss = [r.peak_rss_bytes for r in incs if r.peak_rss_bytes]
         out[str(lid)] = {
             "incarnations": len(incs),
             "provisioned_seconds": provisioned,
             "productive_seconds": productive,
             "goodput": productive / provisioned if provisioned > 0 else None,
-            "up_seconds": sum(r["time"] - r["started_at"] for r in incs),
-            "training_seconds": sum(r["busy_seconds"] for r in incs),
-            "merged_seconds": sum(f["merged_seconds"] for r in incs for f in r["fragments"].values()) / P,
+            "up_seconds": sum(r.time - r.started_at for r in incs),
+            "training_seconds": sum(r.busy_seconds for r in incs),
+            "merged_seconds": sum(f.merged_seconds for r in incs for f in r.fragments.values()) / P,
             "tokens_processed": processed,
             "merged_token_share": merged / processed if processed else None,
             "peak_rss_bytes": max(rss, default=None),
@@ -247,23 +258,23 @@ def learner_accounting(reports: list[dict[str, Any]], end: float | None, P: int)
     return out
 
 
-def read_twice(incarnations: list[dict[str, Any]]) -> int:
+def read_twice(incarnations: list[LearnerReport]) -> int:
     """Tokens a learner's incarnations read again that an earlier one had reported as read (in incarnation
     order: how far behind the furthest reported position each one started). 0 when every restart resumed
     from its predecessor's last report (`ddiloco.learner.resume`); reports without `data.started` count 0."""
     twice, reached = 0.0, None
     for r in incarnations:
-        d = r.get("data")
-        if not d:
+        d = r.data
+        if d is None:
             continue
-        if reached is not None and d.get("started") is not None:
-            twice += max(0.0, reached - d["started"]) * (d["end"] - d["start"])
-        reached = max(reached or 0.0, d["epochs"])
+        if reached is not None and d.started is not None:
+            twice += max(0.0, reached - d.started) * (d.end - d.start)
+        reached = max(reached or 0.0, d.epochs)
     return round(twice)
 
 
 def kill_recovery(
-    chaos_events: list[dict], learner_events: list[dict], reports: list[dict]
+    chaos_events: list[dict], learner_events: list[LearnerEvent], reports: list[LearnerReport]
 ) -> list[dict[str, Any]]:
     """For each learner kill: seconds until the syncer noticed (`lost`) and until a new incarnation joined."""
     out = []
@@ -276,15 +287,11 @@ def kill_recovery(
             continue
         lid, t = ev["learner"], ev["fired_at"]
         lost = [
-            e["time"]
+            e.time
             for e in learner_events
-            if e["event"] == "lost" and e["learner"].split("-")[0] == str(lid) and e["time"] >= t
+            if e.event == "lost" and e.learner.split("-")[0] == str(lid) and e.time >= t
         ]
-        joined = [
-            r["joined_at"]
-            for r in reports
-            if r["learner_id"] == lid and r.get("joined_at") and r["joined_at"] > t
-        ]
+        joined = [r.joined_at for r in reports if r.learner_id == lid and r.joined_at and r.joined_at > t]
         out.append(
             {
                 "event": ev.get("id"),

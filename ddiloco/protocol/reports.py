@@ -12,7 +12,11 @@ open a round on every pass (a negative cadence) or stop rounds from opening (NaN
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from ddiloco import chiptime
 
 MAX_STEP_S = 3600.0
 """Seconds per step beyond which a reported cadence is absurd (a 1b step takes about a second)."""
@@ -68,3 +72,48 @@ def clean(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         frags[p] = books
     out["fragments"] = frags
     return out, dropped
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedReport:
+    """A learner report as the syncer reads it, once `report_ok`, `times_finite` and `clean` passed it: the
+    numbers pacing, liveness, goodput, the mean loss and the books use. None where the report lacks a number
+    or it was dropped; `final` is whether the report says so."""
+
+    learner_id: int
+    incarnation: int
+    seq: int | None
+    time: float
+    started_at: float
+    joined_at: float | None
+    final: bool
+    exit_reason: str | None
+    tokens_processed: int | None
+    productive_seconds: float | None
+    busy_seconds: float | None
+    loss_ema: float | None
+    cadence: float | None
+    """Wall seconds per step (`chiptime.cadence`); None until measured."""
+    discarded_tokens: dict[str, float]
+    """fragment -> tokens the learner reports discarded there (0 where the number was dropped)."""
+
+    @classmethod
+    def of(cls, cleaned: Mapping[str, Any]) -> CheckedReport:
+        """The view of a report `clean` returned."""
+        seq = cleaned.get("seq")
+        return cls(
+            learner_id=cleaned["learner_id"],
+            incarnation=cleaned["incarnation"],
+            seq=None if seq is None else int(seq),
+            time=cleaned["time"],
+            started_at=cleaned["started_at"],
+            joined_at=cleaned.get("joined_at"),
+            final=bool(cleaned.get("final")),
+            exit_reason=cleaned.get("exit_reason"),
+            tokens_processed=cleaned.get("tokens_processed"),
+            productive_seconds=cleaned.get("productive_seconds"),
+            busy_seconds=cleaned.get("busy_seconds"),
+            loss_ema=cleaned.get("loss_ema"),
+            cadence=chiptime.cadence(cleaned),
+            discarded_tokens={p: books["discarded_tokens"] for p, books in cleaned["fragments"].items()},
+        )

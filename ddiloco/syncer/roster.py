@@ -9,16 +9,17 @@ Design choices:
   learner's newest is read once, and only the books goodput needs are kept.
 - Joins and losses of live learner incarnations are recorded as events (saved in the syncer state, read
   by the summary).
-- Reports are unsigned: every number read from one is checked first (`ddiloco.protocol.reports`). An
-  unusable number is treated as missing, logged at WARNING once per learner incarnation and field, and
-  counted once per report (`ignored`, and `on_ignored` for the metric); a report whose times are not
-  finite is ignored whole.
+- Reports are unsigned: every number read from one is checked first (`ddiloco.protocol.reports`), and the
+  roster keeps what it read as a `CheckedReport`. An unusable number is treated as missing, logged at
+  WARNING once per learner incarnation and field, and counted once per report (`ignored`, and
+  `on_ignored` for the metric); a report whose times are not finite is ignored whole.
 - The fastest cadence each live incarnation reported is kept for the claim bounds (`pace`,
   `ddiloco.protocol.claims`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -30,12 +31,10 @@ from ddiloco import chiptime, keys
 from ddiloco.protocol import reports, validation
 from ddiloco.protocol.claims import Pace
 from ddiloco.protocol.messages import LearnerEvent
+from ddiloco.protocol.reports import CheckedReport
 from ddiloco.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
-
-Report = dict[str, Any]
-PAST_FIELDS = ("learner_id", "incarnation", "time", "started_at", "joined_at", "final", "exit_reason")
 
 
 class Roster:
@@ -49,12 +48,13 @@ class Roster:
     ) -> None:
         self.store, self.clock, self.wall = store, clock, wall
         self.timeout_s = max(3.0, 5 * heartbeat_s)
-        self.reports: dict[int, Report] = {}
+        self.reports: dict[int, CheckedReport] = {}
         """learner id -> its newest incarnation's newest report."""
         self.heard: dict[int, tuple[tuple[int, int], float]] = {}
         """learner id -> ((incarnation, seq) of its newest report, this syncer's `clock()` when it changed)."""
-        self.past: dict[str, Report] = {}
-        """report key -> the last report of an incarnation no longer its learner's newest (for goodput)."""
+        self.past: dict[str, CheckedReport] = {}
+        """report key -> the last report of an incarnation no longer its learner's newest (for goodput; its
+        fragments' books are not kept)."""
         self.events: list[LearnerEvent] = []
         self._live_prev: set[str] = set()
         self.ignored: Counter[str] = Counter()
@@ -86,17 +86,17 @@ class Roster:
             report = self._read(key, lid)
             if report is not None:
                 self.reports[lid] = report
-                mark = (int(report["incarnation"]), int(report.get("seq") or 0))
+                mark = (int(report.incarnation), report.seq or 0)
                 if lid not in self.heard or self.heard[lid][0] != mark:
                     self.heard[lid] = (mark, self.clock())
-        live = {keys.contributor(r["learner_id"], r["incarnation"]) for r in self.live()}
+        live = self.live_names()
         now = self.wall()
         self.events += [LearnerEvent("joined", c, now) for c in sorted(live - self._live_prev)]
         self.events += [LearnerEvent("lost", c, now) for c in sorted(self._live_prev - live)]
         self._live_prev = live
 
-    def _read(self, key: str, lid: int) -> Report | None:
-        """A learner report that reads and validates, else None (logged)."""
+    def _read(self, key: str, lid: int) -> CheckedReport | None:
+        """A learner report that reads and validates, checked once, else None (logged)."""
         try:
             report = self.store.get_json(key)
         except StoreError as e:
@@ -105,8 +105,9 @@ class Roster:
         if not validation.report_ok(report, lid) or not reports.times_finite(report):
             log.warning("syncer: ignoring malformed learner report %s", key)
             return None
-        report, dropped = reports.clean(report)
-        who, seq = keys.contributor(lid, report["incarnation"]), report.get("seq")
+        cleaned, dropped = reports.clean(report)
+        checked = CheckedReport.of(cleaned)
+        who, seq = keys.contributor(lid, checked.incarnation), checked.seq
         new = self._counted.get(who, -1) != seq  # an unchanged report is re-read, not counted again
         self._counted[who] = seq
         for field in dropped:
@@ -116,36 +117,33 @@ class Roster:
             if (who, field) not in self._warned:
                 self._warned.add((who, field))
                 log.warning("syncer: ignoring %s of learner %s's report: not a usable number", field, who)
-        if (t := chiptime.cadence(report)) is not None:
+        if (t := checked.cadence) is not None:
             self._fastest[who] = min(t, self._fastest.get(who, t))
-        return report
+        return checked
 
     def _read_past(self, key: str, lid: int) -> None:
         """Once, when an incarnation is superseded (or found so at start): its books for goodput."""
         report = self._read(key, lid)
         if report is not None:
-            self.past[key] = {k: report.get(k) for k in PAST_FIELDS} | {
-                "tokens_processed": report.get("tokens_processed") or 0,
-                "productive_seconds": chiptime.productive_seconds(report),
-            }
+            self.past[key] = dataclasses.replace(report, discarded_tokens={})
 
-    def live(self) -> list[Report]:
+    def live(self) -> list[CheckedReport]:
         """Reports of the learners whose report changed recently and is not final (module docstring)."""
         now = self.clock()
         return [
             r
             for lid, r in self.reports.items()
-            if not r.get("final") and lid in self.heard and now - self.heard[lid][1] < self.timeout_s
+            if not r.final and lid in self.heard and now - self.heard[lid][1] < self.timeout_s
         ]
 
     def live_names(self) -> set[str]:
         """Contributor names of the live learner incarnations."""
-        return {keys.contributor(r["learner_id"], r["incarnation"]) for r in self.live()}
+        return {keys.contributor(r.learner_id, r.incarnation) for r in self.live()}
 
     def measured_step(self) -> float | None:
         """Median wall seconds per step of the live learners, loop overhead included (`chiptime.cadence`);
         None until one reported its cadence."""
-        times = [t for r in self.live() if (t := chiptime.cadence(r))]
+        times = [t for r in self.live() if (t := r.cadence)]
         return statistics.median(times) if times else None
 
     def pace(self) -> Pace:
@@ -155,26 +153,26 @@ class Roster:
 
     def mean_loss(self) -> float:
         """Mean loss EMA of the live learners; NaN when none reported one."""
-        losses = [r["loss_ema"] for r in self.live() if r.get("loss_ema") is not None]
+        losses = [r.loss_ema for r in self.live() if r.loss_ema is not None]
         return statistics.mean(losses) if losses else math.nan
 
     def tokens_processed(self) -> int:
         """Tokens every incarnation of every learner processed, merged or not."""
-        return sum(r.get("tokens_processed") or 0 for r in [*self.reports.values(), *self.past.values()])
+        return sum(r.tokens_processed or 0 for r in [*self.reports.values(), *self.past.values()])
 
     def tokens_discarded(self) -> float:
         """Tokens the learners report discarded, summed over fragments (the caller averages)."""
-        return sum(f["discarded_tokens"] for r in self.reports.values() for f in r["fragments"].values())
+        return sum(n for r in self.reports.values() for n in r.discarded_tokens.values())
 
     def goodput(self) -> float:
         """The paper's goodput up to now (`ddiloco.chiptime`). A live learner's books end at its newest
         report; a dead one's are extended by the time since its report last changed, on this syncer's clock
         (never by comparing this host's clock with the learner's)."""
         reports, past, heard = dict(self.reports), list(self.past.values()), dict(self.heard)
-        live = {r["learner_id"] for r in self.live()}  # copies: a scrape runs on another thread
+        live = {r.learner_id for r in self.live()}  # copies: a scrape runs on another thread
         now, per_learner = self.clock(), []
         for lid, newest in reports.items():
-            incs = [newest, *(r for r in past if r["learner_id"] == lid)]
+            incs = [newest, *(r for r in past if r.learner_id == lid)]
             down = 0.0 if lid in live or lid not in heard else now - heard[lid][1]
-            per_learner.append(chiptime.learner_chip_time(incs, newest["time"] + down))
+            per_learner.append(chiptime.learner_chip_time(incs, newest.time + down))
         return chiptime.goodput(per_learner) or 0.0

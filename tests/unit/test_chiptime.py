@@ -1,9 +1,12 @@
 """A learner's cadence and productive time (`ddiloco.chiptime`), and goodput from its incarnations'
 reports."""
 
+import dataclasses
+
 import pytest
 
 from ddiloco.chiptime import MIN_STALL_S, STALL_FACTOR, StepCadence, goodput, learner_chip_time
+from tests._harness import learner_report
 
 
 class Clock:
@@ -58,11 +61,10 @@ def test_the_loop_is_productive_from_the_join_to_the_wind_down():
 
 
 def _report(inc, started, joined, time, productive, final=False, reason=None):
-    return {
-        "learner_id": 0, "incarnation": inc, "started_at": started, "joined_at": joined, "time": time,
-        "productive_seconds": productive, "busy_seconds": productive / 2, "final": final,
-        "exit_reason": reason,
-    }  # fmt: skip
+    return learner_report(
+        learner_id=0, incarnation=inc, started_at=started, joined_at=joined, time=time,
+        productive_seconds=productive, busy_seconds=productive / 2, final=final, exit_reason=reason,
+    )  # fmt: skip
 
 
 def test_a_learner_that_trained_all_along_has_goodput_one_whatever_the_clocks():
@@ -88,6 +90,5 @@ def test_a_learner_that_died_for_good_is_down_until_the_end():
 
 
 def test_reports_without_the_field_fall_back_to_compute_time():
-    rep = _report(0, 0.0, 0.0, 10.0, 8.0)
-    del rep["productive_seconds"]
+    rep = dataclasses.replace(_report(0, 0.0, 0.0, 10.0, 8.0), productive_seconds=None)
     assert learner_chip_time([rep], end=None) == (4.0, 10.0)

@@ -9,7 +9,7 @@ import pytest
 from ddiloco import keys
 from ddiloco.learner.ledger import FragmentLedger, Settled
 from ddiloco.protocol.learner_report import FragmentBooks, LearnerReport, PendingAnswer
-from ddiloco.protocol.messages import credited
+from ddiloco.protocol.messages import Contribution, Merged, RoundRecord, credited
 
 
 def _balanced(ledger: FragmentLedger) -> None:
@@ -113,10 +113,12 @@ def test_the_report_snapshot_is_a_copy():
 
 def test_credited_names_the_incarnation():
     name = keys.contributor(1, 2)
-    record = {"round": 3, "fragment_id": 0, "version": 2, "contributors": {name: 100}}
-    assert credited(record, 1, 2)
-    assert not credited(record, 1, 1) and not credited(None, 1, 2)
-    assert credited({"contributors": [name]}, 1, 2)
+    merge = Merged(round=3, fragment_id=0, version=2, contributors={name: 100})
+    assert credited(merge, 1, 2)
+    assert not credited(merge, 1, 1) and not credited(None, 1, 2)
+    record = RoundRecord(3, 0, 2, 0.0, 0.0, 0.0, 0.0, 1, {name: Contribution(100, 1, 1.0, 1, 0, 1.0)}, {}, 0.0,
+                         0.0, 0.0, {})  # fmt: skip
+    assert credited(record, 1, 2) and not credited(record, 1, 1)
 
 
 def _report(**changes) -> dict:

@@ -41,7 +41,7 @@ def test_learners_with_skewed_clocks_are_live_while_their_reports_change(setup, 
         for lid in (0, 1):
             store.put_json(keys.report_key(lid, 0), report(lid, seq, wall() + offset_s))
         syncer.roster.refresh()
-        assert sorted(r["learner_id"] for r in syncer.roster.live()) == [0, 1], (offset_s, seq)
+        assert sorted(r.learner_id for r in syncer.roster.live()) == [0, 1], (offset_s, seq)
         mono.t += timeout / 2
         wall.t += timeout / 2
     # rounds open for them: nothing waits on a clock read on another machine
@@ -60,7 +60,7 @@ def test_a_learner_whose_report_stops_changing_is_dead_after_the_timeout(setup):
     syncer.roster.refresh()
     mono.t += 1.0
     syncer.roster.refresh()
-    assert [r["learner_id"] for r in syncer.roster.live()] == [1]
+    assert [r.learner_id for r in syncer.roster.live()] == [1]
     # a final report is never live, however fresh
     store.put_json(keys.report_key(1, 0), {**report(1, 3, wall()), "final": True})
     syncer.roster.refresh()

@@ -85,7 +85,7 @@ def test_goodput_gauge_counts_a_dead_learners_down_time_on_the_syncers_clock(set
     tick(10.0)  # learner 1 dies: its report stops changing; learner 0 goes on
     store.put_json(keys.report_key(0, 0), report(0, 3, t0 + 30, started=t0, productive_seconds=30.0))
     syncer.roster.refresh()
-    assert [r["learner_id"] for r in syncer.roster.live()] == [0]
+    assert [r.learner_id for r in syncer.roster.live()] == [0]
     assert syncer.metrics_state()["goodput"] == pytest.approx((30 + 20) / (30 + 30))
     # It restarts: the old incarnation's books stay counted, the gap between them is lost.
     tick(2.0)

@@ -9,6 +9,7 @@ import pytest
 
 from ddiloco.protocol.learner_report import DataRead, LearnerReport
 from ddiloco.shards import assign_shard, data_read
+from tests._harness import learner_report as report
 from tests.unit.test_ledger import _report as learner_report
 
 SHARDS = [100, 100, 99]  # tokens per shard, as data/meta.json lists them
@@ -38,14 +39,8 @@ def test_an_id_beyond_the_shards_shares_one_with_a_warning_that_says_what_to_cha
         assign_shard(0, [])
 
 
-def _report(lid: int, inc: int, seq: int, tokens: int, data: DataRead | None) -> dict:
-    return {
-        "learner_id": lid,
-        "incarnation": inc,
-        "seq": seq,
-        "tokens_processed": tokens,
-        "data": None if data is None else data.to_json(),
-    }
+def _report(lid: int, inc: int, seq: int, tokens: int, data: DataRead | None) -> LearnerReport:
+    return report(learner_id=lid, incarnation=inc, seq=seq, tokens_processed=tokens, data=data)
 
 
 def test_the_summary_record_takes_each_learners_latest_report_and_lists_shared_and_unread_shards():
