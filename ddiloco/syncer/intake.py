@@ -49,7 +49,7 @@ from ddiloco.encoded import chunk_buffer
 from ddiloco.globalmodel import Layout
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol import claims, validation, wire
-from ddiloco.protocol.messages import Merged, Rejection
+from ddiloco.protocol.messages import Merged, Rejection, RoundRecord
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreError
 from ddiloco.syncer.fragment import GlobalFragment
 from ddiloco.syncer.rounds import Answer, Round
@@ -126,13 +126,13 @@ class UpdateValidator:
         for m in merged:
             if (m.fragment_id, m.version) not in newest:
                 continue
+            key = keys.round_record_key(m.round)
             try:
-                rec = store.get_json(keys.round_record_key(m.round))
-            except StoreError as e:
+                t = RoundRecord.from_json(store.get_json(key), key).merged_at
+            except (StoreError, ValueError) as e:
                 log.debug("round record %d unreadable (%s)", m.round, e)
                 continue
-            t = rec.get("merged_at") if isinstance(rec, dict) else None
-            if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
+            if math.isfinite(t):
                 self.earlier[(m.fragment_id, m.version)] = max(t - claims.CLOCK_SKEW_S, self.run_start)
 
     def max_bytes(self, p: int) -> int:
