@@ -41,10 +41,12 @@ from ddiloco.store.base import Store
 
 
 def read_reports(store: Store) -> list[dict[str, Any]]:
+    """Every learner report as stored (JSON, what the report pages draw); the summary reads them typed."""
     return [store.get_json(k) for k in store.list(keys.LEARNERS) if keys.is_report_key(k)]
 
 
 def read_round_records(store: Store) -> list[dict[str, Any]]:
+    """Every round record as stored (JSON, what the report pages and the curve draw); typed: `round_records`."""
     return [store.get_json(k) for k in store.list(keys.ROUNDS)]
 
 

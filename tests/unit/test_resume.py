@@ -9,7 +9,9 @@ from ddiloco import keys
 from ddiloco.data import ShardLoader
 from ddiloco.learner.resume import resume_from_reports
 from ddiloco.posttrain.summary import read_twice
+from ddiloco.protocol.learner_report import DataRead
 from ddiloco.store.url import open_store
+from tests._harness import learner_report
 
 
 def _loader(n: int = 4000, seed: int = 7) -> ShardLoader:
@@ -53,11 +55,13 @@ def test_a_checkpoint_newer_than_the_report_or_a_foreign_cursor_is_kept():
 def test_tokens_read_twice_counts_how_far_behind_each_restart_started():
     span = {"shard": 0, "start": 0, "end": 1000, "own": True}
     incs = [
-        {"data": {**span, "epochs": 0.5, "started": 0.0}},
-        {"data": {**span, "epochs": 0.9, "started": 0.5}},  # resumed at the report: nothing twice
-        {"data": {**span, "epochs": 1.2, "started": 0.8}},  # started 0.1 epochs back: 100 tokens
-        {"data": None},
-        {"data": {**span, "epochs": 1.3}},  # a report from before the field
+        learner_report(data=DataRead(**span, epochs=0.5, started=0.0)),
+        learner_report(
+            data=DataRead(**span, epochs=0.9, started=0.5)
+        ),  # resumed at the report: nothing twice
+        learner_report(data=DataRead(**span, epochs=1.2, started=0.8)),  # started 0.1 epochs back: 100 tokens
+        learner_report(data=None),
+        learner_report(data=DataRead(**span, epochs=1.3)),  # a report from before the field
     ]
     assert read_twice(incs) == 100
     assert read_twice([]) == 0
