@@ -6,7 +6,8 @@ loss, the books) must be finite, in range and of a plausible size; a number that
 negative duration, a step of more than `MAX_STEP_S`) is dropped: `clean` treats the field as missing, as a
 report from before the field existed would have it, and names it so the caller can log and count it.
 Pacing therefore only ever sees positive, finite step times (`Roster.measured_step`), so no report can
-open a round on every pass (a negative cadence) or stop rounds from opening (NaN or a huge one).
+open a round on every pass (a negative cadence) or stop rounds from opening (NaN or a huge one). What the
+syncer keeps of a checked report is a `CheckedReport`: the report is read once, its readers use attributes.
 """
 
 from __future__ import annotations
