@@ -53,16 +53,17 @@ def test_rounds_open_every_h_over_p_real_steps_not_compute_steps(setup):
     assert list(syncer.open) == [0, 1]
 
 
-def test_a_fragment_is_not_synced_again_before_learners_trained_h_steps_on_its_version(setup):
+def test_a_fragment_is_not_synced_again_before_h_steps_from_its_last_round(setup):
     store, syncer, mono, wall = setup
     store.put_json(keys.report_key(0, 0), report(0, 1, wall()))
     syncer.roster.refresh()
-    syncer.fragments[0].merged_clock = mono()  # fragment 0's newest version was just published
+    syncer.opened_clock[0] = mono()  # fragment 0's last round opened now (diloco.sync_from: open)...
+    syncer.fragments[0].merged_clock = mono() + 0.3  # ...and its version was published 0.3 s later
     syncer.books.next_round = 2  # fragment 0 is next
     mono.t += 32 * 0.05 - 0.1
     syncer.maybe_open_round(mono())
     assert not syncer.open
-    mono.t += 0.2
+    mono.t += 0.2  # H steps since the opening, not yet since the version
     syncer.maybe_open_round(mono())
     assert [r.fragment_id for r in syncer.open.values()] == [0]
 
