@@ -123,20 +123,7 @@ class FileStore(Store):
         self._io("write", path, lambda: self._put_once(full_key, path, data))
 
     def _put_once(self, full_key: str, path: Path, data: Data) -> None:
-        for _ in range(_RACE_ATTEMPTS):
-            tmp = self._write_temp("put", full_key, path, data)
-            if tmp is None:
-                continue
-            try:
-                self._replace(full_key, tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            if self._fsync:
-                self._fsync_dir(path.parent)
-            return
-        raise StoreError(f"cannot put {self._where(full_key)}: its directory keeps disappearing")
+        self._land("put", full_key, path, data, lambda tmp: self._replace(full_key, tmp, path) or True)
 
     def _create(self, full_key: str, data: Data, strict: bool) -> bool:
         path = self._path(full_key)
@@ -151,21 +138,29 @@ class FileStore(Store):
         return self._io("create", path, once) or (attempts > 1 and self._holds(full_key, data))
 
     def _create_once(self, full_key: str, path: Path, data: Data) -> bool:
+        return self._land("create", full_key, path, data, lambda tmp: self._link(full_key, tmp, path))
+
+    def _land(
+        self, op: str, full_key: str, path: Path, data: Data, install: Callable[[Path], bool | None]
+    ) -> bool:
+        """Write `data` to a temp file beside `path` and `install` it there: True (in place), False (the key
+        was taken), None (the directory vanished meanwhile: try again). The temp file never stays behind
+        (a replace or link has already moved or copied it)."""
         for _ in range(_RACE_ATTEMPTS):
-            tmp = self._write_temp("create", full_key, path, data)
+            tmp = self._write_temp(op, full_key, path, data)
             if tmp is None:
                 continue
             try:
-                created = self._link(full_key, tmp, path)
+                done = install(tmp)
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-            if created is None:
+            if done is None:
                 continue
-            if created and self._fsync:
+            if done and self._fsync:
                 self._fsync_dir(path.parent)
-            return created
-        raise StoreError(f"cannot create {self._where(full_key)}: its directory keeps disappearing")
+            return done
+        raise StoreError(f"cannot {op} {self._where(full_key)}: its directory keeps disappearing")
 
     def _write_temp(self, op: str, full_key: str, path: Path, data: Data) -> Path | None:
         """Write `data` to a new temp file beside `path`, creating the directory; None when a concurrent
