@@ -11,10 +11,22 @@ Design choices:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+_NONE = type(None)
+_KINDS: dict[str, type | tuple[type, ...]] = {
+    "int": int,
+    "float": (int, float),
+    "str": str,
+    "bool": bool,
+    "int | None": (int, _NONE),
+    "float | None": (int, float, _NONE),
+    "str | None": (str, _NONE),
+}
+"""The JSON types a field's annotation (a string: the modules use postponed annotations) admits."""
 
 
 def plain(v: Any) -> Any:
@@ -62,6 +74,23 @@ class Fields:
         if any(not isinstance(x, kind) or isinstance(x, bool) for x in v.values()):
             raise self.bad(name, "holds a value of the wrong type")
         return dict(v)
+
+    def build(self, cls: type[T], *, defaults: bool = True, **given: Any) -> T:
+        """The dataclass `cls` from this object: the fields in `given` as given, every other one read with the
+        JSON types its annotation admits (`_KINDS`), in field order; an absent field takes the dataclass
+        default when `defaults` (else it is missing)."""
+        values = dict(given)
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.name in given:
+                continue
+            kind = _KINDS.get(str(f.type))
+            if kind is None:
+                raise TypeError(f"{cls.__name__}.{f.name}: a field of type {f.type} must be given to build")
+            default: Any = ...
+            if defaults and f.default is not MISSING:
+                default = f.default
+            values[f.name] = self.get(f.name, kind, default)
+        return cls(**values)
 
     def each(self, name: str, parse: Callable[[Any, str], T], default: Any = ...) -> list[T]:
         return [parse(x, f"{self.doc}.{name}[{i}]") for i, x in enumerate(self.get(name, list, default))]

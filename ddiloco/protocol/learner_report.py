@@ -12,8 +12,6 @@ from typing import Any
 
 from ddiloco.protocol.fields import Fields, plain
 
-_OPT_NUM = (int, float, type(None))
-
 
 @dataclass(frozen=True, slots=True)
 class PendingAnswer:
@@ -26,8 +24,7 @@ class PendingAnswer:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "pending") -> PendingAnswer:
-        f = Fields(obj, doc)
-        return cls(f.integer("round"), f.integer("tokens"), f.number("seconds"), f.integer("steps"))
+        return Fields(obj, doc).build(cls)
 
 
 @dataclass(slots=True)
@@ -52,14 +49,9 @@ class FragmentBooks:
     def from_json(cls, obj: Any, doc: str = "fragment") -> FragmentBooks:
         f = Fields(obj, doc)
         pending = f.get("pending", (Mapping, type(None)))
-        return cls(
-            anchor=f.integer("anchor"),
-            c_steps=f.integer("c_steps"),
-            c_tokens=f.integer("c_tokens"),
-            c_seconds=f.number("c_seconds"),
-            merged_tokens=f.integer("merged_tokens"),
-            merged_seconds=f.number("merged_seconds"),
-            discarded_tokens=f.integer("discarded_tokens"),
+        return f.build(  # every counter is required in a report, whatever the dataclass defaults
+            cls,
+            defaults=False,
             pending=None if pending is None else PendingAnswer.from_json(pending, f"{doc}.pending"),
         )
 
@@ -86,12 +78,10 @@ class DataRead:
     @classmethod
     def from_json(cls, obj: Any, doc: str = "data") -> DataRead:
         f = Fields(obj, doc)
-        span = (f.integer("shard"), f.integer("start"), f.integer("end"))
-        started = f.get("started", (int, float, type(None)), None)
         sources = f.get("sources", (Mapping, type(None)), None)
         if sources is not None and not all(isinstance(v, int) and v >= 0 for v in sources.values()):
             raise f.bad("sources", "is not a map of token counts")
-        return cls(*span, f.get("own", bool), f.number("epochs"), started, sources)
+        return f.build(cls, sources=sources)
 
 
 @dataclass(slots=True)
@@ -148,40 +138,14 @@ class LearnerReport:
         if any(not isinstance(h, list) for h in history):
             raise f.bad("history", "is not a list of points")
         data = f.get("data", (Mapping, type(None)), None)
-        return cls(
-            run_id=f.get("run_id", str),
-            learner_id=f.integer("learner_id"),
-            incarnation=f.integer("incarnation"),
-            seq=f.integer("seq"),
-            time=f.number("time"),
-            started_at=f.number("started_at"),
-            joined_at=f.get("joined_at", _OPT_NUM),
-            inner_step=f.integer("inner_step"),
-            host=f.get("host", str),
-            pid=f.integer("pid"),
-            site=f.get("site", str),
-            tokens_processed=f.integer("tokens_processed"),
-            busy_seconds=f.number("busy_seconds"),
-            loss=f.get("loss", _OPT_NUM),
-            loss_ema=f.get("loss_ema", _OPT_NUM),
-            step_time_ema=f.get("step_time_ema", _OPT_NUM),
-            rounds_answered=f.integer("rounds_answered"),
-            step_wall_ema=f.get("step_wall_ema", _OPT_NUM),
-            productive_seconds=f.number("productive_seconds"),
-            bytes_up=f.integer("bytes_up"),
-            bytes_down=f.integer("bytes_down"),
-            upload_failures=f.integer("upload_failures"),
-            final=f.get("final", bool),
-            exit_reason=f.get("exit_reason", (str, type(None))),
+        return f.build(
+            cls,
             fragments={
                 p: FragmentBooks.from_json(x, f"learner report.fragments.{p}") for p, x in frags.items()
             },
             rejected_globals=f.mapping("rejected_globals", int),
             rejected_updates=f.mapping("rejected_updates", int),
             history=history,
-            lr=f.get("lr", _OPT_NUM),
-            progress=f.number("progress"),
             data=None if data is None else DataRead.from_json(data, "learner report.data"),
-            peak_rss_bytes=f.get("peak_rss_bytes", (int, type(None)), None),
             cursor=f.get("cursor", (Mapping, type(None)), None),
         )

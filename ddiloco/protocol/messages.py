@@ -41,8 +41,7 @@ class Ledger:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "ledger") -> Ledger:
-        f = Fields(obj, doc)
-        return cls(f.integer("merged_tokens"), f.integer("merged_answers"), f.integer("merged_steps"))
+        return Fields(obj, doc).build(cls)
 
 
 @dataclass(slots=True)
@@ -61,15 +60,7 @@ class Contribution:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "contribution") -> Contribution:
-        f = Fields(obj, doc)
-        counts = (f.integer("c_tokens"), f.integer("c_steps"), f.number("c_seconds"))
-        return cls(
-            *counts,
-            f.integer("base_version"),
-            f.integer("staleness"),
-            f.number("weight"),
-            f.get("discount", (int, float), 1.0),
-        )
+        return Fields(obj, doc).build(cls)
 
 
 @dataclass(slots=True)
@@ -100,24 +91,13 @@ class RoundRecord:
     def from_json(cls, obj: Any, doc: str = "round record") -> RoundRecord:
         f = Fields(obj, doc)
         contributors = f.mapping("contributors", Mapping)
-        return cls(
-            round=f.integer("round"),
-            fragment_id=f.integer("fragment_id"),
-            version=f.integer("version"),
-            opened_at=f.number("opened_at"),
-            time_to_quorum=f.number("time_to_quorum"),
-            grace_s=f.number("grace_s"),
-            merged_at=f.number("merged_at"),
-            quorum=f.integer("quorum"),
+        return f.build(
+            cls,
             contributors={
                 c: Contribution.from_json(x, f"{doc}.contributors.{c}") for c, x in contributors.items()
             },
             rejected=f.mapping("rejected", str),
-            merged_norm=f.number("merged_norm"),
-            mean_delta_norm=f.number("mean_delta_norm"),
-            ratio=f.number("ratio"),
             clipped=f.mapping("clipped", (int, float)),
-            epoch=f.get("epoch", int, 0),
         )
 
 
@@ -139,8 +119,7 @@ class Merged:
     @classmethod
     def from_json(cls, obj: Any, doc: str = "merged") -> Merged:
         f = Fields(obj, doc)
-        ids = (f.integer("round"), f.integer("fragment_id"), f.integer("version"))
-        return cls(*ids, f.mapping("contributors", int))
+        return f.build(cls, contributors=f.mapping("contributors", int))
 
 
 @dataclass(slots=True)
@@ -177,14 +156,7 @@ class Rejection:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "rejection") -> Rejection:
-        f = Fields(obj, doc)
-        ids = (
-            f.integer("learner_id"),
-            f.integer("incarnation"),
-            f.integer("fragment_id"),
-            f.integer("round"),
-        )
-        return cls(*ids, f.get("reason", str), f.number("time"))
+        return Fields(obj, doc).build(cls)
 
 
 @dataclass(slots=True)
@@ -197,8 +169,7 @@ class LearnerEvent:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "learner event") -> LearnerEvent:
-        f = Fields(obj, doc)
-        return cls(f.get("event", str), f.get("learner", str), f.number("time"))
+        return Fields(obj, doc).build(cls)
 
 
 @dataclass(slots=True)
@@ -211,8 +182,7 @@ class Standby:
 
     @classmethod
     def from_json(cls, obj: Any, doc: str = "standby") -> Standby:
-        f = Fields(obj, doc)
-        return cls(f.get("host", str), f.integer("pid"), f.number("time"))
+        return Fields(obj, doc).build(cls)
 
 
 @dataclass(slots=True)
@@ -255,26 +225,14 @@ class Status:
         versions = f.mapping("versions", int)
         if set(versions) != {str(p) for p in range(len(versions))}:
             raise f.bad("versions", "is not keyed by the fragments 0..P-1")
-        return cls(
-            run_id=f.get("run_id", str),
-            time=f.number("time"),
-            syncer_incarnation=f.integer("syncer_incarnation"),
-            done=f.get("done", bool),
-            syncer_host=f.get("syncer_host", str),
-            syncer_pid=f.integer("syncer_pid"),
-            next_round=f.integer("next_round"),
+        return f.build(
+            cls,
             versions=[versions[str(p)] for p in range(len(versions))],
             open_rounds=f.each("open_rounds", OpenRound.parser("opened_at")),
             merged=f.each("merged", Merged.from_json),
-            tokens_merged=f.number("tokens_merged"),
-            token_budget=f.number("token_budget"),
-            rounds_merged=f.integer("rounds_merged"),
-            live_learners=f.integer("live_learners"),
-            loss=f.number("loss"),
             rejected=f.mapping("rejected", int),
             clipped=f.mapping("clipped", int),
             rejections=f.each("rejections", Rejection.from_json),
-            epoch=f.get("epoch", int, 0),
             standbys=f.each("standbys", Standby.from_json, []),
         )
 
@@ -313,25 +271,14 @@ class SyncerState:
         versions = f.get("versions", list)
         if any(not isinstance(v, int) or isinstance(v, bool) for v in versions):
             raise f.bad("versions", "is not a list of integers")
-        return cls(
-            run_id=f.get("run_id", str),
-            incarnation=f.integer("incarnation"),
+        return f.build(
+            cls,
             versions=versions,
             ledger=f.each("ledger", Ledger.from_json),
             rejected=f.mapping("rejected", int),
             clipped=f.mapping("clipped", int, {}),
-            next_round=f.integer("next_round"),
-            rounds_merged=f.integer("rounds_merged"),
-            rounds_abandoned=f.integer("rounds_abandoned"),
             merged_recent=f.each("merged_recent", Merged.from_json),
-            xi_quorum=f.number("xi_quorum"),
-            xi_sync=f.number("xi_sync"),
-            xi_link=f.get("xi_link", (int, float), 0.0),
-            started_wall=f.number("started_wall"),
             open_rounds=f.each("open_rounds", OpenRound.parser("opened_wall"), []),
-            bytes_published=f.integer("bytes_published"),
-            late_answers=f.integer("late_answers"),
             learner_events=f.each("learner_events", LearnerEvent.from_json, []),
-            epoch=f.get("epoch", int, 0),
             quarantined=f.mapping("quarantined", int, {}),
         )
