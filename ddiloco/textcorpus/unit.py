@@ -44,31 +44,13 @@ def unit_record_key(prefix: str, unit: int) -> str:
 
 
 def tokenize_file(
-    source: str,
-    name: str,
-    out_url: str,
-    prefix: str,
-    unit: int,
-    tokenizer_json: str,
-    *,
-    field: str = "text",
-    shard_tokens: int,
-    max_object_bytes: int = MAX_OBJECT_BYTES,
+    source: str, name: str, out_url: str, prefix: str, unit: int, tokenizer_json: str, **options: Any
 ) -> dict[str, Any]:
-    """Tokenize file `name` of `source` into parts under `prefix` of the store at `out_url`; its record."""
+    """Tokenize file `name` of `source` into parts under `prefix` of the store at `out_url`; its record.
+    `options`: `run_unit`'s keywords (`field`, `shard_tokens`, `max_object_bytes`), plain values too."""
     from ddiloco.store.url import open_store
 
-    return run_unit(
-        source,
-        name,
-        open_store(out_url),
-        prefix,
-        unit,
-        _tokenizer(tokenizer_json),
-        field=field,
-        shard_tokens=shard_tokens,
-        max_object_bytes=max_object_bytes,
-    )
+    return run_unit(source, name, open_store(out_url), prefix, unit, _tokenizer(tokenizer_json), **options)
 
 
 def _tokenizer(tokenizer_json: str) -> Tokenizer:
