@@ -62,7 +62,7 @@ from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol import wire
 from ddiloco.protocol.messages import OpenRound, Status
-from ddiloco.run import MAX_DOC_BYTES, RunRoot, prepared_at_of
+from ddiloco.run import RunRoot
 from ddiloco.schedule import learner_train
 from ddiloco.stateful import restore
 from ddiloco.store.base import NotFound, Store, StoreError
@@ -164,7 +164,7 @@ class Syncer:
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
-        run_start = prepared_at_of(store.get_json_or_none(keys.DATA_META, max_bytes=MAX_DOC_BYTES))
+        run_start = self.root.prepared_at()
         self.deadline = None if d.deadline_s is None else (run_start or wall()) + d.deadline_s
         kw = {
             "signer": self.root.signer,
