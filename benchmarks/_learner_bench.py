@@ -18,14 +18,14 @@ from collections.abc import Iterator
 
 import torch
 
-from ddiloco import keys
 from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import build_model, model_config_from_run, read_global, read_layout
+from ddiloco.globalmodel import build_model, model_config_from_run, read_layout
 from ddiloco.learner.accel import lr_at, maybe_compile, resolve_precision, to_device, train_step
 from ddiloco.learner.loop import Learner
 from ddiloco.model import configure_optimizer
-from ddiloco.prepare import load_tokens, prepare
+from ddiloco.prepare import prepare
+from ddiloco.run import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.store.url import open_store
 
@@ -83,13 +83,13 @@ class PlainLoop:
         self.model = build_model(layout, cfg.seed)
         with torch.no_grad():
             for p in range(layout.num_fragments):
-                for name, v in read_global(store, cfg.run_id, layout, p, 0).items():
+                for name, v in RunRoot(store, cfg.run_id).read_global(layout, p, 0).items():
                     dict(self.model.named_parameters())[name].copy_(v)
         self.model.to(device)
         self.opt = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2))
         self.net = maybe_compile(self.model, t.compile)
         self.loader = ShardLoader(
-            load_tokens(store, keys.shard_key(0), cfg.run_id),
+            RunRoot(store, cfg.run_id).shard(0),
             batch_size=t.batch_size,
             seq_len=cfg.model.seq_len,
             seed=cfg.seed * 1000,

@@ -93,6 +93,7 @@ from ddiloco.metrics import SyncerMetrics
 from ddiloco.model import GPT, gpt_config
 from ddiloco.protocol.messages import Ledger
 from ddiloco.recipes import load_config
+from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
@@ -184,7 +185,7 @@ def prepare_round(
     rule = MergeRule.of(cfg.diloco, layout, None)
     names = layout.fragments[p].names
     theta = {n: torch.randn(layout.shapes[n], generator=g).mul_(0.02) for n in names}
-    publish_global(store, cfg.run_id, p, 0, theta, args.global_dtype)
+    publish_global(store, files.signer, p, 0, theta, args.global_dtype)
     del theta
     frag = files.load_fragment(p, 0, Ledger(), rule)
     frag.outer.load_state_dict({n: torch.zeros(layout.shapes[n]) for n in names})  # steady state
@@ -206,7 +207,8 @@ def prepare_round(
             "codec": args.codec,
         }
         store.put(
-            keys.update_key(p, s, m, 0), pack_update(HostSnapshot(delta, None), args.codec, header, None)
+            keys.update_key(p, s, m, 0),
+            pack_update(HostSnapshot(delta, None), args.codec, header, files.signer),
         )
         del delta
     numel = layout.fragments[p].numel
@@ -219,7 +221,7 @@ def prepare_round(
         if args.mode == "serial":  # pipelined: no yardstick, its copies would pace the loop's thread
             timers["copy"] += yardstick.copy(numel)  # the same bytes, plainly copied, right after
 
-    validator = UpdateValidator(cfg, layout, {p: frag}, key=None, wall=time.time)  # type: ignore[arg-type]
+    validator = UpdateValidator(cfg, layout, {p: frag}, signer=files.signer, wall=time.time)  # type: ignore[arg-type]
     metrics = SyncerMetrics(CollectorRegistry(), dict)
     intake = Intake(
         store,
@@ -460,7 +462,7 @@ def main() -> None:
     )
     g = torch.Generator().manual_seed(0)
     rounds, published_at, cpu_per_round = [], [], None
-    files = SyncerFiles(store, cfg.run_id, layout, None, args.global_dtype, args.download_codec)
+    files = SyncerFiles(RunRoot(store, cfg.run_id), layout, args.global_dtype, args.download_codec)
     try:
         if args.mode == "pipelined":
             prepared = [

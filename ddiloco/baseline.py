@@ -38,7 +38,7 @@ from ddiloco import keys
 from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.errors import ConfigError
-from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_global, read_layout
+from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_layout
 from ddiloco.learner.accel import resolve_device, train_step
 from ddiloco.model import GPT, configure_optimizer
 from ddiloco.posttrain.evaluate import validation_loss
@@ -115,10 +115,10 @@ def params_sha256(model: torch.nn.Module) -> str:
 def load_initial_model(store: Store, cfg: RunConfig, layout: Layout) -> GPT:
     """The model learners start from: global version 0 of every fragment, as published by `prepare`."""
     model = build_model(layout, cfg.seed)
-    params = layout.members(dict(model.named_parameters()))
+    params, root = layout.members(dict(model.named_parameters())), RunRoot(store, cfg.run_id)
     with torch.no_grad():
         for frag in layout.fragments:
-            for name, t in read_global(store, cfg.run_id, layout, frag.fragment_id, 0).items():
+            for name, t in root.read_global(layout, frag.fragment_id, 0).items():
                 params[name].copy_(t)
     return model
 

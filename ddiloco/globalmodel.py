@@ -1,8 +1,8 @@
 """The global model in the store: fragment layout, published versions, and assembling a full model.
 
 Design choices:
-- These are the primitives; `ddiloco.run.RunRoot` calls them with its run id and key (the learner and the
-  syncer still call them directly).
+- These are the primitives, given the run's `wire.RunSigner` (run id and key) by whoever holds the run root
+  (`ddiloco.run.RunRoot`, the learner's version feed, the syncer's files).
 - The layout (which tensor is in which fragment, shapes, embedding-like names, model config) is written
   once by `prepare` next to global version 0, so learners and the syncer agree on it without talking.
 - A tensor larger than the ideal fragment travels as row pieces (`ddiloco.fragments.balanced`). The layout
@@ -177,18 +177,16 @@ def build_model(layout: Layout, seed: int = 0, device: torch.device | str = "cpu
 
 def publish_global(
     store: Store,
-    run_id: str,
+    signer: wire.RunSigner,
     p: int,
     version: int,
     tensors: dict[str, torch.Tensor],
     dtype: str,
     extra: dict | None = None,
-    *,
-    key: bytes | None = None,
 ) -> int:
-    """Write global version `version` of fragment p (signed with the run `key`, if any), then its latest
+    """Write global version `version` of fragment p (signed with the run key, if any), then its latest
     pointer. Returns bytes written. (The syncer creates versions write-once instead: `ddiloco.syncer.state`.)"""
-    blob = pack_global_blob(run_id, p, version, tensors, dtype, extra, key=key)
+    blob = pack_global_blob(signer, p, version, tensors, dtype, extra)
     store.put(keys.global_key(p, version), blob)
     put_latest(store, p, version)
     return len(blob)
@@ -200,24 +198,22 @@ def pack_global(*args: Any, **kwargs: Any) -> bytes:
 
 
 def pack_global_blob(
-    run_id: str,
+    signer: wire.RunSigner,
     p: int,
     version: int,
     tensors: dict[str, torch.Tensor],
     dtype: str,
     extra: dict | None = None,
     *,
-    key: bytes | None = None,
     digest: str | None = None,
 ) -> Blob:
     """The payload of global version `version` of fragment p in `dtype`, its header extended by `extra`, as
     a `Blob` that borrows the tensors' memory where they are already in `dtype`. `digest`:
     `ddiloco.downlink.digest(tensors, dtype)` when the caller computed it already (not rehashed)."""
     tdtype = _DTYPES[dtype]
-    return wire.pack_blob(
+    return signer.pack_blob(
         {n: t.detach().to(tdtype) for n, t in tensors.items()},
-        {"run_id": run_id, "kind": "global", "fragment_id": p, "version": version, **(extra or {})},
-        key=key,
+        {"kind": "global", "fragment_id": p, "version": version, **(extra or {})},
         data_sha256=digest,
     )
 
@@ -276,22 +272,21 @@ class GlobalDelta:
 
 
 def read_global(
-    store: Store, run_id: str, layout: Layout, p: int, version: int, *, key: bytes | None = None
+    store: Store, signer: wire.RunSigner, layout: Layout, p: int, version: int
 ) -> dict[str, torch.Tensor]:
     """Read and verify global version `version` of fragment p; tensors come back as fp32.
 
     Raises `wire.PayloadError` for anything unacceptable (an oversized object is `too_large`)."""
-    return read_global_full(store, run_id, layout, p, version, key=key).tensors
+    return read_global_full(store, signer, layout, p, version).tensors
 
 
 def read_global_full(
     store: Store,
-    run_id: str,
+    signer: wire.RunSigner,
     layout: Layout,
     p: int,
     version: int,
     *,
-    key: bytes | None = None,
     lend: Lend | None = None,
 ) -> Received:
     """`read_global`, with the payload's digest and size (what a learner needs to take deltas after it).
@@ -304,11 +299,8 @@ def read_global_full(
             blob = store.get_into(gkey, lend, max_bytes=cap)
         except ObjectTooLarge as e:
             raise wire.PayloadError("too_large", str(e)) from None
-    payload = wire.unpack(
-        blob,
-        expect={"run_id": run_id, "kind": "global", "fragment_id": p, "version": version},
-        key=key,
-        borrow=lend is not None,
+    payload = signer.unpack(
+        blob, {"kind": "global", "fragment_id": p, "version": version}, borrow=lend is not None
     )
     frag = layout.fragments[p]
     if set(payload.tensors) != set(frag.names):
@@ -328,7 +320,7 @@ def read_global_full(
 
 
 def pack_global_delta(
-    run_id: str,
+    signer: wire.RunSigner,
     p: int,
     version: int,
     step: DeltaStep,
@@ -337,13 +329,11 @@ def pack_global_delta(
     dtype: str,
     base_digest: str,
     digest: str,
-    key: bytes | None = None,
 ) -> bytes:
     """The payload of the download delta of version `version` of fragment p against version − 1, whose values
-    have `base_digest` (the result has `digest`), signed with the run `key`. The syncer creates it
+    have `base_digest` (the result has `digest`), signed with the run key. The syncer creates it
     write-once (`ddiloco.syncer.state`)."""
     meta = {
-        "run_id": run_id,
         "kind": "global_delta",
         "fragment_id": p,
         "version": version,
@@ -354,24 +344,17 @@ def pack_global_delta(
         "base_sha256": base_digest,
         "values_sha256": digest,
     }
-    return wire.pack(step.parts, meta, key=key)
+    return signer.pack(step.parts, meta)
 
 
 def read_global_delta(
-    store: Store, run_id: str, layout: Layout, p: int, version: int, *, key: bytes | None = None
+    store: Store, signer: wire.RunSigner, layout: Layout, p: int, version: int
 ) -> GlobalDelta:
     """Read and verify the download delta of version `version` of fragment p (`PayloadError` otherwise)."""
     blob = get_capped(store, keys.global_delta_key(p, version), layout.fragment_max_bytes(p))
-    payload = wire.unpack(
+    payload = signer.unpack(
         blob,
-        expect={
-            "run_id": run_id,
-            "kind": "global_delta",
-            "fragment_id": p,
-            "version": version,
-            "base_version": version - 1,
-        },
-        key=key,
+        {"kind": "global_delta", "fragment_id": p, "version": version, "base_version": version - 1},
     )
     meta = payload.meta
     codec = meta.get("codec")
@@ -403,7 +386,7 @@ def get_capped(store: Store, key: str, max_bytes: int) -> bytes:
 
 
 def write_initial_globals(
-    store: Store, run_id: str, model: GPT, layout: Layout, dtype: str, *, key: bytes | None = None
+    store: Store, signer: wire.RunSigner, model: GPT, layout: Layout, dtype: str
 ) -> None:
     """Global version 0 of every fragment, from the seeded init. Written once, before any learner starts."""
     store.put_json(keys.LAYOUT, layout.to_json())
@@ -411,4 +394,4 @@ def write_initial_globals(
     for frag in layout.fragments:
         if latest_version(store, frag.fragment_id) is not None:
             continue
-        publish_global(store, run_id, frag.fragment_id, 0, {n: params[n] for n in frag.names}, dtype, key=key)
+        publish_global(store, signer, frag.fragment_id, 0, {n: params[n] for n in frag.names}, dtype)

@@ -85,10 +85,9 @@ class LocalRun:
         if not given.strip():
             given = signing.ensure_key_file(Path(workdir).resolve() / f"{cfg.run_id}.key")
         self.secret = signing.parse_key(given)
-        self.key = signing.for_run(self.secret, cfg.run_id)
         self.extra_env[signing.ENV_VAR] = given.strip()
         self.store: Store = open_store(self.url, env={**os.environ, **self.extra_env})
-        self.root = RunRoot(self.store, cfg.run_id, self.key)
+        self.root = RunRoot.keyed(self.store, cfg.run_id, self.secret, role="launcher")
         self.policy = cfg.restart
         self.chaos: ChaosRunner | None = None
         self.metrics_base_port = metrics_base_port

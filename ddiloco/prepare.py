@@ -34,7 +34,7 @@ from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import make_layout, model_config_from_run
 from ddiloco.model import GPT, init_model
 from ddiloco.protocol import signing, wire
-from ddiloco.run import MAX_TOKENS, RunRoot
+from ddiloco.run import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.streamed import corpus_store, prepare_corpus
 from ddiloco.synthetic import entropy_floor, make_world, synthetic_documents
@@ -55,10 +55,7 @@ def prepare(store: Store, cfg: RunConfig, *, secret: bytes | None = None) -> dic
     """Prepare the run root; returns data/meta.json. `secret`: the master key from DDILOCO_RUN_KEY (None:
     unsigned)."""
     cfg.validate()
-    key = signing.for_run(secret, cfg.run_id)
-    if key is None:
-        signing.warn_unsigned("prepare")
-    root = RunRoot(store, cfg.run_id, key)
+    root = RunRoot.keyed(store, cfg.run_id, secret, role="prepare")
     existing = root.config_dict()
     if existing is not None:
         differ = config_differences(existing, cfg.to_dict())
@@ -226,14 +223,3 @@ def _check_existing_signature(root: RunRoot) -> None:
             f"{root.url} was prepared with another {signing.ENV_VAR} ({e.reason}); "
             "use the same secret as the first prepare, or a new --run-id / store prefix"
         ) from None
-
-
-# The learner and the syncer still read these two through here; they go once both open a RunRoot.
-def load_run_config(store: Store) -> RunConfig:
-    return RunRoot.read_config(store)
-
-
-def load_tokens(
-    store: Store, key: str, run_id: str, *, max_tokens: int = MAX_TOKENS, run_key: bytes | None = None
-) -> torch.Tensor:
-    return RunRoot(store, run_id, run_key).tokens(key, max_tokens=max_tokens)

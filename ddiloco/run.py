@@ -3,11 +3,14 @@
 Design choices:
 - `RunRoot(store, run_id, key)` is one run as its store holds it: config, data, layout, global versions,
   the final and fine-tuned models and the JSON documents (done, summary, status, evaluation results). Key
-  names come from `ddiloco.keys`; the global-version primitives stay in `ddiloco.globalmodel`, which the
-  learner and the syncer call directly for now, and `RunRoot` passes them its run id and key.
+  names come from `ddiloco.keys`; the global-version primitives stay in `ddiloco.globalmodel`.
+- Every role opens one root (`RunRoot.open`, or `keyed` when it holds the config already), the only place
+  the run key is derived from the master key; the learner and the syncer hand the root (or its `signer`)
+  to their parts instead of a store, run id and key.
 - Verification is the default: `key` is the run's signing key (`signing.for_run`), every payload read
-  through a root is checked against it and every payload written is signed with it; there is no per-call
-  way to skip that. `key=None` is an unsigned run (`RunRoot.open` warns once per role).
+  through a root or its `signer` (`wire.RunSigner`) is checked against it and every payload written is
+  signed with it; there is no per-call way to skip that. `key=None` is an unsigned run (`RunRoot.open`
+  warns once per role).
 - Post-training refuses a model or token payload that does not verify (unsigned, or signed with another
   key) with a one-line `ConfigError` naming `DDILOCO_RUN_KEY`: the user gave the wrong key, or none, and
   only they can fix that. Other payload problems stay `wire.PayloadError` (the syncer counts them by reason).
@@ -68,7 +71,12 @@ class RunRoot:
     def open(cls, store: Store, secret: bytes | None, *, role: str) -> RunRoot:
         """The prepared run at `store`, with the run key derived from the master `secret` (None: unsigned,
         logged once for `role`)."""
-        run_id = cls.read_config(store).run_id
+        return cls.keyed(store, cls.read_config(store).run_id, secret, role=role)
+
+    @classmethod
+    def keyed(cls, store: Store, run_id: str, secret: bytes | None, *, role: str) -> RunRoot:
+        """Run `run_id` at `store` (its config read already), with the run key derived from the master
+        `secret` (None: unsigned, logged once for `role`)."""
         key = signing.for_run(secret, run_id)
         if key is None:
             signing.warn_unsigned(role)
@@ -82,6 +90,11 @@ class RunRoot:
     @property
     def url(self) -> str:
         return self.store.url
+
+    @property
+    def signer(self) -> wire.RunSigner:
+        """What packs and unpacks this run's payloads: its run id and key."""
+        return wire.RunSigner(self.run_id, self.key)
 
     # --- config and data ---------------------------------------------------------------------------------
     @staticmethod
@@ -153,7 +166,7 @@ class RunRoot:
         self._write_tokens(keys.VAL, tokens, {"kind": "val"})
 
     def _write_tokens(self, key: str, tokens: torch.Tensor, meta: dict[str, Any]) -> None:
-        blob = wire.pack({"tokens": tokens.to(torch.int32)}, {"run_id": self.run_id, **meta}, key=self.key)
+        blob = self.signer.pack({"tokens": tokens.to(torch.int32)}, meta)
         self.store.put(key, blob)
 
     # --- the global model --------------------------------------------------------------------------------
@@ -168,7 +181,7 @@ class RunRoot:
 
     def read_global(self, layout: Layout, p: int, version: int) -> dict[str, torch.Tensor]:
         """Global version `version` of fragment p, verified (`wire.PayloadError` for anything unacceptable)."""
-        return globalmodel.read_global(self.store, self.run_id, layout, p, version, key=self.key)
+        return globalmodel.read_global(self.store, self.signer, layout, p, version)
 
     def publish_global(
         self,
@@ -178,12 +191,10 @@ class RunRoot:
         dtype: str,
         extra: dict[str, Any] | None = None,
     ) -> int:
-        return globalmodel.publish_global(
-            self.store, self.run_id, p, version, tensors, dtype, extra, key=self.key
-        )
+        return globalmodel.publish_global(self.store, self.signer, p, version, tensors, dtype, extra)
 
     def write_initial_globals(self, model: GPT, layout: Layout, dtype: str) -> None:
-        globalmodel.write_initial_globals(self.store, self.run_id, model, layout, dtype, key=self.key)
+        globalmodel.write_initial_globals(self.store, self.signer, model, layout, dtype)
 
     def model_at_versions(self, layout: Layout, versions: list[int]) -> GPT:
         """The global model assembled from one version of every fragment."""
@@ -221,8 +232,8 @@ class RunRoot:
         self, tensors: dict[str, torch.Tensor], versions: list[int], meta: Mapping[str, Any]
     ) -> None:
         """final/model.safetensors (signed) and final/meta.json."""
-        header = {"run_id": self.run_id, "kind": "final", "versions": versions}
-        self.store.put(keys.FINAL_MODEL, wire.pack(tensors, header, key=self.key))
+        header = {"kind": "final", "versions": versions}
+        self.store.put(keys.FINAL_MODEL, self.signer.pack(tensors, header))
         self.store.put_json(keys.FINAL_META, dict(meta))
 
     def has_final_model(self) -> bool:
@@ -238,8 +249,8 @@ class RunRoot:
     def write_sft_model(self, model: GPT, header: Mapping[str, Any]) -> None:
         """sft/model.safetensors (kind "sft"), signed with the run key."""
         state = {n: p.detach().float().cpu() for n, p in model.named_parameters()}
-        meta = {**header, "run_id": self.run_id, "kind": "sft"}
-        self.store.put(keys.SFT_MODEL, wire.pack(state, meta, key=self.key))
+        meta = {**header, "kind": "sft"}
+        self.store.put(keys.SFT_MODEL, self.signer.pack(state, meta))
 
     # --- JSON documents ----------------------------------------------------------------------------------
     def document(self, key: str) -> dict[str, Any] | None:
@@ -298,9 +309,7 @@ class RunRoot:
 
     # --- verification ------------------------------------------------------------------------------------
     def _unpack(self, key: str, blob: bytes, expect: Mapping[str, Any]) -> wire.Payload:
-        return self._verified(
-            key, lambda: wire.unpack(blob, expect={"run_id": self.run_id, **expect}, key=self.key)
-        )
+        return self._verified(key, lambda: self.signer.unpack(blob, expect))
 
     def _verified(self, key: str, read: Callable[[], T]) -> T:
         """`read()`, with a signature failure turned into a one-line ConfigError saying which key to set."""

@@ -37,7 +37,7 @@ def one_process_reference(store, cfg, world: int, steps: int):
     import torch
 
     from ddiloco.data import ShardLoader
-    from ddiloco.globalmodel import read_global, read_layout
+    from ddiloco.globalmodel import read_layout
     from ddiloco.learner import ddp
     from ddiloco.learner.accel import lr_at, train_step
     from ddiloco.model import configure_optimizer, init_model
@@ -48,7 +48,7 @@ def one_process_reference(store, cfg, world: int, steps: int):
     ref = init_model(layout.gpt_config(), 0)
     with torch.no_grad():
         for p in range(layout.num_fragments):
-            for n, v in read_global(store, cfg.run_id, layout, p, 0).items():
+            for n, v in RunRoot(store, cfg.run_id).read_global(layout, p, 0).items():
                 dict(ref.named_parameters())[n].copy_(v)
     opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
     tokens = RunRoot(store, cfg.run_id).shard(0)

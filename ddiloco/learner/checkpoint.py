@@ -31,7 +31,8 @@ import torch
 from ddiloco import keys
 from ddiloco.learner.accel import place_optimizer_steps
 from ddiloco.protocol import wire
-from ddiloco.store.base import NotFound, ObjectTooLarge, Store
+from ddiloco.run import RunRoot
+from ddiloco.store.base import NotFound, ObjectTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -89,33 +90,29 @@ def load_optimizer_tensors(
 
 
 def save_learner_checkpoint(
-    store: Store,
+    root: RunRoot,
     learner_id: int,
     step: int,
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
     meta: dict[str, Any],
-    *,
-    key: bytes | None = None,
 ) -> str:
     """Write the AdamW state of `model` as learner `learner_id`'s checkpoint at `step` (`write_checkpoint`)."""
-    return write_checkpoint(store, learner_id, step, optimizer_tensors(model, opt), meta, key=key)
+    return write_checkpoint(root, learner_id, step, optimizer_tensors(model, opt), meta)
 
 
 def write_checkpoint(
-    store: Store,
+    root: RunRoot,
     learner_id: int,
     step: int,
     tensors: dict[str, torch.Tensor],
     meta: dict[str, Any],
-    *,
-    key: bytes | None = None,
 ) -> str:
-    """Payload (the `opt/...` tensors), then the latest pointer, then delete the learner's other
-    checkpoints; returns the new checkpoint's key."""
-    ckpt = keys.ckpt_key(learner_id, step)
+    """Payload (the `opt/...` tensors, signed with the run key), then the latest pointer, then delete the
+    learner's other checkpoints; returns the new checkpoint's key."""
+    store, ckpt = root.store, keys.ckpt_key(learner_id, step)
     header = {**meta, "kind": "learner_ckpt", "learner_id": learner_id, "inner_step": step}
-    store.put(ckpt, wire.pack(tensors, header, key=key))
+    store.put(ckpt, root.signer.pack(tensors, header))
     store.put_json(keys.ckpt_latest_key(learner_id), {"key": ckpt, "inner_step": step})
     for old in store.list(keys.ckpt_prefix(learner_id)):
         if old not in (ckpt, keys.ckpt_latest_key(learner_id)):
@@ -125,18 +122,17 @@ def write_checkpoint(
 
 
 def load_learner_checkpoint(
-    store: Store,
+    root: RunRoot,
     learner_id: int,
-    run_id: str,
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
     *,
-    key: bytes | None = None,
     group: Any = None,
 ) -> dict[str, Any] | None:
     """Restore the AdamW state in place (the parameters come from the globals; a sharded learner's `group`
     scatters it over the ranks); return the checkpoint's JSON header, or None if there is none (or it fails
     verification: logged, and the learner starts fresh)."""
+    store = root.store
     pointer = store.get_json_or_none(keys.ckpt_latest_key(learner_id))
     if pointer is None:
         return None
@@ -145,9 +141,7 @@ def load_learner_checkpoint(
         if not isinstance(ckpt, str) or not ckpt.startswith(keys.learner_prefix(learner_id)):
             raise wire.PayloadError("malformed", f"checkpoint pointer names {str(ckpt)[:80]!r}")
         blob = store.get(ckpt, max_bytes=checkpoint_max_bytes(model))
-        payload = wire.unpack(
-            blob, expect={"run_id": run_id, "kind": "learner_ckpt", "learner_id": learner_id}, key=key
-        )
+        payload = root.signer.unpack(blob, {"kind": "learner_ckpt", "learner_id": learner_id})
     except NotFound:
         log.warning(
             "learner %d: checkpoint pointer names a missing object %s; starting fresh", learner_id, ckpt
@@ -166,19 +160,17 @@ def load_learner_checkpoint(
 
 
 def restore_learner(
-    store: Store,
+    root: RunRoot,
     learner_id: int,
-    run_id: str,
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
     loader: Any,
     *,
-    key: bytes | None,
     group: Any = None,
 ) -> dict[str, Any] | None:
     """A learner's own newest checkpoint into `model`, `opt` (AdamW state, its steps placed on the device)
     and `loader` (data cursor); returns it (None when there is none). Parameters come from the globals."""
-    ckpt = load_learner_checkpoint(store, learner_id, run_id, model, opt, key=key, group=group)
+    ckpt = load_learner_checkpoint(root, learner_id, model, opt, group=group)
     if ckpt is None:
         return None
     place_optimizer_steps(opt)

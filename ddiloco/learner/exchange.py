@@ -65,7 +65,7 @@ class Exchange:
         self.store, self.ledger, self.feed, self.reports, self.metrics = store, ledger, feed, reports, metrics
         self.incarnation, self.diloco, self.errors = incarnation, diloco, feed.errors
         self.layout, self.learner_id = feed.layout, feed.learner_id
-        self.key, self.run_id = feed.key, feed.run_id
+        self.signer, self.run_id = feed.signer, feed.signer.run_id
         self.rounds = RoundRecords(store, feed.errors)  # the syncer's word on rounds of pending answers
         self.uploads: list[Future] = []
         self.overwritten: list[int] = []
@@ -223,7 +223,7 @@ class Exchange:
     def _upload(
         self, p: int, s: int, snap: HostSnapshot, header: UpdateHeader, report: LearnerReport
     ) -> None:
-        blob = pack_update(snap, header.codec, header.to_json(), self.key)
+        blob = pack_update(snap, header.codec, header.to_json(), self.signer)
         try:
             self.reports.write(
                 report.to_json()

@@ -37,6 +37,7 @@ from ddiloco.learner.checkpoint import optimizer_tensors, write_checkpoint
 from ddiloco.learner.health import IoErrors, guard
 from ddiloco.protocol import wire
 from ddiloco.protocol.messages import Merged, RoundRecord, Status
+from ddiloco.run import RunRoot
 from ddiloco.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ class StatusPoller(threading.Thread):
             self.stop.wait(delay)
 
 
-def pack_update(snap: HostSnapshot, codec: str, header: dict, key: bytes | None) -> bytes:
+def pack_update(snap: HostSnapshot, codec: str, header: dict, signer: wire.RunSigner) -> bytes:
     """An answer's payload: the delta snapshot encoded with the upload codec, packed and signed (on an I/O
     thread); the snapshot's buffers are released."""
     tensors: dict[str, torch.Tensor] = {}
@@ -243,7 +244,7 @@ def pack_update(snap: HostSnapshot, codec: str, header: dict, key: bytes | None)
             norms[name] = EncodedTensor(codec, d.shape, parts).norm()
             for part, t in parts.items():
                 tensors[f"{name}/{part}"] = t
-        return wire.pack(tensors, {**header, "norms": norms, "packing": PACKING}, key=key)
+        return signer.pack(tensors, {**header, "norms": norms, "packing": PACKING})
     finally:
         snap.release()
 
@@ -266,10 +267,8 @@ class CheckpointWriter:
     slow store never piles them up, and the newest state is always the next written. A bug in a write is
     logged and counted (`errors`, kind `checkpoint`); the next checkpoint tries again."""
 
-    def __init__(
-        self, store: Store, learner_id: int, key: bytes | None, errors: IoErrors | None = None
-    ) -> None:
-        self.store, self.learner_id, self.key, self.errors = store, learner_id, key, errors
+    def __init__(self, root: RunRoot, learner_id: int, errors: IoErrors | None = None) -> None:
+        self.root, self.learner_id, self.errors = root, learner_id, errors
         self._write_lock, self._slot_lock = threading.Lock(), threading.Lock()
         self._waiting: tuple[int, HostSnapshot, dict[str, Any]] | None = None
 
@@ -288,18 +287,18 @@ class CheckpointWriter:
                 job, self._waiting = self._waiting, None
             if job is not None:
                 step, snap, meta = job
-                written = write_snapshot(self.store, self.learner_id, step, snap, meta, self.key)
+                written = write_snapshot(self.root, self.learner_id, step, snap, meta)
                 if not written and self.errors is not None:
                     self.errors.store_error()
 
 
 def write_snapshot(
-    store: Store, learner_id: int, step: int, snap: HostSnapshot, meta: dict[str, Any], key: bytes | None
+    root: RunRoot, learner_id: int, step: int, snap: HostSnapshot, meta: dict[str, Any]
 ) -> bool:
     """Write a snapshot as a learner checkpoint (`ddiloco.learner.checkpoint.write_checkpoint`); a store error
     is logged, not raised (False)."""
     try:
-        write_checkpoint(store, learner_id, step, snap.wait(), meta, key=key)
+        write_checkpoint(root, learner_id, step, snap.wait(), meta)
         return True
     except StoreError as e:
         log.warning("learner %d: checkpoint at step %d failed (%s)", learner_id, step, e)

@@ -49,7 +49,7 @@ from ddiloco.chiptime import StepCadence
 from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.errors import ConfigError
-from ddiloco.globalmodel import Layout, build_model, read_layout
+from ddiloco.globalmodel import Layout, build_model
 from ddiloco.hostname import host_name
 from ddiloco.learner.accel import (
     HostCopier,
@@ -78,12 +78,10 @@ from ddiloco.learner.sharded import LiveMembers, ShardedMembers
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer
-from ddiloco.prepare import load_run_config, load_tokens
 from ddiloco.procinfo import peak_rss_bytes
-from ddiloco.protocol import signing
 from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.protocol.messages import Status
-from ddiloco.run import prepared_at_of
+from ddiloco.run import RunRoot, prepared_at_of
 from ddiloco.schedule import GlobalSchedule, learner_train
 from ddiloco.shards import Assignment, assign_shard
 from ddiloco.store.base import Store, StoreError
@@ -99,12 +97,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Opened:
     """What `Learner.open` read from the run root and claimed there: everything the constructor needs from
-    the store. `tokens`: the learner's shard (which one: `shard`); `prepared_at`: when the run was prepared
-    (chaos' clock)."""
+    the store. `root`: the run root, with the run key; `tokens`: the learner's shard (which one: `shard`);
+    `prepared_at`: when the run was prepared (chaos' clock)."""
 
     cfg: RunConfig
     layout: Layout
-    key: bytes | None
+    root: RunRoot
     shard: Assignment
     tokens: torch.Tensor | None
     prepared_at: float
@@ -115,12 +113,10 @@ class Opened:
     @classmethod
     def read(cls, store: Store, learner_id: int, secret: bytes | None, group: Group | None) -> Opened:
         """The store I/O of a learner's start, the incarnation claim last: a failed read claims nothing."""
-        cfg = load_run_config(store)
-        key = signing.for_run(secret, cfg.run_id)
-        if key is None:
-            signing.warn_unsigned(f"learner {learner_id}")
+        cfg = RunRoot.read_config(store)
+        root = RunRoot.keyed(store, cfg.run_id, secret, role=f"learner {learner_id}")
         _check_ranks(cfg, group)
-        layout = read_layout(store)
+        layout = root.layout()
         meta = store.get_json(keys.DATA_META)
         shard = assign_shard(learner_id, meta["shard_tokens"])  # warns when the id has no shard of its own
         tokens, corpus = None, None
@@ -128,11 +124,11 @@ class Opened:
             corpus = read_corpus_doc(store)
         else:
             span = shard.end - shard.start
-            tokens = load_tokens(store, keys.shard_key(shard.shard), cfg.run_id, max_tokens=span, run_key=key)
+            tokens = root.shard(shard.shard, max_tokens=span)
         prepared_at = prepared_at_of(meta) or time.time()
         started_at = time.time()
         incarnation = next_incarnation(store, learner_id, started_at)
-        return cls(cfg, layout, key, shard, tokens, prepared_at, started_at, incarnation, corpus)
+        return cls(cfg, layout, root, shard, tokens, prepared_at, started_at, incarnation, corpus)
 
     def loader(
         self, *, batch_size: int, seq_len: int, seed: int
@@ -191,7 +187,7 @@ class Learner:
         cfg, t = opened.cfg, opened.cfg.train
         _check_ranks(cfg, group)
         self.store, self.site, self.learner_id, self.cfg = store, site, learner_id, cfg
-        self.run_id, self.key, self.layout = cfg.run_id, opened.key, opened.layout
+        self.root, self.run_id, self.layout = opened.root, cfg.run_id, opened.layout
         self.started_at, self.incarnation = opened.started_at, opened.incarnation
         self.shard = opened.shard  # which data it reads: every report says so
         self.group, self.world_size = group, 1 if group is None else group.world_size
@@ -231,7 +227,7 @@ class Learner:
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation))
         self.errors = IoErrors(self.metrics, learner_id)  # what the I/O threads raise: logged and counted
         self.bound = MergeBound(learner_id, t.max_unmerged_s, cfg.diloco, clock)  # ends it if never merged
-        self.checkpoints = CheckpointWriter(store, learner_id, self.key, self.errors)
+        self.checkpoints = CheckpointWriter(self.root, learner_id, self.errors)
         every = checkpoint_every_s(t.checkpoint_every_s, sum(f.numel for f in self.layout.fragments))
         self.io_schedule = IoSchedule(t.heartbeat_every_s, every)  # checkpoint cadence by the state's size
         self._stop = threading.Event()
@@ -239,9 +235,9 @@ class Learner:
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"learner{learner_id}-io")
         self.heartbeats = Heartbeats(self.reports.write, self.errors)  # never behind uploads on the pool
         self.ledger = FragmentLedger(self.layout.num_fragments)
-        ident = {"run_id": self.run_id, "learner_id": learner_id, "key": self.key, "errors": self.errors}
+        ident = {"learner_id": learner_id, "errors": self.errors}
         self.feed = VersionFeed(
-            store, self.layout, LiveMembers(self.params), self.copier, self.metrics, cfg.diloco, **ident
+            self.root, self.layout, LiveMembers(self.params), self.copier, self.metrics, cfg.diloco, **ident
         )
         self.exchange = Exchange(
             store, self.ledger, self.feed, self.reports, self.metrics, self.incarnation, cfg.diloco
@@ -266,14 +262,7 @@ class Learner:
         if self.group is not None:
             self._join_ranks(self.group)
         ckpt = restore_learner(
-            self.store,
-            self.learner_id,
-            self.run_id,
-            self.model,
-            self.opt,
-            self.loader,
-            key=self.key,
-            group=self.group,
+            self.root, self.learner_id, self.model, self.opt, self.loader, group=self.group
         )
         self.inner_step = 0 if ckpt is None else int(ckpt["inner_step"])
         if self.group is None:  # DDP ranks resume from the cursors their checkpoint gathered

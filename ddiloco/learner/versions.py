@@ -50,7 +50,8 @@ from ddiloco.learner.health import IoErrors, guard
 from ddiloco.learner.sharded import LiveMembers, ShardedMembers
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol import signing, wire
-from ddiloco.store.base import NotFound, Store, StoreError, StoreUnavailable
+from ddiloco.run import RunRoot
+from ddiloco.store.base import NotFound, StoreError, StoreUnavailable
 
 __all__ = ["VersionFeed"]
 
@@ -66,30 +67,28 @@ class VersionFeed:
 
     def __init__(
         self,
-        store: Store,
+        root: RunRoot,
         layout: Layout,
         members: LiveMembers | ShardedMembers,
         copier: HostCopier,
         metrics: LearnerMetrics,
         diloco: DilocoConfig | None = None,
         *,
-        run_id: str,
         learner_id: int,
-        key: bytes | None,
         errors: IoErrors | None = None,
     ) -> None:
-        """`members`: the parameters by fragment member (`ddiloco.learner.sharded`: live views, or a sharded
+        """`root`: the run root (its store, run id and key). `members`: the parameters by fragment member (`ddiloco.learner.sharded`: live views, or a sharded
         model's whole values through collectives). `diloco`: the run's `download_codec` (not none: the syncer publishes download deltas, and a fragment
         one version behind takes one); None: none. `errors`: where the downloads' store errors and bugs are
         counted (a bug is raised again when its download is collected: `ddiloco.learner.health`)."""
         self.store, self.layout, self.members, self.copier, self.metrics = (
-            store,
+            root.store,
             layout,
             members,
             copier,
             metrics,
         )
-        self.run_id, self.learner_id, self.key, self.errors = run_id, learner_id, key, errors
+        self.root, self.signer, self.learner_id, self.errors = root, root.signer, learner_id, errors
         self.deltas = diloco is not None and diloco.download_codec != "none"
         self.held: dict[int, tuple[int, str]] = {}
         """p -> (version, digest) of the values in `anchors` (what a download delta must be based on)."""
@@ -127,7 +126,7 @@ class VersionFeed:
         """The newest version ≤ latest of fragment p that verifies (a learner must start from a real one)."""
         for v in self._candidates(p, latest):
             try:
-                got = read_global_full(self.store, self.run_id, self.layout, p, v, key=self.key)
+                got = read_global_full(self.store, self.signer, self.layout, p, v)
             except (wire.PayloadError, NotFound) as e:
                 self._count_bad(p, v, getattr(e, "reason", "missing"), e)
                 continue
@@ -212,7 +211,7 @@ class VersionFeed:
     def _download(self, p: int, version: int, unusable: Exception | None = None) -> Download:
         """(version, the full version or why it failed, `unusable`: why its delta was not taken, if tried)."""
         try:
-            got = read_global_full(self.store, self.run_id, self.layout, p, version, key=self.key)
+            got = read_global_full(self.store, self.signer, self.layout, p, version)
         except wire.PayloadError as e:  # returned, not raised: the caller needs the version it concerns
             return version, e, unusable
         got = dataclasses.replace(got, tensors=pin(got.tensors, self.device))
@@ -223,7 +222,7 @@ class VersionFeed:
         """The delta of `version`, or the full version when the delta is missing or does not verify (the
         loop thread counts it: every book of the feed is kept there)."""
         try:
-            delta = read_global_delta(self.store, self.run_id, self.layout, p, version, key=self.key)
+            delta = read_global_delta(self.store, self.signer, self.layout, p, version)
         except (wire.PayloadError, NotFound) as e:
             log.warning(
                 "learner %d: delta of fragment %d v%d unusable (%s); fetching the full version",

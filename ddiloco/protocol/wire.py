@@ -15,10 +15,13 @@ Design choices:
   is a `PayloadError(reason)` (never another exception) so callers can count rejections by reason; a
   property-based test fuzzes this promise.
 - Format 2 (tensor-table checksum and optional MAC) replaced format 1; format-1 objects are `malformed`.
+- `RunSigner` is one run on the wire (its id and signing key): what the learner, the syncer and the run
+  root pack and unpack goes through it, so no caller passes a key or a run id to each call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -289,3 +292,31 @@ def _views(entries: dict[str, Any], data: memoryview) -> dict[str, torch.Tensor]
 
 def dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class RunSigner:
+    """One run's payloads: every payload packed names `run_id` and, with a `key`, is signed with it; every
+    payload unpacked must name `run_id` and, with a key, verify under it. `key=None`: an unsigned run (nothing
+    signed, no signature required). Obtained from `ddiloco.run.RunRoot.signer`."""
+
+    run_id: str
+    key: bytes | None = dataclasses.field(default=None, repr=False)
+
+    def pack(
+        self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, data_sha256: str | None = None
+    ) -> bytes:
+        """`pack` with this run's id in the header, signed with its key."""
+        return bytes(self.pack_blob(tensors, meta, data_sha256=data_sha256))
+
+    def pack_blob(
+        self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, data_sha256: str | None = None
+    ) -> Blob:
+        """`pack_blob` with this run's id in the header, signed with its key."""
+        return pack_blob(tensors, {**meta, "run_id": self.run_id}, key=self.key, data_sha256=data_sha256)
+
+    def unpack(
+        self, blob: bytes | memoryview, expect: Mapping[str, Any] | None = None, *, borrow: bool = False
+    ) -> Payload:
+        """`unpack` requiring this run's id besides `expect`, and with a key a valid signature."""
+        return unpack(blob, expect={**(expect or {}), "run_id": self.run_id}, key=self.key, borrow=borrow)

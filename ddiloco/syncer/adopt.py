@@ -38,7 +38,8 @@ from ddiloco import keys
 from ddiloco.globalmodel import Layout, read_global_full
 from ddiloco.protocol import wire
 from ddiloco.protocol.messages import RoundRecord
-from ddiloco.store.base import NotFound, ObjectTooLarge, Store
+from ddiloco.run import RunRoot
+from ddiloco.store.base import NotFound, ObjectTooLarge
 from ddiloco.syncer.lease import Fenced
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,8 @@ class Written:
 class VersionSlots:
     """The global version keys of one run as a publishing syncer sees them (module docstring)."""
 
-    def __init__(self, store: Store, run_id: str, layout: Layout, key: bytes | None) -> None:
-        self.store, self.run_id, self.layout, self.key = store, run_id, layout, key
+    def __init__(self, root: RunRoot, layout: Layout) -> None:
+        self.store, self.signer, self.layout = root.store, root.signer, layout
         self.quarantined: Counter[str] = Counter()
         """Objects found at a global version key that did not verify, moved aside, by reason."""
 
@@ -81,7 +82,7 @@ class VersionSlots:
     def inspect(self, p: int, version: int) -> Written | wire.PayloadError | None:
         """What is at fragment p's version key: nothing, a version that verifies, or why it does not."""
         try:
-            got = read_global_full(self.store, self.run_id, self.layout, p, version, key=self.key)
+            got = read_global_full(self.store, self.signer, self.layout, p, version)
         except NotFound:
             return None
         except wire.PayloadError as e:

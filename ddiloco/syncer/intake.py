@@ -78,7 +78,7 @@ class UpdateValidator:
         layout: Layout,
         fragments: Sequence[GlobalFragment],
         *,
-        key: bytes | None,
+        signer: wire.RunSigner,
         wall: Callable[[], float],
         retained: Callable[[int, int, int], bool] | None = None,
         run_start: float | None = None,
@@ -100,7 +100,7 @@ class UpdateValidator:
             cfg.diloco.sync_every,
         )
         self.token_weighting = cfg.diloco.token_weighting
-        self.key, self.wall = key, wall
+        self.signer, self.wall = signer, wall
         self.run_start = (wall() if run_start is None else run_start) - claims.CLOCK_SKEW_S
         self.earlier: dict[tuple[int, int], float] = {}
         """(fragment, version) -> base time of a version an earlier syncer published (`learn_base_times`)."""
@@ -143,11 +143,7 @@ class UpdateValidator:
         """Validate one update of `rnd` stored under `name` (rules: `ddiloco.protocol.validation`). A
         PayloadError raised after the sender is known carries it as `sender` (learner id, incarnation)."""
         frag = self.fragments[rnd.fragment_id]
-        h = wire.unpack(
-            blob,
-            expect={"run_id": self.run_id, "kind": "update", "fragment_id": rnd.fragment_id},
-            key=self.key,
-        )
+        h = self.signer.unpack(blob, {"kind": "update", "fragment_id": rnd.fragment_id})
         header = validation.header_fields(h.meta)
         named = keys.parse_update_name(name)
         if named is None:
@@ -188,11 +184,7 @@ class UpdateValidator:
     ) -> dict[str, torch.Tensor]:
         """The fp32 δ of an update `answer` accepted before (verified again, counters not re-checked), into
         `out` when given."""
-        h = wire.unpack(
-            blob,
-            expect={"run_id": self.run_id, "kind": "update", "fragment_id": rnd.fragment_id},
-            key=self.key,
-        )
+        h = self.signer.unpack(blob, {"kind": "update", "fragment_id": rnd.fragment_id})
         names = self.layout.fragments[rnd.fragment_id].names
         return validation.decode_delta(
             h.tensors, validation.header_fields(h.meta).codec, names, self.layout.shapes, out

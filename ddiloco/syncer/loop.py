@@ -58,13 +58,11 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
-from ddiloco.globalmodel import read_layout
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
-from ddiloco.prepare import load_run_config
-from ddiloco.protocol import signing, wire
+from ddiloco.protocol import wire
 from ddiloco.protocol.messages import OpenRound, Status
-from ddiloco.run import MAX_DOC_BYTES, prepared_at_of
+from ddiloco.run import RunRoot
 from ddiloco.schedule import learner_train
 from ddiloco.stateful import restore
 from ddiloco.store.base import NotFound, Store, StoreError
@@ -127,13 +125,11 @@ class Syncer:
         `step` (in-process use). `publish_beside`: publishes run beside the loop (False: each merge waits for
         its publish, so an in-process run driven pass by pass is deterministic)."""
         self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
-        self.cfg = cfg = load_run_config(store)
+        self.cfg = cfg = RunRoot.read_config(store)
         self.run_id, d = cfg.run_id, cfg.diloco
         self.lease = lease if lease is not None else Lease.seized(store, self.run_id, cfg.lease)
-        self.key = signing.for_run(secret, self.run_id)
-        if self.key is None:
-            signing.warn_unsigned("syncer")
-        self.layout = read_layout(store)
+        self.root = RunRoot.keyed(store, self.run_id, secret, role="syncer")
+        self.layout = self.root.layout()
         self.P = self.layout.num_fragments
         self.threads = threads or 1
         if threads is not None:  # the merge's passes use those the intake's readers leave (None: as it is)
@@ -143,7 +139,7 @@ class Syncer:
         self.grace_rule = GraceRule.of(d)
         self.open_rule = OpenRule.of(d, self.P)
         self.ema_alpha = d.grace.ema if d.grace is not None else DEFAULT_EMA
-        self.files = SyncerFiles(store, self.run_id, self.layout, self.key, d.global_dtype, d.download_codec)
+        self.files = SyncerFiles(self.root, self.layout, d.global_dtype, d.download_codec)
         resumed = self.files.resume(self.rule, wall(), self.lease.epoch)
         self.books, self.fragments = resumed.books, resumed.fragments
         self.open: dict[int, Round] = {  # resume collecting; answers are re-read from the store
@@ -168,9 +164,14 @@ class Syncer:
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
-        run_start = prepared_at_of(store.get_json_or_none(keys.DATA_META, max_bytes=MAX_DOC_BYTES))
+        run_start = self.root.prepared_at()
         self.deadline = None if d.deadline_s is None else (run_start or wall()) + d.deadline_s
-        kw = {"key": self.key, "wall": wall, "retained": self.retention.keeps, "run_start": run_start}
+        kw = {
+            "signer": self.root.signer,
+            "wall": wall,
+            "retained": self.retention.keeps,
+            "run_start": run_start,
+        }
         validator = UpdateValidator(cfg, self.layout, self.fragments, **kw)
         validator.learn_base_times(store, self.books.merged_recent)
         self.intake = Intake(

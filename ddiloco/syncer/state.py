@@ -1,7 +1,8 @@
 """The syncer's own objects in the run store, and its restart from them.
 
 Design choices:
-- `SyncerFiles` is the only code that reads or writes what the syncer owns: syncer/state.json, the status,
+- `SyncerFiles` is the syncer's view of its `ddiloco.run.RunRoot` (store, run id, key), and the only code
+  that reads or writes what the syncer owns: syncer/state.json, the status,
   round records, outer momentum, global versions and the final model, each through its typed message
   (`ddiloco.protocol.messages`) or the signed payload format (`ddiloco.protocol.wire`).
 - Persist order per merge: outer momentum → fp32 master (bf16 globals or download deltas) → round record
@@ -68,7 +69,8 @@ from ddiloco.protocol.messages import (
     Status,
     SyncerState,
 )
-from ddiloco.store.base import NotFound, ObjectTooLarge, Store
+from ddiloco.run import RunRoot
+from ddiloco.store.base import NotFound, ObjectTooLarge
 from ddiloco.store.blob import Data, Lend
 from ddiloco.syncer import adopt
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal, Tensors
@@ -135,19 +137,14 @@ class SyncerFiles:
     """The syncer's reads and writes of the run store (see the module docstring)."""
 
     def __init__(
-        self,
-        store: Store,
-        run_id: str,
-        layout: Layout,
-        key: bytes | None,
-        dtype: str = "fp32",
-        download_codec: str = "none",
+        self, root: RunRoot, layout: Layout, dtype: str = "fp32", download_codec: str = "none"
     ) -> None:
-        """`dtype`: the run's `diloco.global_dtype`, what global versions are published as;
-        `download_codec`: `diloco.download_codec` (`ddiloco.downlink`)."""
-        self.store, self.run_id, self.layout, self.key, self.dtype = store, run_id, layout, key, dtype
+        """`root`: the run root; `dtype`: the run's `diloco.global_dtype`, what global versions are published
+        as; `download_codec`: `diloco.download_codec` (`ddiloco.downlink`)."""
+        self.store, self.run_id, self.layout, self.dtype = root.store, root.run_id, layout, dtype
+        self.signer = root.signer
         self.download_codec = download_codec
-        self.slots = adopt.VersionSlots(store, run_id, layout, key)
+        self.slots = adopt.VersionSlots(root, layout)
         self._judged: tuple[int, int, int] | None = None
         """(fragment, version, round) whose global version key this publish attempt already judged (`_create`)."""
         """What is at the global version keys: adoption, judging a taken key, the quarantine."""
@@ -185,7 +182,7 @@ class SyncerFiles:
     # --- tensors ------------------------------------------------------------------------------------------
     def read_global(self, p: int, version: int, lend: Lend | None = None) -> Tensors:
         """Version `version` of fragment p as published, verified; `lend`: read into the caller's memory."""
-        got = read_global_full(self.store, self.run_id, self.layout, p, version, key=self.key, lend=lend)
+        got = read_global_full(self.store, self.signer, self.layout, p, version, lend=lend)
         self._digests[p] = (version, got.digest)  # verified against the data as read
         return got.tensors
 
@@ -198,10 +195,9 @@ class SyncerFiles:
         """Outer momentum of fragment p at `version` (> 0); one that fails verification restarts from zero."""
         outer = rule.optimizer()
         try:
-            payload = wire.unpack(
+            payload = self.signer.unpack(
                 self.store.get(keys.momentum_key(p, version), max_bytes=self.layout.fragment_max_bytes(p)),
-                expect={"run_id": self.run_id, "kind": "momentum", "fragment_id": p, "version": version},
-                key=self.key,
+                {"kind": "momentum", "fragment_id": p, "version": version},
             )
             if any(list(t.shape) != self.layout.shapes.get(n) for n, t in payload.tensors.items()):
                 raise wire.PayloadError("wrong_shape", "momentum does not match the fragment layout")
@@ -222,10 +218,9 @@ class SyncerFiles:
     def read_master(self, p: int, version: int) -> Tensors | None:
         """The fp32 master of fragment p at `version`; None (logged) when it is missing or fails verification."""
         try:
-            payload = wire.unpack(
+            payload = self.signer.unpack(
                 self.store.get(keys.master_key(p, version), max_bytes=self.layout.fragment_max_bytes(p)),
-                expect={"run_id": self.run_id, "kind": "master", "fragment_id": p, "version": version},
-                key=self.key,
+                {"kind": "master", "fragment_id": p, "version": version},
             )
             names = set(self.layout.fragments[p].names)
             if set(payload.tensors) != names or any(
@@ -281,12 +276,12 @@ class SyncerFiles:
         first: list[tuple[str, Callable[[], Data], str]] = [
             (
                 keys.momentum_key(p, version),
-                partial(wire.pack_blob, proposal.outer.state_dict(), {**meta, **scale}, key=self.key),
+                partial(self.signer.pack_blob, proposal.outer.state_dict(), {**meta, **scale}),
                 "after_momentum",
             )
         ]
         if self.keeps_master:  # the published version is not the master: keep the master itself
-            master = partial(wire.pack_blob, proposal.theta, {**meta, "kind": "master"}, key=self.key)
+            master = partial(self.signer.pack_blob, proposal.theta, {**meta, "kind": "master"})
             first.append((keys.master_key(p, version), master, "after_master"))
         first.append(
             (keys.round_record_key(record.round), partial(_json_bytes, record.to_json()), "after_record")
@@ -308,7 +303,7 @@ class SyncerFiles:
                 del delta
             extra = {"round": record.round, "epoch": epoch}
             blob = pack_global_blob(
-                self.run_id, p, version, published, self.dtype, extra, key=self.key, digest=values_digest
+                self.signer, p, version, published, self.dtype, extra, digest=values_digest
             )
             gkey = keys.global_key(p, version)
             if not self.store.create(gkey, blob) and not self.slots.ours(record, version):
@@ -349,7 +344,7 @@ class SyncerFiles:
         versions = [f.version for f in fragments]
         final = self.layout.assemble({n: t for f in fragments for n, t in f.theta.items()})
         meta = {"run_id": self.run_id, "kind": "final", "versions": versions}
-        self.store.put(keys.FINAL_MODEL, wire.pack(final, meta, key=self.key))
+        self.store.put(keys.FINAL_MODEL, self.signer.pack(final, meta))
         self.store.put_json(
             keys.FINAL_META,
             {"versions": versions, "model": self.layout.model, "tokens_merged": tokens_merged},
@@ -418,7 +413,7 @@ def _values_to_publish(
         SYNCER_POOL.give(scratch)
     values_digest = digest(step.values, files.dtype)
     delta = pack_global_delta(
-        files.run_id,
+        files.signer,
         p,
         version,
         step,
@@ -426,7 +421,6 @@ def _values_to_publish(
         dtype=files.dtype,
         base_digest=base_digest,
         digest=values_digest,
-        key=files.key,
     )
     return step.values, values_digest, delta
 

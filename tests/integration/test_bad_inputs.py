@@ -26,6 +26,7 @@ from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.update import UpdateHeader
+from ddiloco.protocol.wire import RunSigner
 from ddiloco.run import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.store.url import open_store
@@ -464,7 +465,7 @@ def _forge_global(r: Run, p: int, version: int, key=None) -> None:
     """An unsigned (or wrongly signed) global version with the right shapes, named by latest and status."""
     layout = r.syncer.layout
     tensors = {n: torch.zeros(layout.shapes[n]) for n in layout.fragments[p].names}
-    publish_global(r.store, r.name, p, version, tensors, "fp32", key=key)
+    publish_global(r.store, RunSigner(r.name, key), p, version, tensors, "fp32")
 
 
 def test_a_learner_skips_a_global_version_that_fails_verification_and_keeps_training():
@@ -510,7 +511,7 @@ def test_a_tampered_checkpoint_is_not_loaded():
     for _ in range(3):
         tick(r)
     meta = {"run_id": r.name, "cursor": a.loader.state_dict(), "incarnation": 0}
-    save_learner_checkpoint(r.store, 0, a.inner_step, a.model, a.opt, meta)  # unsigned: not by this run
+    save_learner_checkpoint(RunRoot(r.store, r.name), 0, a.inner_step, a.model, a.opt, meta)  # unsigned
     b = Learner.open(r.store, 0, secret=SECRET)
     b.start()
     assert b.inner_step == 0 and not b.opt.state  # fresh, from the current globals

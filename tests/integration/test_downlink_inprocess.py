@@ -3,10 +3,11 @@ published values."""
 
 import torch
 
-from ddiloco.globalmodel import latest_version, read_global, read_layout
+from ddiloco.globalmodel import latest_version, read_layout
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
+from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
@@ -43,7 +44,7 @@ def test_learners_download_deltas_and_hold_the_published_values():
     for learner in learners:
         assert learner.feed.fetched["delta"] > 0 and not learner.feed.rejected_globals
         for p, (version, _) in learner.feed.held.items():
-            held = read_global(store, cfg.run_id, layout, p, version)
+            held = RunRoot(store, cfg.run_id).read_global(layout, p, version)
             for n, t in held.items():  # bit for bit what the full version holds
                 assert torch.equal(learner.feed.anchors[n].view(torch.int32), t.view(torch.int32))
     assert all(latest_version(store, p) >= 1 for p in range(layout.num_fragments))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.globalmodel import latest_version, read_global, read_layout
+from ddiloco.globalmodel import latest_version, read_layout
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.evaluate import global_loss_curve
 from ddiloco.posttrain.summary import build_summary, read_round_records
@@ -58,7 +58,7 @@ def test_merge_moves_globals_towards_learners_and_publishes_each_version_once():
     # retention prunes old ones: test_default_retention_bounds_the_store_...)
     store, cfg = _prepared("eng-versions", "diloco.token_budget=4000", "retention=null")
     layout = read_layout(store)
-    v0 = {p: read_global(store, cfg.run_id, layout, p, 0) for p in range(layout.num_fragments)}
+    v0 = {p: RunRoot(store, cfg.run_id).read_global(layout, p, 0) for p in range(layout.num_fragments)}
     syncer = Syncer(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
@@ -70,7 +70,7 @@ def test_merge_moves_globals_towards_learners_and_publishes_each_version_once():
         found = [k for k in store.list(f"global/{p:03d}/") if k.endswith(".safetensors")]
         deltas = [keys.global_delta_key(p, i) for i in range(1, v + 1)]  # diloco.download_codec (int8)
         assert sorted(found) == sorted([keys.global_key(p, i) for i in range(v + 1)] + deltas)
-        latest = read_global(store, cfg.run_id, layout, p, v)
+        latest = RunRoot(store, cfg.run_id).read_global(layout, p, v)
         assert any(not torch.equal(latest[n], v0[p][n]) for n in latest)
 
 
@@ -92,7 +92,7 @@ def test_bf16_globals_publish_the_rounded_fp32_master_and_a_restart_keeps_the_ma
     ahead = 0
     for p, frag in enumerate(syncer.fragments):
         assert frag.version >= 1 and store.exists(keys.master_key(p, frag.version))
-        published = read_global(store, cfg.run_id, layout, p, frag.version)
+        published = RunRoot(store, cfg.run_id).read_global(layout, p, frag.version)
         for n, master in frag.theta.items():
             assert master.dtype == torch.float32
             assert torch.equal(published[n], master.to(torch.bfloat16).float())
@@ -159,7 +159,7 @@ def test_new_learner_starts_from_the_current_globals_not_its_init():
     for p in range(layout.num_fragments):
         v = latest_version(store, p)
         assert late.ledger[p].anchor == v
-        for n, t in read_global(store, cfg.run_id, layout, p, v).items():
+        for n, t in RunRoot(store, cfg.run_id).read_global(layout, p, v).items():
             torch.testing.assert_close(late.params[n].detach(), t)
     late.close("max_steps")
     first.close("max_steps")

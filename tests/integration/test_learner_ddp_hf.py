@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import build_model, read_global, read_layout
+from ddiloco.globalmodel import build_model, read_layout
 from ddiloco.learner import ddp
 from ddiloco.learner.accel import lr_at, train_step
 from ddiloco.model import configure_optimizer
@@ -45,7 +45,7 @@ def test_two_ranks_of_a_mixture_of_experts_model_match_one_process_on_the_concat
     named = dict(ref.named_parameters())
     with torch.no_grad():
         for p in range(layout.num_fragments):
-            for n, v in read_global(store, cfg.run_id, layout, p, 0).items():
+            for n, v in RunRoot(store, cfg.run_id).read_global(layout, p, 0).items():
                 named[n].copy_(v)
     opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
     tokens = RunRoot(store, cfg.run_id).shard(0)

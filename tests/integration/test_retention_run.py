@@ -147,6 +147,7 @@ def test_a_joining_learner_falls_back_to_the_newest_kept_version_without_trying_
     import torch
 
     from ddiloco.globalmodel import publish_global, read_layout
+    from ddiloco.protocol.wire import RunSigner
 
     name = "ret-first"
     store = open_store(f"memory://{name}")
@@ -170,7 +171,7 @@ def test_a_joining_learner_falls_back_to_the_newest_kept_version_without_trying_
     assert fallback() < latest - 3 and len(kept()) <= 4
     bad = {n: torch.zeros(1) for n in read_layout(store).fragments[0].names}  # wrong shapes
     for v in (latest - 1, latest):  # the window is overwritten with junk, the pointer still names latest
-        publish_global(store, name, 0, v, bad, "fp32")
+        publish_global(store, RunSigner(name), 0, v, bad, "fp32")
     late = Learner.open(store, 1)
     late.start()
     assert late.ledger[0].anchor == fallback()

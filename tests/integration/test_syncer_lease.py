@@ -18,6 +18,7 @@ from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary, read_round_records
 from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
+from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.store.wrapped import DelegatingStore
 from ddiloco.syncer.lease import FENCED_EXIT, Fenced, Lease
@@ -130,7 +131,7 @@ def test_each_version_is_written_once_even_by_a_syncer_that_missed_its_expiry():
         k: store.get(k)
         for k in (keys.global_key(p, v), keys.momentum_key(p, v), keys.round_record_key(record.round))
     }
-    other = SyncerFiles(store, "lease-once", read_layout(store), None)
+    other = SyncerFiles(RunRoot(store, "lease-once", None), read_layout(store))
     forged = dataclasses.replace(proposal, theta={n: t + 1 for n, t in proposal.theta.items()})
     with pytest.raises(Fenced, match=f"version {v} of fragment {p}"):
         other.publish(forged, dataclasses.replace(record, epoch=7))

@@ -212,7 +212,7 @@ def test_checkpoint_writer_writes_the_newest_waiting_snapshot_only():
     store = open_store("memory://accel-ckpt")
     prepare(store, tiny_config("accel-ckpt", "diloco.learners=1"))
     learner = Learner.open(store, 0)
-    writer = CheckpointWriter(store, 0, None)
+    writer = CheckpointWriter(learner.root, 0)
     pool = _DeferredPool()
     copier = accel.HostCopier(torch.device("cpu"))
     for step in (1, 2, 3):  # the store is "slow": nothing is written until the pool runs

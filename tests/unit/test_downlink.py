@@ -30,6 +30,8 @@ from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.update import UpdateHeader
+from ddiloco.protocol.wire import RunSigner
+from ddiloco.run import RunRoot
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import MergeRule
 from ddiloco.syncer.rounds import Answer, Round
@@ -37,6 +39,7 @@ from ddiloco.syncer.state import SyncerFiles
 
 RUN = "r"
 KEY = signing.for_run(b"master-key" * 4, RUN)
+SIGNER = RunSigner(RUN, KEY)
 SHAPES = {"w": [3, 100], "b": [7]}  # 300 values: two full blocks of 128 and a padded one
 LAYOUT = Layout(
     fragments=[Fragment(0, ("b", "w"), 307)], shapes=SHAPES, embedding_names=frozenset(), model={}
@@ -70,8 +73,8 @@ def syncer_run(dtype: str, codec: str, versions: int, seed: int = 0):
     store = MemoryStore(f"downlink-{uuid.uuid4().hex}")
     g = torch.Generator().manual_seed(seed)
     v0 = {n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
-    publish_global(store, RUN, 0, 0, v0, dtype, key=KEY)
-    files = SyncerFiles(store, RUN, LAYOUT, KEY, dtype, codec)
+    publish_global(store, SIGNER, 0, 0, v0, dtype)
+    files = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT, dtype, codec)
     frag = files.resume(RULE, 0.0).fragments[0]
     for r in range(versions):
         header = UpdateHeader(base_version=frag.version, c_tokens=640, c_steps=10, c_seconds=1.0)
@@ -93,10 +96,10 @@ def test_the_delta_path_and_the_full_path_hold_bit_identical_values(dtype, codec
     held = None
     for store, frag in syncer_run(dtype, codec, 100):
         v = frag.version
-        full = read_global_full(store, RUN, LAYOUT, 0, v, key=KEY)
+        full = read_global_full(store, SIGNER, LAYOUT, 0, v)
         if held is None:  # a learner that joined at version 0
-            held = read_global_full(store, RUN, LAYOUT, 0, v - 1, key=KEY)
-        delta = read_global_delta(store, RUN, LAYOUT, 0, v, key=KEY)
+            held = read_global_full(store, SIGNER, LAYOUT, 0, v - 1)
+        delta = read_global_delta(store, SIGNER, LAYOUT, 0, v)
         assert (delta.base_version, delta.base_digest) == (held.version, held.digest)
         values = {n: apply_delta(held.tensors[n], d, dtype) for n, d in delta.deq.items()}
         for n in SHAPES:
@@ -109,10 +112,10 @@ def test_the_delta_path_and_the_full_path_hold_bit_identical_values(dtype, codec
 
 def test_a_restarted_syncer_keeps_the_master_and_publishes_deltas_against_what_learners_hold():
     store, before = last(syncer_run("fp32", "int4", 6))
-    files = SyncerFiles(store, RUN, LAYOUT, KEY, "fp32", "int4")
+    files = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT, "fp32", "int4")
     after = files.resume(RULE, 0.0).fragments[0]
     assert all(torch.equal(after.theta[n], before.theta[n]) for n in SHAPES)  # the master, not L_v
-    full = read_global_full(store, RUN, LAYOUT, 0, 6, key=KEY)
+    full = read_global_full(store, SIGNER, LAYOUT, 0, 6)
     assert all(torch.equal(after.base(6)[n], full.tensors[n]) for n in SHAPES)
 
 
@@ -165,15 +168,13 @@ def test_error_feedback_keeps_learners_within_one_quantization_step_of_the_maste
 def feed(store: MemoryStore, codec: str = "int8") -> VersionFeed:
     params = {n: torch.zeros(s) for n, s in SHAPES.items()}
     return VersionFeed(
-        store,
+        RunRoot(store, RUN, KEY),
         LAYOUT,
         LiveMembers(params),
         HostCopier(torch.device("cpu")),
         LearnerMetrics(CollectorRegistry(), 0, 0),
         DilocoConfig(download_codec=codec),
-        run_id=RUN,
         learner_id=0,
-        key=KEY,
     )
 
 
@@ -191,7 +192,7 @@ def test_a_learner_one_version_behind_downloads_the_delta_and_holds_the_full_val
     for v in (1, 2, 3):
         [(p, got)] = fetch(f, v)
         f.overwrite(p, got, 0.0)
-        full = read_global_full(store, RUN, LAYOUT, 0, v, key=KEY)
+        full = read_global_full(store, SIGNER, LAYOUT, 0, v)
         assert all(torch.equal(bits(f.anchors[n]), bits(full.tensors[n])) for n in SHAPES)
         assert f.held[0] == (v, full.digest)
     assert f.fetched == {"delta": 3} and not f.rejected_globals
@@ -208,7 +209,7 @@ def test_a_delta_on_another_base_is_refused_and_the_full_version_fetched():
     assert all(torch.equal(f.anchors[n], before[n]) for n in SHAPES)
     [(_, got)] = fetch(f, 1)  # the next request takes the full version
     assert f.fetched == {"delta": 1, "full": 1}
-    full = read_global_full(store, RUN, LAYOUT, 0, 1, key=KEY)
+    full = read_global_full(store, SIGNER, LAYOUT, 0, 1)
     assert got.digest == full.digest and all(torch.equal(got.tensors[n], full.tensors[n]) for n in SHAPES)
 
 
@@ -238,7 +239,7 @@ def test_a_forged_delta_is_refused_and_the_full_version_fetched(forge, reason):
     f.overwrite(0, f.first(0, 0), 0.0)
     [(_, got)] = fetch(f, 1)
     assert f.rejected_globals == {reason: 1} and f.fetched == {"full": 1}
-    full = read_global_full(store, RUN, LAYOUT, 0, 1, key=KEY)
+    full = read_global_full(store, SIGNER, LAYOUT, 0, 1)
     assert got.digest == full.digest and all(torch.equal(got.tensors[n], full.tensors[n]) for n in SHAPES)
 
 
@@ -267,9 +268,9 @@ def test_a_global_packed_with_the_digest_publish_computed_is_the_same_payload(dt
     """Publish hashes a version's values once (the delta names the digest) and hands it to `pack_global`:
     the payload must be byte-identical to one hashed in `wire.pack`, and a wrong digest must not verify."""
     values = {n: torch.randn(s, generator=torch.Generator().manual_seed(3)) for n, s in SHAPES.items()}
-    plain = pack_global(RUN, 0, 4, values, dtype, {"round": 9}, key=KEY)
-    assert pack_global(RUN, 0, 4, values, dtype, {"round": 9}, key=KEY, digest=digest(values, dtype)) == plain
-    wrong = pack_global(RUN, 0, 4, values, dtype, {"round": 9}, key=KEY, digest="0" * 64)
+    plain = pack_global(SIGNER, 0, 4, values, dtype, {"round": 9})
+    assert pack_global(SIGNER, 0, 4, values, dtype, {"round": 9}, digest=digest(values, dtype)) == plain
+    wrong = pack_global(SIGNER, 0, 4, values, dtype, {"round": 9}, digest="0" * 64)
     with pytest.raises(wire.PayloadError, match="checksum"):
         wire.unpack(wrong, key=KEY)
 
@@ -286,19 +287,19 @@ def test_an_int4_delta_of_another_packing_is_refused_by_name_and_the_full_versio
         meta["packing"] = packing
     store.put(keys.global_delta_key(0, 1), wire.pack(payload.tensors, meta, key=KEY))
     with pytest.raises(wire.PayloadError, match="int4 codes packed .*same ddiloco version"):
-        read_global_delta(store, RUN, LAYOUT, 0, 1, key=KEY)
+        read_global_delta(store, SIGNER, LAYOUT, 0, 1)
     f = feed(store, "int4")
     f.overwrite(0, f.first(0, 0), 0.0)
     [(_, got)] = fetch(f, 1)
     assert f.rejected_globals == {"delta_bad_codec": 1} and f.fetched == {"full": 1}
-    full = read_global_full(store, RUN, LAYOUT, 0, 1, key=KEY)
+    full = read_global_full(store, SIGNER, LAYOUT, 0, 1)
     assert got.digest == full.digest
 
 
 def test_download_codec_none_publishes_no_delta_and_the_rounded_master():
     store, frag = last(syncer_run("bf16", "none", 2))
     assert not store.exists(keys.global_delta_key(0, 1))
-    full = read_global_full(store, RUN, LAYOUT, 0, 2, key=KEY)
+    full = read_global_full(store, SIGNER, LAYOUT, 0, 2)
     assert all(torch.equal(full.tensors[n], frag.theta[n].to(torch.bfloat16).float()) for n in SHAPES)
     f = feed(store, codec="none")
     f.overwrite(0, f.first(0, 1), 0.0)

@@ -12,6 +12,8 @@ from ddiloco.globalmodel import Layout, publish_global
 from ddiloco.merge import OuterNesterov
 from ddiloco.protocol import signing
 from ddiloco.protocol.update import UpdateHeader
+from ddiloco.protocol.wire import RunSigner
+from ddiloco.run import RunRoot
 from ddiloco.schedule import decay_factor
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import MergeRule
@@ -103,15 +105,15 @@ def test_the_scale_is_saved_with_the_momentum_and_a_restart_continues_bit_for_bi
         }
 
     store = MemoryStore(f"outer-sched-{uuid.uuid4().hex}")
-    publish_global(store, run, 0, 0, {"g": torch.zeros(16)}, "fp32", key=key)
-    f = SyncerFiles(store, run, LAYOUT, key, "fp32")
+    publish_global(store, RunSigner(run, key), 0, 0, {"g": torch.zeros(16)}, "fp32")
+    f = SyncerFiles(RunRoot(store, run, key), LAYOUT, "fp32")
     frag = f.resume(rule, 0.0).fragments[0]
     for r, tokens in enumerate((0, 300, 600)):
         proposal = frag.propose(answers(frag), rule, tokens_merged=tokens)
         f.publish(proposal, proposal.record(Round(r, 0, 0.0, 0.0), now=0.0, merged_at=0.0))
         frag.commit(proposal, published_at=0.0, clock=0.0)
     assert frag.outer.lr_scale == pytest.approx(rule.lr_scale(600))
-    restarted = SyncerFiles(store, run, LAYOUT, key, "fp32").resume(rule, 0.0).fragments[0]
+    restarted = SyncerFiles(RunRoot(store, run, key), LAYOUT, "fp32").resume(rule, 0.0).fragments[0]
     assert restarted.outer.lr_scale == frag.outer.lr_scale
     going_on = frag.propose(answers(frag), rule, tokens_merged=900)
     after_restart = restarted.propose(answers(restarted), rule, tokens_merged=900)

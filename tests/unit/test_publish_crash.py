@@ -12,6 +12,8 @@ from ddiloco.globalmodel import latest_version, pack_global, publish_global
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import Ledger, RoundRecord, SyncerState
 from ddiloco.protocol.update import UpdateHeader
+from ddiloco.protocol.wire import RunSigner
+from ddiloco.run import RunRoot
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import GlobalFragment
 from ddiloco.syncer.lease import Fenced
@@ -21,6 +23,7 @@ from tests.unit.test_syncer_state import GAIN, LAYOUT, RULE  # one fragment hold
 
 RUN = "r"
 KEY = signing.for_run(b"crash-key" * 4, RUN)
+SIGNER = RunSigner(RUN, KEY)
 CONFIGS = {  # (global dtype, download codec) -> the writes of one publish, in order
     ("fp32", "none"): ("after_momentum", "after_record", "after_global", "after_pointer"),
     ("bf16", "none"): ("after_momentum", "after_master", "after_record", "after_global", "after_pointer"),
@@ -45,7 +48,7 @@ def _clean():
 
 def new_run(dtype: str) -> MemoryStore:
     store = MemoryStore(f"publish-crash-{uuid.uuid4().hex}")
-    publish_global(store, RUN, 0, 0, {GAIN: torch.ones(16)}, dtype, key=KEY)
+    publish_global(store, SIGNER, 0, 0, {GAIN: torch.ones(16)}, dtype)
     return store
 
 
@@ -105,7 +108,7 @@ def assert_one_merge_per_version(store: MemoryStore, ledger: Ledger) -> None:
 @pytest.mark.parametrize(("dtype", "codec", "step"), CASES)
 def test_a_successor_adopts_or_supersedes_a_publish_cut_after_any_write(dtype, codec, step):
     store = new_run(dtype)
-    first = SyncerFiles(store, RUN, LAYOUT, KEY, dtype, codec)
+    first = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT, dtype, codec)
     frag = first.resume(RULE, 0.0).fragments[0]
     for r in range(2):
         merge(first, frag, r, epoch=1)
@@ -115,7 +118,7 @@ def test_a_successor_adopts_or_supersedes_a_publish_cut_after_any_write(dtype, c
         merge(first, frag, 2, epoch=1)  # dies here: nothing after this write happens
     failpoints.disarm()
 
-    second = SyncerFiles(store, RUN, LAYOUT, KEY, dtype, codec)
+    second = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT, dtype, codec)
     resumed = second.resume(RULE, 0.0)
     after = resumed.fragments[0]
     published = step in ("after_global", "after_pointer")  # the global version is the commit point
@@ -131,14 +134,14 @@ def test_a_successor_adopts_or_supersedes_a_publish_cut_after_any_write(dtype, c
 
 def test_a_version_found_by_its_own_or_a_newer_epoch_is_fenced_at_resume():
     store = new_run("fp32")
-    first = SyncerFiles(store, RUN, LAYOUT, KEY)
+    first = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT)
     frag = first.resume(RULE, 0.0).fragments[0]
     merge(first, frag, 0, epoch=3)
     store.put_json(keys.global_latest_key(0), {"version": 0})  # as if the pointer had not been written
     for epoch in (2, 3):
         with pytest.raises(Fenced, match="written by epoch 3"):
-            SyncerFiles(store, RUN, LAYOUT, KEY).resume(RULE, 0.0, epoch)
-    assert SyncerFiles(store, RUN, LAYOUT, KEY).resume(RULE, 0.0, 4).fragments[0].version == 1
+            SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT).resume(RULE, 0.0, epoch)
+    assert SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT).resume(RULE, 0.0, 4).fragments[0].version == 1
 
 
 def planted(kind: str) -> bytes:
@@ -147,12 +150,12 @@ def planted(kind: str) -> bytes:
     if kind == "garbage":
         return b"not a payload"
     if kind == "foreign_run":
-        return pack_global("other-run", 0, 1, good, "fp32", {"round": 0, "epoch": 0}, key=KEY)
+        return pack_global(RunSigner("other-run", KEY), 0, 1, good, "fp32", {"round": 0, "epoch": 0})
     if kind == "wrong_key":
-        return pack_global(RUN, 0, 1, good, "fp32", {"round": 0, "epoch": 0}, key=b"k" * 32)
+        return pack_global(RunSigner(RUN, b"k" * 32), 0, 1, good, "fp32", {"round": 0, "epoch": 0})
     if kind == "wrong_fragment":
-        return pack_global(RUN, 1, 1, good, "fp32", {"round": 0, "epoch": 0}, key=KEY)
-    return pack_global(RUN, 0, 1, {GAIN: torch.full((16,), float("nan"))}, "fp32", {"round": 0}, key=KEY)
+        return pack_global(SIGNER, 1, 1, good, "fp32", {"round": 0, "epoch": 0})
+    return pack_global(SIGNER, 0, 1, {GAIN: torch.full((16,), float("nan"))}, "fp32", {"round": 0})
 
 
 KINDS = ["garbage", "foreign_run", "wrong_key", "wrong_fragment", "non_finite"]
@@ -165,7 +168,7 @@ def test_an_unverifiable_object_at_the_next_version_key_is_quarantined_and_the_r
     blob = planted(kind)
     if when == "before_resume":
         store.put(keys.global_key(0, 1), blob)
-    files = SyncerFiles(store, RUN, LAYOUT, KEY)
+    files = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT)
     frag = files.resume(RULE, 0.0).fragments[0]
     assert frag.version == 0
     if when == "while_running":
@@ -180,7 +183,7 @@ def test_an_unverifiable_object_at_the_next_version_key_is_quarantined_and_the_r
     save(files, frag, 2, epoch=1)
     state = store.get_json(keys.SYNCER_STATE)
     store.put_json(keys.SYNCER_STATE, state | {"quarantined": dict(files.slots.quarantined)})
-    state = SyncerFiles(store, RUN, LAYOUT, KEY)
+    state = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT)
     state.resume(RULE, 0.0, 2)
     assert sum(state.slots.quarantined.values()) == 1, "the count survives a restart"
 
@@ -191,8 +194,8 @@ def test_a_version_an_older_epoch_publishes_meanwhile_is_superseded_not_overwrit
     from ddiloco.syncer.adopt import Superseded
 
     store = new_run("fp32")
-    old = SyncerFiles(store, RUN, LAYOUT, KEY)
-    new = SyncerFiles(store, RUN, LAYOUT, KEY)
+    old = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT)
+    new = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT)
     old_frag = old.resume(RULE, 0.0, 1).fragments[0]
     new_frag = new.resume(RULE, 0.0, 2).fragments[0]
     merge(old, old_frag, 0, epoch=1)

@@ -21,6 +21,7 @@ from ddiloco.learner.checkpoint import (
 from ddiloco.model import PRESETS, configure_optimizer, count_params, gpt_config, init_model
 from ddiloco.posttrain.evaluate import curve_points
 from ddiloco.retention import RetentionConfig, curve_moments, curve_stride, kept_versions
+from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.retention import Retention
 
@@ -175,7 +176,7 @@ def test_a_checkpoint_holds_no_parameters_and_only_the_newest_is_kept():
     model, opt = _model_and_opt()
     store.put(keys.ckpt_key(0, 3), b"left by a crashed incarnation")
     for step in (10, 20, 30):
-        save_learner_checkpoint(store, 0, step, model, opt, {"run_id": "r", "cursor": {}})
+        save_learner_checkpoint(RunRoot(store, "r"), 0, step, model, opt, {"run_id": "r", "cursor": {}})
     assert store.list(keys.ckpt_prefix(0)) == [keys.ckpt_latest_key(0), keys.ckpt_key(0, 30)]
     from ddiloco.protocol import wire
 
@@ -184,7 +185,7 @@ def test_a_checkpoint_holds_no_parameters_and_only_the_newest_is_kept():
     fresh, fresh_opt = init_model(gpt_config("tiny", vocab_size=64, block_size=16), 1), None
     fresh_opt = configure_optimizer(fresh, 1e-3, 0.0, (0.9, 0.95))
     before = {n: p.detach().clone() for n, p in fresh.named_parameters()}
-    meta = load_learner_checkpoint(store, 0, "r", fresh, fresh_opt)
+    meta = load_learner_checkpoint(RunRoot(store, "r"), 0, fresh, fresh_opt)
     assert meta is not None and meta["inner_step"] == 30
     for (n, p), q in zip(fresh.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(fresh_opt.state[p]["exp_avg"], opt.state[q]["exp_avg"])
@@ -206,7 +207,6 @@ def test_evaluating_a_parameter_less_learner_checkpoint_says_what_to_do_instead(
     from ddiloco.globalmodel import build_model, read_layout
     from ddiloco.posttrain.evaluate import load_model
     from ddiloco.prepare import prepare
-    from ddiloco.run import RunRoot
     from tests._harness import tiny_config
 
     store = open_store("memory://retention-eval-learner")
@@ -214,7 +214,12 @@ def test_evaluating_a_parameter_less_learner_checkpoint_says_what_to_do_instead(
     layout = read_layout(store)
     model = build_model(layout)
     save_learner_checkpoint(
-        store, 0, 5, model, configure_optimizer(model, 1e-3, 0.0), {"run_id": "retention-eval-learner"}
+        RunRoot(store, "retention-eval-learner"),
+        0,
+        5,
+        model,
+        configure_optimizer(model, 1e-3, 0.0),
+        {"run_id": "retention-eval-learner"},
     )
     with pytest.raises(ValueError, match="hold only AdamW state"):
         load_model(RunRoot(store, "retention-eval-learner"), "learner:0", layout)

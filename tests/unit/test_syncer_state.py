@@ -12,6 +12,8 @@ from ddiloco.fragments import Fragment
 from ddiloco.globalmodel import Layout, publish_global
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.update import UpdateHeader
+from ddiloco.protocol.wire import RunSigner
+from ddiloco.run import RunRoot
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.rounds import Answer, Round
@@ -39,14 +41,14 @@ def _one_thread():
 
 
 def files(store: MemoryStore, dtype: str) -> SyncerFiles:
-    return SyncerFiles(store, RUN, LAYOUT, KEY, dtype)
+    return SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT, dtype)
 
 
 def merged_run(dtype: str, rounds: int = 10) -> tuple[MemoryStore, GlobalFragment]:
     """A syncer that merged `rounds` rounds of four learners raising the gain by 3e-4, persisting each merge
     as the loop does, and crashed before writing its state (the restart adopts every version)."""
     store = MemoryStore(f"syncer-state-{uuid.uuid4().hex}")
-    publish_global(store, RUN, 0, 0, {GAIN: torch.ones(16)}, dtype, key=KEY)
+    publish_global(store, RunSigner(RUN, KEY), 0, 0, {GAIN: torch.ones(16)}, dtype)
     f = files(store, dtype)
     frag = f.resume(RULE, 0.0).fragments[0]
     for r in range(rounds):
