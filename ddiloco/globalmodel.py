@@ -175,18 +175,11 @@ def build_model(layout: Layout, seed: int = 0, device: torch.device | str = "cpu
     return init_model(layout.gpt_config(), seed, device)
 
 
-def publish_global(
-    store: Store,
-    signer: wire.RunSigner,
-    p: int,
-    version: int,
-    tensors: dict[str, torch.Tensor],
-    dtype: str,
-    extra: dict | None = None,
-) -> int:
+def publish_global(store: Store, signer: wire.RunSigner, p: int, version: int, *payload: Any) -> int:
     """Write global version `version` of fragment p (signed with the run key, if any), then its latest
-    pointer. Returns bytes written. (The syncer creates versions write-once instead: `ddiloco.syncer.state`.)"""
-    blob = pack_global_blob(signer, p, version, tensors, dtype, extra)
+    pointer; `payload`: `pack_global_blob`'s tensors, dtype and extra. Returns bytes written. (The syncer
+    creates versions write-once instead: `ddiloco.syncer.state`.)"""
+    blob = pack_global_blob(signer, p, version, *payload)
     store.put(keys.global_key(p, version), blob)
     put_latest(store, p, version)
     return len(blob)

@@ -90,17 +90,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     root = RunRoot.from_env(open_store(args.store), role="sft")
     cfg = with_section_overrides(root.config(), "sft", args.overrides)
-    scfg = with_flags(
-        cfg.sft or SFTConfig(),
-        base=args.base,
-        data=args.data,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        replay_fraction=args.replay_fraction,
-        seed=args.seed,
-        device=args.device,
-    )
+    scfg = with_flags(cfg.sft or SFTConfig(), **{name: getattr(args, name) for name in SFT_FLAGS})
     if args.skip_without_data and (why := skip_without_instructions(root, scfg)) is not None:
         return emit({"skipped": why})
     metrics = run_sft(root, scfg)
@@ -130,6 +120,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return emit(out)
 
 
+SFT_FLAGS = ("base", "data", "steps", "batch_size", "lr", "replay_fraction", "seed", "device")
+"""`ddiloco sft`'s flags that override the run's sft: section (None: not given)."""
+
+
+def _on_run_root(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand that works on a prepared run root (`--store`)."""
+    p = sub.add_parser(name, help=help, description=description)
+    p.add_argument("--store", required=True, help="run root, e.g. file:///dir/run or s3://bucket/prefix/run")
+    return p
+
+
 def _add_section_args(p: argparse.ArgumentParser, section: str, seed: str, example: str) -> None:
     """`--seed`, `--device` and `--set` of a command whose settings are the run's `section`."""
     p.add_argument(
@@ -143,13 +144,12 @@ def _add_section_args(p: argparse.ArgumentParser, section: str, seed: str, examp
 
 def register(sub: Any) -> None:
     """Add `evaluate`, `sft`, `report` and `export` to the `ddiloco` subcommands."""
-    p = sub.add_parser(
+    p = _on_run_root(
+        sub,
         "evaluate",
-        help="validation loss, perplexity and downstream task accuracy of a checkpoint in the store",
-        description="Settings come from the run's eval: section, then --set eval.KEY=VALUE, then the flags "
-        "below.",
+        "validation loss, perplexity and downstream task accuracy of a checkpoint in the store",
+        "Settings come from the run's eval: section, then --set eval.KEY=VALUE, then the flags below.",
     )
-    p.add_argument("--store", required=True, help="run root, e.g. file:///dir/run or s3://bucket/prefix/run")
     p.add_argument(
         "--model",
         default=None,
@@ -175,13 +175,13 @@ def register(sub: Any) -> None:
     _add_section_args(p, "eval", "task seed", "eval.items_per_task=50")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser(
+    p = _on_run_root(
+        sub,
         "sft",
-        help="fine-tune a checkpoint on prompt/response pairs; writes sft/model.safetensors to the store",
-        description="Settings come from the run's sft: section (defaults when it is null), then --set "
-        "sft.KEY=VALUE, then the flags below.",
+        "fine-tune a checkpoint on prompt/response pairs; writes sft/model.safetensors to the store",
+        "Settings come from the run's sft: section (defaults when it is null), then --set sft.KEY=VALUE, then "
+        "the flags below.",
     )
-    p.add_argument("--store", required=True, help="run root")
     p.add_argument(
         "--data", default=None, help='JSONL of {"prompt", "response"} (default: sft.data, else built-in)'
     )
@@ -218,13 +218,13 @@ def register(sub: Any) -> None:
     p.add_argument("--curve-points", type=int, default=8, help="points of the post-hoc validation curve")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser(
+    p = _on_run_root(
+        sub,
         "export",
-        help="write a checkpoint as a Hugging Face directory (config, safetensors, tokenizer)",
-        description="The directory loads with transformers alone: AutoModelForCausalLM.from_pretrained(DIR) "
-        "and AutoTokenizer.from_pretrained(DIR). A signed run's model is verified first.",
+        "write a checkpoint as a Hugging Face directory (config, safetensors, tokenizer)",
+        "The directory loads with transformers alone: AutoModelForCausalLM.from_pretrained(DIR) and "
+        "AutoTokenizer.from_pretrained(DIR). A signed run's model is verified first.",
     )
-    p.add_argument("--store", required=True, help="run root")
     p.add_argument("--model", default="final", help="final | sft | latest | round:N (default: final)")
     p.add_argument("--out", required=True, help="local directory, file:///dir or s3://bucket/prefix")
     p.set_defaults(func=cmd_export)

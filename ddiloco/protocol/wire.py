@@ -90,15 +90,10 @@ def data_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def pack(
-    tensors: Mapping[str, torch.Tensor],
-    meta: Mapping[str, Any],
-    *,
-    key: bytes | None = None,
-    data_sha256: str | None = None,
-) -> bytes:
-    """`pack_blob` joined into one bytes object (the one copy of the data)."""
-    return bytes(pack_blob(tensors, meta, key=key, data_sha256=data_sha256))
+def pack(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], **options: Any) -> bytes:
+    """`pack_blob` (same options: `key`, `data_sha256`) joined into one bytes object (the one copy of the
+    data)."""
+    return bytes(pack_blob(tensors, meta, **options))
 
 
 def pack_blob(
