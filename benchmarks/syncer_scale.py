@@ -268,7 +268,7 @@ def close_round(r: Prepared, proposal: Proposal, store, args: argparse.Namespace
     """Adopt the published proposal (`commit`), check the round, and drop everything of it."""
     rnd = r.rnd
     assert rnd is not None
-    r.frag.commit(proposal, published_at=time.time(), clock=time.monotonic(), dtype=args.global_dtype)
+    r.frag.commit(proposal, published_at=time.time(), clock=time.monotonic())
     if rnd.sums is not None:
         rnd.sums.release()  # as the syncer's loop does after a merge
         rnd.sums = None

@@ -248,7 +248,8 @@ def test_ddiloco_learner_exits_4_when_its_answers_never_merge(monkeypatch, caplo
     monkeypatch.setattr("ddiloco.learner.io.encode", _raise)
     thread.start()
     try:
-        code = main(["learner", "--store", "memory://health-cli", "--learner-id", "0", "--max-steps", "600"])
+        # Steps enough to outlast the 1 s bound (600 took ~1 s once rounds came H steps apart): the bound ends it.
+        code = main(["learner", "--store", "memory://health-cli", "--learner-id", "0", "--max-steps", "20000"])
     finally:
         stop.set()
         thread.join()
