@@ -14,8 +14,10 @@ from tests.chaos.test_local_chaos import assert_no_lost_or_double_merges
 
 pytestmark = pytest.mark.slow
 
+# Checkpoints every 0.25 s: on a quiet machine 30 steps take under a second, and the kill must come after the
+# learner's first checkpoint (with 1 s it came before it, and nothing was restored).
 FSDP = ("diloco.learners=2", "diloco.fragments=2", "train.ranks=2", "train.parallel=fsdp", "sft=null",
-        "diloco.sync_every=8", "train.checkpoint_every_s=1", "diloco.token_budget=80000",
+        "diloco.sync_every=8", "train.checkpoint_every_s=0.25", "diloco.token_budget=80000",
         "eval.curve_points=2", "chaos.events=[{kind: kill_learner, learner: 1, at_step: 30}]")  # fmt: skip
 
 

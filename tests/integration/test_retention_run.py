@@ -97,7 +97,7 @@ def test_an_answer_on_a_pruned_base_is_rejected_and_the_books_still_balance():
     name = "ret-pruned-base"
     store = open_store(f"memory://{name}")
     cfg = tiny_config(
-        name, "retention.keep_latest=2", "retention.curve_moments=2", "diloco.token_budget=60000"
+        name, "retention.keep_latest=2", "retention.curve_moments=2", "diloco.token_budget=150000"
     )
     prepare(store, cfg)
     syncer = Syncer(store, poll_s=0)

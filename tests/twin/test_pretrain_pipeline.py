@@ -76,7 +76,9 @@ def pretrain_run(profile_s3, compiled, tmp_path_factory):
     2.17's profile controller writes), not the server's admin key."""
     assert profile_s3.namespace == NAMESPACE
     work = tmp_path_factory.mktemp("twin-pretrain")
-    twin, args = twin_and_args(compiled, profile_s3, work, 150_000)
+    # Enough tokens that training outlasts the second kill (12 s) by the new incarnation's first report on a
+    # quiet machine: with 150k the run was over before learner 1's second incarnation reported.
+    twin, args = twin_and_args(compiled, profile_s3, work, 300_000)
     twin.timeout_s = 900  # the whole pipeline, report included, on a loaded 2-core runner
     args["text_corpus"] = _text_corpus(profile_s3)  # the tokenize step turns it into .npy parts in the store
     pairs = work / "instructions.jsonl"  # sft.data: a user corpus brings its own instructions
