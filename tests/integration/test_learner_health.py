@@ -249,7 +249,9 @@ def test_ddiloco_learner_exits_4_when_its_answers_never_merge(monkeypatch, caplo
     thread.start()
     try:
         # Steps enough to outlast the 1 s bound (600 took ~1 s once rounds came H steps apart): the bound ends it.
-        code = main(["learner", "--store", "memory://health-cli", "--learner-id", "0", "--max-steps", "20000"])
+        code = main(
+            ["learner", "--store", "memory://health-cli", "--learner-id", "0", "--max-steps", "20000"]
+        )
     finally:
         stop.set()
         thread.join()
