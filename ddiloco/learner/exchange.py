@@ -65,7 +65,7 @@ class Exchange:
         self.store, self.ledger, self.feed, self.reports, self.metrics = store, ledger, feed, reports, metrics
         self.incarnation, self.diloco, self.errors = incarnation, diloco, feed.errors
         self.layout, self.learner_id = feed.layout, feed.learner_id
-        self.signer, self.run_id = feed.signer, feed.signer.run_id
+        self.signer = feed.signer
         self.rounds = RoundRecords(store, feed.errors)  # the syncer's word on rounds of pending answers
         self.uploads: list[Future] = []
         self.overwritten: list[int] = []
@@ -206,7 +206,7 @@ class Exchange:
     def _header(self, p: int, round_: int, inner_step: int) -> UpdateHeader:
         books = self.ledger[p]
         return UpdateHeader(
-            run_id=self.run_id,
+            run_id=self.signer.run_id,
             kind="update",
             learner_id=self.learner_id,
             incarnation=self.incarnation,
