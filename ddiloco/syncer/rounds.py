@@ -97,8 +97,12 @@ class OpenRule:
     """When the next round may open: at most τ in flight, never two for one fragment, one per (H/P)·ξ_step,
     and a fragment's round no sooner than H·ξ_step after its previous round opened (`sync_from="open"`, the
     paper's schedule: a fragment synced every H steps, the round's overlap inside them) or, with
-    `sync_from="publish"`, after its newest version was published (learners still train on it). Until a
-    learner reported its cadence, only the first three hold, with a guessed ξ_step."""
+    `sync_from="publish"`, after its newest version was published (learners still train on it). No round
+    opens until a live learner reported its cadence: a round opened on a guessed ξ_step in a learner's first
+    steps (its warm-up) merges one or two steps, closes before the others see it (its grace window is built
+    from the warm-up's slow first answer and the guess) and every learner that was stepping loses what it did
+    on that fragment when the version arrives; the cadence is known after `chiptime.WARMUP_SAMPLES` + 1
+    steps, about the stagger (H/P steps) the first fragment would wait anyway."""
 
     overlap: int
     sync_every: int
@@ -123,13 +127,12 @@ class OpenRule:
         """Whether a round of `fragment` may open at `now` (the syncer's clock, like `last_open`,
         `published_clock`, when the fragment's newest version was published, and `opened_clock`, when its
         last round opened: -inf if not by this syncer)."""
-        if len(open_fragments) >= self.overlap or fragment in open_fragments:
+        if measured_step is None or len(open_fragments) >= self.overlap or fragment in open_fragments:
             return False
-        xi = measured_step or DEFAULT_STEP_S
-        if now - last_open < (self.sync_every / self.num_fragments) * xi:
+        if now - last_open < (self.sync_every / self.num_fragments) * measured_step:
             return False
         since = opened_clock if self.sync_from == "open" else published_clock
-        return measured_step is None or now - since >= self.sync_every * xi
+        return now - since >= self.sync_every * measured_step
 
 
 class Verdict(enum.Enum):
