@@ -362,7 +362,7 @@ class Syncer:
         if now >= self._next_refresh:
             self.roster.refresh()
             self.intake.validator.pace = self.roster.pace()  # a snapshot the intake's readers may share
-            # Until a learner reported its cadence, rounds are paced by a guess: look again soon.
+            # Until a learner reported its cadence no round opens (`rounds.OpenRule`): look again soon.
             measured = self.roster.measured_step() is not None
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)
         self.commit_published()

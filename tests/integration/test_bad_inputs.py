@@ -99,6 +99,18 @@ def tick(r: Run) -> None:
         learner.tick()
 
 
+def first_round(r: Run) -> int:
+    """Tick the learners until the syncer opens its first round (once it knows their cadence); its number."""
+    for _ in range(50):
+        r.now[0] += 1.0
+        r.syncer.step()
+        if r.syncer.open:
+            (s,) = r.syncer.open
+            return s
+        tick(r)
+    raise AssertionError("no round opened")
+
+
 def run(
     name: str, *overrides: str, before: Hook | None = None, after: Hook | None = None, robust=None
 ) -> Run:
@@ -336,8 +348,7 @@ def test_robust_mode_clips_a_ten_times_outlier(reference):
 # --- the other side of each rule: what learners, the syncer and prepare do with bad objects -------------------
 def test_junk_filed_under_a_learners_name_does_not_block_its_answer():
     r = start("bad-junk", "diloco.quorum=1", learners=1)
-    r.syncer.step()
-    (s,) = r.syncer.open
+    s = first_round(r)
     key = keys.update_key(s % r.syncer.P, s, 0, 0)
     r.store.put(key, b"junk" * 50)  # written before the learner's own answer
     for _ in range(3):  # looked at again once a second, counted once: the bytes did not change
@@ -365,7 +376,8 @@ def test_a_learner_is_told_when_its_answer_is_rejected_and_its_tokens_stay_outst
         if r.syncer.step():
             break
         tick(r)
-        told = {n.round for n in bad.poller.latest.rejections if n.learner_id == 0}
+        latest = bad.poller.latest  # None until the first round opened (after the cadence is known)
+        told = {n.round for n in latest.rejections if n.learner_id == 0} if latest else set()
         assert not any(fs.pending and fs.pending.round in told for fs in bad.ledger)  # dropped once told
     for learner in r.learners:
         learner.poller.poll_once()

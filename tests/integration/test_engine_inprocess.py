@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ddiloco import keys
+from ddiloco.chiptime import WARMUP_SAMPLES
 from ddiloco.globalmodel import latest_version, read_layout
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.evaluate import global_loss_curve
@@ -281,6 +282,11 @@ def test_an_older_heartbeat_landing_after_an_answer_cannot_hide_it_from_the_book
     learner.start()
     learner._stop.set()  # no poller thread: the test reads the status itself
     learner.pool = learner.heartbeats.pool = pool = _ManualPool()  # one queue: the test orders every write
+    for _ in range(WARMUP_SAMPLES + 1):  # no round opens before a learner reported its cadence
+        learner.step()
+    learner._report_async()
+    pool.run(0)
+    pool.tasks.clear()
     assert not syncer.step() and syncer.open, "the syncer opened a round"
     learner.poller.poll_once()
     learner.step()
