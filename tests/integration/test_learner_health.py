@@ -190,11 +190,14 @@ def _broken_learner(name: str, monkeypatch, store_of=lambda s: s):
 
 
 def _run(syncer: Syncer | None, learner: Learner, clock: Clock, seconds: float) -> None:
-    """Passes of the syncer and the learner, 10 s of the learner's clock each (the syncer's clock is real:
-    its rounds time out, and it publishes, at every few passes)."""
+    """Passes of the syncer and the learner, 10 s of the learner's clock each. The syncer's clock is real:
+    paced by the learner's cadence (10 s a step on the learner's clock) it opens a round about every 20 s
+    of real time, and none before the learner reported that cadence, so here a live syncer also publishes
+    its status on every pass (as it does on every round at a real pace)."""
     for _ in range(int(seconds / 10)):
         if syncer is not None:
             syncer.step()
+            syncer.publish_status()
         learner.poller.poll(0.0)
         clock.t += 10.0
         learner.tick()
@@ -206,7 +209,7 @@ def test_a_learner_whose_answers_never_merge_stops_after_the_bound(monkeypatch):
     with pytest.raises(RuntimeError, match="none of its answers was merged") as stopped:
         _run(syncer, learner, clock, 2000)
     assert 300 <= learner.bound.unmerged_s <= 310, "stopped at the bound"
-    assert syncer.books.rounds_abandoned > 0  # the syncer was alive and opened rounds it could not merge
+    assert syncer.books.next_round > 0 and syncer.books.rounds_merged == 0  # it opened rounds, merged none
     learner.close("error")
     assert "train.max_unmerged_s" in str(stopped.value)
 
