@@ -88,20 +88,23 @@ class Retention:
             return 0
         keep = kept_versions(latest, pinned_by(self.moments, p), cfg.keep_latest)
         newest = set(window(latest, cfg.keep_latest))
-        deleted = self._delete_except(keys.global_prefix(p), keep)
+        deleted = self._delete_except(keys.global_prefix(p), keep, latest)
         # A download delta serves a learner one version behind: only the newest ones are of use.
-        deleted += self._delete_except(keys.global_prefix(p), newest, letter="d")
-        deleted += self._delete_except(keys.momentum_prefix(p), newest)
-        deleted += self._delete_except(keys.master_prefix(p), newest)
+        deleted += self._delete_except(keys.global_prefix(p), newest, latest, letter="d")
+        deleted += self._delete_except(keys.momentum_prefix(p), newest, latest)
+        deleted += self._delete_except(keys.master_prefix(p), newest, latest)
         if deleted:
             log.debug("syncer: pruned %d objects of fragment %d (kept %s)", deleted, p, sorted(keep))
         return deleted
 
-    def _delete_except(self, prefix: str, keep: set[int], letter: str = "v") -> int:
+    def _delete_except(self, prefix: str, keep: set[int], latest: int, letter: str = "v") -> int:
+        """Delete the versions under `prefix` up to `latest` that `keep` does not hold. Never one newer than
+        `latest`: pruning runs on the cleaner's thread while the publisher may be writing the fragment's next
+        version (its global, delta, momentum and master land before its pointer), which a listing shows."""
         doomed = [
             k
             for k in self.store.list(prefix)
-            if (v := keys.version_of(k, prefix, letter)) is not None and v not in keep
+            if (v := keys.version_of(k, prefix, letter)) is not None and v <= latest and v not in keep
         ]
         for key in doomed:
             self.store.delete(key)

@@ -295,7 +295,9 @@ def test_an_older_heartbeat_landing_after_an_answer_cannot_hide_it_from_the_book
     assert len(pool.tasks) == 2
     pool.run(1)  # the answer's I/O thread finishes first,
     pool.run(0)  # the heartbeat's last
-    for _ in range(5):
+    # The merge is published on the publisher's thread: wait by time, not by passes.
+    until = time.monotonic() + 30
+    while syncer.books.rounds_merged < 1 and time.monotonic() < until:
         syncer.step()
     assert syncer.books.rounds_merged == 1
     # The learner dies here (SIGKILL): the books are its last report and the syncer's ledger.

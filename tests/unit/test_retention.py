@@ -112,6 +112,24 @@ def test_pruning_over_3000_merges_keeps_a_bounded_set_that_survives_a_restart():
         assert all(v in _stored(store, keys.global_prefix(p)) for p, v in enumerate(vs))
 
 
+def test_pruning_never_deletes_a_version_newer_than_the_one_it_was_called_for():
+    """The cleaner's thread prunes after version v is committed while the publisher may already be writing
+    v + 1 of the same fragment (its global, delta, momentum and master land before its pointer). The listing
+    shows them; deleting them left a pointer to a missing global (a CI run of the kill-twice chaos test:
+    latest 273, not stored)."""
+    store = open_store("memory://retention-newer")
+    cfg = RetentionConfig(keep_latest=2, curve_moments=2)
+    ret = Retention(store, cfg, 1)
+    for v in range(6):
+        _publish(store, 0, v)
+        store.put(keys.master_key(0, v), b"f" * 10)
+    ret.prune(0, 3)  # v4 and v5 were written meanwhile
+    assert {4, 5} <= _stored(store, keys.global_prefix(0))
+    assert {4, 5} <= _stored(store, keys.momentum_prefix(0))
+    assert {4, 5} <= _stored(store, keys.master_prefix(0))
+    assert 1 not in _stored(store, keys.global_prefix(0))  # the older ones outside the window still go
+
+
 def test_pruning_without_retention_deletes_nothing_and_a_store_error_does_not_stop_the_syncer(monkeypatch):
     store = open_store("memory://retention-off")
     ret = Retention(store, None, 1)
