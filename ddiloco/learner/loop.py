@@ -17,6 +17,9 @@ Design choices:
   shard of its own shares one, with a warning), and every report names it (`data`).
 - A learner never publishes from a random init: it waits for global version 0 and overwrites its params
   with the current globals before its first step (after restoring its own checkpoint, if any).
+- When the syncer closes the run (its status says `closing`: the budget is reached) the learner stops
+  stepping and only answers and applies versions until it says done, so the run's last answers hold all of
+  its compute (`ddiloco.syncer.drain`).
 - Health (`ddiloco.learner.health`): what the I/O threads raise is logged and counted, never dropped;
   heartbeats have a thread of their own; a learner none of whose answers is merged for
   `train.max_unmerged_s` while the store and the syncer are up stops (`Unmerged`) so that it is restarted.
@@ -368,6 +371,9 @@ class Learner:
             self._answer_rounds(status)
         own = sum(b.merged_tokens for b in self.ledger)  # `Unmerged` past the bound:
         self.bound.check(status, own, self.errors.store_errors + self.poller.errors, self.cadence.ema)
+        if status is not None and status.closing:
+            self._idle()
+            return True
         if self.group is not None:  # the other ranks step too, after receiving the fragments overwritten here
             self.group.lead_step(self.inner_step, self.exchange.overwritten, self.layout, self.params, merged)
         self.exchange.overwritten.clear()
@@ -378,6 +384,15 @@ class Learner:
         if self.io_schedule.checkpoint_due():
             self._checkpoint_async()
         return True
+
+    def _idle(self) -> None:
+        """A tick while the syncer closes the run (`ddiloco.syncer.drain`): no step, so the answers just sent
+        hold everything this learner trained; heartbeats go on; the next status is awaited a poll away."""
+        self.exchange.overwritten.clear()  # no rank steps again: nothing to hand over
+        if self.io_schedule.report_due():
+            self._report_async()
+            self.exchange.forget_finished_uploads()
+        self._stop.wait(self.cfg.train.poll_every_s)
 
     def run(self, max_steps: int | None = None, wait_timeout: float | None = None) -> str:
         """Train until the syncer says done (or max_steps); returns the exit reason."""

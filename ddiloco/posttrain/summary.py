@@ -39,6 +39,9 @@ from ddiloco.protocol.messages import LearnerEvent, RoundRecord, SyncerState
 from ddiloco.shards import data_read
 from ddiloco.store.base import Store
 
+CLOSING_FIELDS = ("closing_rounds", "closing_seconds", "closing_tokens_merged")
+"""What the done marker says about the run's closing rounds (`ddiloco.syncer.drain`)."""
+
 
 def read_reports(store: Store) -> list[dict[str, Any]]:
     """Every learner report as stored (JSON, what the report pages draw); the summary reads them typed."""
@@ -159,6 +162,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "run_id": cfg["run_id"],
         "status": "done" if done else "running",
         "finished_by": done.get("reason", "budget") if done else None,
+        "closing": {k: done[k] for k in CLOSING_FIELDS if k in done} if done else None,
         "wall_seconds": wall,
         "learners": M,
         "quorum": cfg["diloco"]["quorum"],

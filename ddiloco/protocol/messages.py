@@ -212,6 +212,9 @@ class Status:
     epoch: int = 0
     standbys: list[Standby] = field(default_factory=list)
     """Syncers standing by for the lease (`ddiloco.syncer.lease`), as the holder last listed them."""
+    closing: bool = False
+    """The run's budget is reached: learners stop stepping and answer the last rounds
+    (`ddiloco.syncer.drain`)."""
 
     def to_json(self) -> dict[str, Any]:
         return plain(self) | {

@@ -48,10 +48,12 @@ def commit_published(syncer: Any, done: InFlight) -> None:
     xi = syncer.xi_step()
     period = (now - frag.merged_clock) / xi if math.isfinite(frag.merged_clock) else None
     overlap = (now - rnd.opened_at) / xi
-    syncer.pace.add(overlap, period, pending.merge_seconds + publish_s)
-    syncer.metrics.overlap_steps.observe(overlap)
-    if period is not None:
-        syncer.metrics.sync_period_steps.observe(period)
+    closing = getattr(syncer, "closing", None)
+    if closing is None or rnd.round not in closing.rounds:  # learners do not step while closing: no pace
+        syncer.pace.add(overlap, period, pending.merge_seconds + publish_s)
+        syncer.metrics.overlap_steps.observe(overlap)
+        if period is not None:
+            syncer.metrics.sync_period_steps.observe(period)
     frag.commit(pending.proposal, published_at=pending.published_at, clock=now)
     syncer.books.bytes_published += written
     syncer.metrics.published.inc(written)

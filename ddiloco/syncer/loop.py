@@ -37,6 +37,9 @@ Design choices:
   fragment's old versions pruned (`ddiloco.syncer.retention`) on the cleaner's thread. The steps of a
   publish are failpoints (`ddiloco.failpoints`). How closely the rounds keep H and τ is measured per
   merge (`ddiloco.syncer.pace`: overlap, sync period, `syncer_lag`).
+- The end of a run: when the budget is reached (or the deadline passed) the syncer closes it, every
+  fragment gets one last round on what the learners trained since its last merge and the learners stop
+  stepping (`ddiloco.syncer.drain`); then it writes the final model.
 - An abandoned round (and one still open when the run finishes) has no round record: a record there is
   what a publish that died before its global version left, and is deleted before the status says the round
   closed, so no learner reads it as a merge (its ledger would credit tokens the syncer never merged).
@@ -67,6 +70,7 @@ from ddiloco.schedule import learner_train
 from ddiloco.stateful import restore
 from ddiloco.store.base import NotFound, Store, StoreError
 from ddiloco.syncer.commit import close_round, commit_published, state_of
+from ddiloco.syncer.drain import Closing
 from ddiloco.syncer.fragment import MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.lease import Lease
@@ -154,6 +158,8 @@ class Syncer:
         self.opened_clock: dict[int, float] = {}
         """Fragment -> the syncer's clock when its last round opened (`diloco.sync_from: open`)."""
         self._next_refresh = 0.0
+        self.closing: Closing | None = None
+        """Set once the budget is reached or the deadline passed: the run's last rounds (`ddiloco.syncer.drain`)."""
         self.roster = Roster(
             store,
             clock=clock,
@@ -236,6 +242,7 @@ class Syncer:
             rejections=list(self.intake.notices),
             epoch=self.lease.epoch,
             standbys=self.lease.standbys(),
+            closing=self.closing is not None,
         )
         self.lease.raise_if_fenced()
         self.files.put_status(status)
@@ -286,11 +293,20 @@ class Syncer:
             self.merge(rnd, now)
             return
         self.intake.collect(rnd)
+        closing = self.closing
+        wait = closing.wait_s(self) if closing is not None else 0.0
+        if closing is not None and closing.is_short_and_due(rnd, now, wait):
+            if rnd.answers:
+                self._abandon(rnd)
+            else:  # no learner had steps on its fragment
+                close_round(self, rnd)
+                self.publish_status()
+            return
         verdict = decide(rnd, self.roster.live_names(), now, self.quorum_rule)
         if verdict is Verdict.QUORUM:
             rnd.quorum_at = now
             self.books.xi_quorum = ema(self.books.xi_quorum, now - rnd.opened_at, self.ema_alpha)
-            rnd.grace_s = self.grace_window()
+            rnd.grace_s = max(self.grace_window(), wait)  # while closing: wait for stopped learners
         elif verdict is Verdict.ABANDON:
             self._abandon(rnd)
         elif verdict is Verdict.MERGE:
@@ -366,10 +382,16 @@ class Syncer:
             measured = self.roster.measured_step() is not None
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)
         self.commit_published()
-        if reason := finished_by(self):
-            self.finish(reason)
-            return True
-        self.maybe_open_round(now)
+        if self.closing is None and (reason := finished_by(self)):
+            self.closing = Closing.begin(self, reason, now)
+            self.publish_status()  # learners stop stepping
+        if self.closing is not None:
+            if self.closing.finished(self, self.clock()):
+                self.finish(self.closing.reason)
+                return True
+            self.closing.open_next(self, now)
+        else:
+            self.maybe_open_round(now)
         for rnd in list(self.open.values()):
             if rnd.round in self.open:  # not closed by a commit earlier in this pass
                 self.progress(rnd, self.clock())
@@ -387,6 +409,8 @@ class Syncer:
         self.save_state()
         done = {"time": self.wall(), "tokens_merged": self.tokens_merged(), "reason": reason}
         done["rounds_merged"] = self.books.rounds_merged
+        if self.closing is not None:
+            done |= self.closing.summary(self, self.clock())
         self.store.put_json(keys.DONE, done)
         self.publish_status(done=True)
         self.lease.release()
