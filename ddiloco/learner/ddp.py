@@ -58,7 +58,7 @@ from ddiloco.streamed import open_loader
 
 log = logging.getLogger(__name__)
 
-STEP, CURSOR, STOP, HELLO = 1, 2, 3, 4
+STEP, CURSOR, STOP, HELLO, APPLY = 1, 2, 3, 4, 10
 CONTROL_TIMEOUT_S = 6 * 3600
 """Followers wait on rank 0 this long (its start-up may wait for global version 0); a dead rank 0 ends
 the job sooner through torchrun."""
@@ -248,6 +248,14 @@ class Group:
         self._send_control(STEP, inner_step, applied, merged)
         self.broadcast_fragments(sorted(set(applied)), layout, params)
 
+    def lead_apply(self, applied: Sequence[int], layout: Layout, params: dict) -> None:
+        """Without a step (the run is closing): broadcast the fragments rank 0 overwrote (sharded: already
+        sent), so every rank holds the merged versions."""
+        applied = [] if self.sharded else sorted(set(applied))
+        if applied:
+            self._send_control(APPLY, 0, applied)
+            self.broadcast_fragments(applied, layout, params)
+
     def broadcast_fragments(self, fragments: Sequence[int], layout: Layout, params: dict) -> None:
         with torch.no_grad():
             for p in fragments:
@@ -356,6 +364,9 @@ class Follower:
                 return 0
             if kind == CURSOR:
                 self.group.send_cursor(self.loader)
+                continue
+            if kind == APPLY:  # versions rank 0 applied while the run closes: no step
+                self.group.broadcast_fragments(applied, self.layout, self.params)
                 continue
             if kind == sharded.START:
                 self.group._restore_cursor(self.loader, json.loads(self.group._bcast_bytes(None)))

@@ -388,7 +388,9 @@ class Learner:
     def _idle(self) -> None:
         """A tick while the syncer closes the run (`ddiloco.syncer.drain`): no step, so the answers just sent
         hold everything this learner trained; heartbeats go on; the next status is awaited a poll away."""
-        self.exchange.overwritten.clear()  # no rank steps again: nothing to hand over
+        if self.group is not None:  # the other ranks receive the versions applied, without a step
+            self.group.lead_apply(self.exchange.overwritten, self.layout, self.params)
+        self.exchange.overwritten.clear()
         if self.io_schedule.report_due():
             self._report_async()
             self.exchange.forget_finished_uploads()

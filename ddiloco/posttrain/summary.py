@@ -39,7 +39,7 @@ from ddiloco.protocol.messages import LearnerEvent, RoundRecord, SyncerState
 from ddiloco.shards import data_read
 from ddiloco.store.base import Store
 
-CLOSING_FIELDS = ("closing_rounds", "closing_seconds", "closing_tokens_merged")
+CLOSING_FIELDS = ("closing_rounds", "closing_rounds_merged", "closing_seconds", "closing_tokens_merged")
 """What the done marker says about the run's closing rounds (`ddiloco.syncer.drain`)."""
 
 

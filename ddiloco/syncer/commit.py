@@ -49,7 +49,9 @@ def commit_published(syncer: Any, done: InFlight) -> None:
     period = (now - frag.merged_clock) / xi if math.isfinite(frag.merged_clock) else None
     overlap = (now - rnd.opened_at) / xi
     closing = getattr(syncer, "closing", None)
-    if closing is None or rnd.round not in closing.rounds:  # learners do not step while closing: no pace
+    if closing is not None and rnd.round in closing.rounds:  # learners do not step while closing: no pace
+        closing.merged += 1
+    else:
         syncer.pace.add(overlap, period, pending.merge_seconds + publish_s)
         syncer.metrics.overlap_steps.observe(overlap)
         if period is not None:
@@ -104,6 +106,22 @@ def close_round(syncer: Any, rnd: Round, merged: bool = False) -> None:
     if rnd.sums is not None:
         rnd.sums.release()
         rnd.sums = None
+
+
+def abandon_round(syncer: Any, rnd: Round) -> None:
+    """Close `rnd` without a merge (no quorum in time, a merge that could not read its answers, a closing
+    round short of its quorum): counted, logged, and the learners told through the status."""
+    close_round(syncer, rnd)
+    log.warning(
+        "syncer: round %d (fragment %d) abandoned: %d of %d answers",
+        rnd.round,
+        rnd.fragment_id,
+        len(rnd.answers),
+        syncer.quorum_rule.quorum,
+    )
+    syncer.books.rounds_abandoned += 1
+    syncer.metrics.rounds.labels(outcome="abandoned").inc()
+    syncer.publish_status()
 
 
 def state_of(syncer: Any) -> SyncerState:

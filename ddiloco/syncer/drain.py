@@ -36,6 +36,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddiloco.syncer.commit import close_round
 from ddiloco.syncer.rounds import Round
 
 log = logging.getLogger(__name__)
@@ -54,11 +55,20 @@ class Closing:
     """Fragments still to get their closing round, in round-robin order."""
     rounds: set[int] = field(default_factory=set)
     """The closing rounds opened so far."""
+    merged: int = 0
+    """Closing rounds merged (committed) so far."""
     merged_before: float = 0.0
     """Tokens merged when closing began (the summary says how many the closing rounds added)."""
 
     @classmethod
     def begin(cls, syncer: Any, reason: str, now: float) -> Closing:
+        """Close the run and say so in the status (learners stop stepping)."""
+        closing = cls.plan(syncer, reason, now)
+        syncer.publish_status()
+        return closing
+
+    @classmethod
+    def plan(cls, syncer: Any, reason: str, now: float) -> Closing:
         """Close the run: the fragments without an open round, from the next in round-robin order."""
         busy = {r.fragment_id for r in syncer.open.values()}
         first = syncer.books.next_round % syncer.P
@@ -80,6 +90,25 @@ class Closing:
         d, b = syncer.cfg.diloco, syncer.books
         cap = d.grace.cap_seconds if d.grace is not None else 0.0
         return max(MIN_WAIT_S, 2 * min(b.xi_link, cap) + 4 * syncer.cfg.train.poll_every_s)
+
+    def step(self, syncer: Any, now: float) -> bool:
+        """The closing part of a syncer pass: True once closing finished, else open what may open."""
+        if self.finished(syncer, syncer.clock()):
+            return True
+        self.open_next(syncer, now)
+        return False
+
+    def settle_short(self, syncer: Any, rnd: Round, now: float, wait_s: float) -> bool:
+        """Close `rnd` if it is short and due (`is_short_and_due`): abandoned when it has answers, closed
+        quietly when it has none. True if it was closed."""
+        if not self.is_short_and_due(rnd, now, wait_s):
+            return False
+        if rnd.answers:
+            syncer._abandon(rnd)
+        else:
+            close_round(syncer, rnd)
+            syncer.publish_status()
+        return True
 
     def open_next(self, syncer: Any, now: float) -> None:
         """Open the next closing rounds while fewer than τ rounds are in flight (none without a live
@@ -118,6 +147,7 @@ class Closing:
         """What the done marker says about closing: rounds, seconds, tokens it merged."""
         return {
             "closing_rounds": len(self.rounds),
+            "closing_rounds_merged": self.merged,
             "closing_seconds": round(now - self.began, 3),
             "closing_tokens_merged": syncer.tokens_merged() - self.merged_before,
         }

@@ -69,7 +69,7 @@ from ddiloco.run import RunRoot
 from ddiloco.schedule import learner_train
 from ddiloco.stateful import restore
 from ddiloco.store.base import NotFound, Store, StoreError
-from ddiloco.syncer.commit import close_round, commit_published, state_of
+from ddiloco.syncer.commit import abandon_round, close_round, commit_published, state_of
 from ddiloco.syncer.drain import Closing
 from ddiloco.syncer.fragment import MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
@@ -293,14 +293,8 @@ class Syncer:
             self.merge(rnd, now)
             return
         self.intake.collect(rnd)
-        closing = self.closing
-        wait = closing.wait_s(self) if closing is not None else 0.0
-        if closing is not None and closing.is_short_and_due(rnd, now, wait):
-            if rnd.answers:
-                self._abandon(rnd)
-            else:  # no learner had steps on its fragment
-                close_round(self, rnd)
-                self.publish_status()
+        wait = self.closing.wait_s(self) if self.closing is not None else 0.0
+        if self.closing is not None and self.closing.settle_short(self, rnd, now, wait):
             return
         verdict = decide(rnd, self.roster.live_names(), now, self.quorum_rule)
         if verdict is Verdict.QUORUM:
@@ -313,17 +307,7 @@ class Syncer:
             self.merge(rnd, now)
 
     def _abandon(self, rnd: Round) -> None:
-        close_round(self, rnd)
-        log.warning(
-            "syncer: round %d (fragment %d) abandoned: %d of %d answers",
-            rnd.round,
-            rnd.fragment_id,
-            len(rnd.answers),
-            self.quorum_rule.quorum,
-        )
-        self.books.rounds_abandoned += 1
-        self.metrics.rounds.labels(outcome="abandoned").inc()
-        self.publish_status()
+        abandon_round(self, rnd)  # `ddiloco.syncer.commit`; every abandon goes through here
 
     def merge(self, rnd: Round, now: float) -> None:
         """Merge a round's answers into a proposal and hand its publish to the publisher
@@ -384,14 +368,11 @@ class Syncer:
         self.commit_published()
         if self.closing is None and (reason := finished_by(self)):
             self.closing = Closing.begin(self, reason, now)
-            self.publish_status()  # learners stop stepping
-        if self.closing is not None:
-            if self.closing.finished(self, self.clock()):
-                self.finish(self.closing.reason)
-                return True
-            self.closing.open_next(self, now)
-        else:
+        if self.closing is None:
             self.maybe_open_round(now)
+        elif self.closing.step(self, now):
+            self.finish(self.closing.reason)
+            return True
         for rnd in list(self.open.values()):
             if rnd.round in self.open:  # not closed by a commit earlier in this pass
                 self.progress(rnd, self.clock())

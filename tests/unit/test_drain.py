@@ -38,7 +38,7 @@ def test_closing_rounds_go_to_the_fragments_without_an_open_round_in_round_robin
     assert c.todo == [1, 2, 3]
     c.open_next(s, now=5.0)  # τ = 2 in flight, one of them the open round of fragment 0
     assert [r.fragment_id for r in s.open.values()] == [0, 1]
-    assert c.rounds == {9} and s.books.next_round == 10 and s.published == 1
+    assert c.rounds == {9} and s.books.next_round == 10 and s.published == 2  # closing, then the round
     del s.open[100], s.open[9]
     c.open_next(s, now=6.0)
     assert sorted(r.fragment_id for r in s.open.values()) == [2, 3] and c.todo == []

@@ -70,6 +70,7 @@ STATUS = {
     ],
     "epoch": 2,
     "standbys": [{"host": "h2", "pid": 43, "time": 1700000001.75}],
+    "closing": False,
 }
 STATE = {
     "run_id": "r",
