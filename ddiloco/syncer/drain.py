@@ -62,14 +62,8 @@ class Closing:
 
     @classmethod
     def begin(cls, syncer: Any, reason: str, now: float) -> Closing:
-        """Close the run and say so in the status (learners stop stepping)."""
-        closing = cls.plan(syncer, reason, now)
-        syncer.publish_status()
-        return closing
-
-    @classmethod
-    def plan(cls, syncer: Any, reason: str, now: float) -> Closing:
-        """Close the run: the fragments without an open round, from the next in round-robin order."""
+        """Close the run (`syncer.closing`) and say so in the status, so learners stop stepping; closing
+        rounds go to the fragments without an open round, from the next in round-robin order."""
         busy = {r.fragment_id for r in syncer.open.values()}
         first = syncer.books.next_round % syncer.P
         order = [(first + i) % syncer.P for i in range(syncer.P)]
@@ -83,7 +77,9 @@ class Closing:
             todo,
             sorted(busy),
         )
-        return cls(reason, now, todo, merged_before=merged)
+        syncer.closing = cls(reason, now, todo, merged_before=merged)
+        syncer.publish_status()  # after `syncer.closing` is set: this status says `closing`
+        return syncer.closing
 
     def wait_s(self, syncer: Any) -> float:
         """How long a closing round waits for answers (module docstring)."""

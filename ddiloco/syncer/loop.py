@@ -367,7 +367,7 @@ class Syncer:
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)
         self.commit_published()
         if self.closing is None and (reason := finished_by(self)):
-            self.closing = Closing.begin(self, reason, now)
+            Closing.begin(self, reason, now)  # sets self.closing
         if self.closing is None:
             self.maybe_open_round(now)
         elif self.closing.step(self, now):
