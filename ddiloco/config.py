@@ -201,6 +201,10 @@ class DilocoConfig:
     """Outer Nesterov SGD momentum."""
     momentum_follows_lr: bool = True
     """Rescale the outer momentum as the inner rate decays, so outer steps anneal too (`merge.OuterNesterov`)."""
+    closing_step: str = "mean"
+    """How the rounds merged while the run closes move their fragment, the last time it moves
+    (`ddiloco.syncer.drain`): `mean` (Θ_p − Δ: the learners' weighted mean, no outer rate or momentum
+    look-ahead) or `outer` (the outer Nesterov step of every other round)."""
     merge: str = "rda"
     """`rda` (radial-directional averaging) or `mean` (token-weighted mean) for non-embedding tensors."""
     token_weighting: bool = True
@@ -250,6 +254,7 @@ class DilocoConfig:
         )
         _check(self.sync_every >= 1, "diloco.sync_every must be ≥ 1")
         _choose("diloco.sync_from", self.sync_from, ("publish", "open"))
+        _choose("diloco.closing_step", self.closing_step, ("mean", "outer"))
         _check(self.merge in MERGES, f"diloco.merge={self.merge!r}: choose one of {', '.join(MERGES)}")
         _check(self.codec in CODECS, f"diloco.codec={self.codec!r}: choose one of {', '.join(CODECS)}")
         _choose("diloco.global_dtype", self.global_dtype, ("fp32", "bf16"))

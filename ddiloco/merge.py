@@ -138,11 +138,17 @@ class OuterNesterov:
         new_params: Mapping[str, Tensor],
         new_buf: Mapping[str, Tensor],
         lr_scale: float = 1.0,
+        final: bool = False,
     ) -> OuterNesterov:
         """`step` out of place: the stepped parameters into `new_params` and the new momentum into `new_buf`
         (contiguous fp32, the shapes of `params`; lent memory the caller reuses), reading `params` and this
         optimizer without changing them; returns the optimizer that holds `new_buf`. The same operations as
-        `step` on copies, bit for bit, in one pass instead of a copy and a pass."""
+        `step` on copies, bit for bit, in one pass instead of a copy and a pass.
+
+        `final`: the last step of these parameters (nothing trains after it): they move by the outer gradient
+        itself, ``p - g`` (the learners' weighted mean), without the outer rate and the momentum's look-ahead,
+        which only pay off when training continues from the moved point (`ddiloco.syncer.drain`). The
+        momentum is updated as usual."""
         if not (math.isfinite(lr_scale) and lr_scale >= 0):
             raise ValueError(f"outer step: lr_scale must be finite and >= 0, got {lr_scale}")
         if set(params) != set(outer_grad) or set(params) != set(new_params) or set(params) != set(new_buf):
@@ -176,6 +182,9 @@ class OuterNesterov:
                     nbc.copy_(gc)
                 else:
                     torch.mul(bflat[s : s + _CHUNK], decay, out=nbc).add_(gc)
+                if final:
+                    torch.sub(pflat[s : s + _CHUNK], gc, out=npflat[s : s + _CHUNK])
+                    continue
                 d = torch.add(gc, nbc, alpha=m, out=scratch[: gc.numel()])  # g + m·buf
                 torch.add(pflat[s : s + _CHUNK], d, alpha=-lr, out=npflat[s : s + _CHUNK])
             out._buf[name] = nb

@@ -83,6 +83,9 @@ class RoundRecord:
     ratio: float
     clipped: dict[str, float]
     epoch: int = 0
+    step: str = "outer"
+    """`outer`: Θ_p moved by the outer Nesterov step; `mean`: the fragment's last merge while the run closed,
+    Θ_p − Δ, the learners' weighted mean (`diloco.closing_step`, `ddiloco.syncer.drain`)."""
 
     def to_json(self) -> dict[str, Any]:
         return plain(self)

@@ -123,6 +123,8 @@ class Proposal:
     stats: dict[str, float]
     pooled: tuple[torch.Tensor, ...] = ()
     """The pooled buffers `theta` and the momentum are views of (given back when they are replaced)."""
+    final: bool = False
+    """The fragment's last merge of the run: Θ_p − Δ, no outer rate or look-ahead (`propose`)."""
 
     def record(self, rnd: Round, *, now: float, merged_at: float) -> RoundRecord:
         """The round record of this merge of `rnd` (`now`: the syncer's clock when the merge began)."""
@@ -141,6 +143,7 @@ class Proposal:
             mean_delta_norm=self.stats["mean_delta_norm"],
             ratio=self.stats["ratio"],
             clipped=self.clipped,
+            step="mean" if self.final else "outer",
         )
 
 
@@ -206,13 +209,16 @@ class GlobalFragment:
         sums: RoundSums | None = None,
         reread: Reread | None = None,
         tokens_merged: float = 0.0,
+        final: bool = False,
     ) -> Proposal:
         """Merge the answers (by contributor) into the next version, on copies (module docstring).
 
         `sums`: the round's running sums, every answer already added (`add_answer`), with `reread` to read
         an answer's δ again by contributor (clipped and single answers). Without them the answers carry
         their deltas and are added here. `tokens_merged`: the run's merged tokens before this merge, the
-        progress the learners' inner rate followed (`MergeRule.lr_scale`)."""
+        progress the learners' inner rate followed (`MergeRule.lr_scale`). `final`: the fragment's last merge
+        of the run (it closes: `ddiloco.syncer.drain`), Θ_p − Δ without the outer rate and look-ahead
+        (`OuterNesterov.step_to`)."""
         if sums is None:
             sums = self.new_sums(rule)
             for ans in answers.values():
@@ -251,9 +257,13 @@ class GlobalFragment:
         )
         pooled = (SYNCER_POOL.take(numel), SYNCER_POOL.take(numel))
         theta, buf = carve(pooled[0], shapes), carve(pooled[1], shapes)
-        outer = self.outer.step_to(self.theta, merged, theta, buf, lr_scale=rule.lr_scale(tokens_merged))
+        outer = self.outer.step_to(
+            self.theta, merged, theta, buf, lr_scale=rule.lr_scale(tokens_merged), final=final
+        )
         sums.recycle(done)  # the step consumed the merged gradient (momentum keeps its own copy)
-        return Proposal(self.version + 1, theta, outer, contributors, dict(done.clipped), stats, pooled)
+        return Proposal(
+            self.version + 1, theta, outer, contributors, dict(done.clipped), stats, pooled, final=final
+        )
 
     def commit(self, proposal: Proposal, *, published_at: float, clock: float) -> None:
         """Adopt a persisted proposal. `published_at`: wall time before it was written; `clock`: now.

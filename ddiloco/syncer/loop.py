@@ -319,7 +319,10 @@ class Syncer:
             frag, m0 = self.fragments[rnd.fragment_id], self.clock()
             try:
                 reread, merged = partial(self.intake.reread, rnd), self.tokens_merged()
-                proposal = frag.propose(rnd.answers, self.rule, rnd.sums, reread, tokens_merged=merged)
+                final = self.closing is not None and self.cfg.diloco.closing_step == "mean"
+                proposal = frag.propose(
+                    rnd.answers, self.rule, rnd.sums, reread, tokens_merged=merged, final=final
+                )
             except (wire.PayloadError, NotFound) as e:  # a second read found other bytes, or none
                 log.error(
                     "syncer: round %d (fragment %d) cannot be merged: %s", rnd.round, rnd.fragment_id, e

@@ -7,7 +7,10 @@ learners trained since its last round (up to H steps each), and that was discard
 
 from __future__ import annotations
 
+import pytest
+
 from ddiloco import keys
+from ddiloco.posttrain.summary import round_records
 from tests.integration.test_bad_inputs import Run, start, tick
 
 
@@ -84,3 +87,29 @@ def drive_syncer_only(r: Run) -> None:
         if r.syncer.step():
             return
     raise AssertionError("the syncer did not finish")
+
+
+@pytest.mark.parametrize("closing_step", ["mean", "outer"])
+def test_the_rounds_merged_while_the_run_closes_take_the_closing_step(closing_step: str):
+    """`diloco.closing_step` (default `mean`): the rounds merged while the run closes, the last move of their
+    fragment, say which step they took in their round record; every round before closing took the outer
+    step. (`tests/unit/test_fragment.py` checks the `mean` step's arithmetic.)"""
+    r = start(
+        f"closing-{closing_step}",
+        "diloco.sync_every=8",
+        "diloco.token_budget=12000",
+        f"diloco.closing_step={closing_step}",
+    )
+    closing_when_merged: dict[int, bool] = {}  # round -> whether the run was closing when it merged
+    merge = r.syncer.merge
+
+    def watched_merge(rnd, now):
+        closing_when_merged.setdefault(rnd.round, r.syncer.closing is not None)
+        merge(rnd, now)
+
+    r.syncer.merge = watched_merge
+    drive(r)
+    steps = {rec.round: rec.step for rec in round_records(r.store)}
+    assert any(closing_when_merged[n] for n in steps), "no round merged while the run closed"
+    for n, step in steps.items():
+        assert step == (closing_step if closing_when_merged[n] else "outer"), (n, step)

@@ -12,7 +12,7 @@ import torch
 from ddiloco.protocol.messages import Ledger
 from ddiloco.protocol.update import UpdateHeader
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
-from ddiloco.syncer.rounds import Answer
+from ddiloco.syncer.rounds import Answer, Round
 
 GAIN = "h.0.ln_1.weight"
 
@@ -225,3 +225,34 @@ def test_a_zero_staleness_exponent_weighs_answers_by_tokens_alone():
     off = rule(staleness_exponent=0.0)
     assert torch.equal(step(off, (0, 2)), step(off, (3, 3)))
     assert not torch.equal(step(rule(), (0, 2)), step(rule(), (3, 3)))
+
+
+def test_the_last_merge_while_the_run_closes_is_the_learners_mean_without_the_look_ahead():
+    """`propose(final=True)` (a round merged while the run closes, `ddiloco.syncer.drain`): Θ_p − Δ, the
+    learners' weighted mean, not the outer Nesterov step. With the Nesterov step (the code before) a closing
+    round of a few steps moved the fragment mostly by the momentum's look-ahead, m²·buf of earlier full rounds,
+    with nothing training after it: at 40M tokens (docs/results.md §12.10) the closing rounds of 24, 15 and
+    8 steps took a run's validation loss from 1.3088 to 1.3268."""
+    torch.manual_seed(0)
+    theta = {GAIN: torch.randn(64)}
+    r = Run(theta, "fp32", rule(method="mean"))
+    for v in range(3):  # three full rounds fill the momentum
+        r.merge([r.answer("a", v, 0.05), r.answer("b", v, 0.05)])
+    before, buf = r.frag.theta[GAIN].clone(), r.frag.outer.state_dict()[GAIN].clone()
+    short = [r.answer("a", 3, 0.01), r.answer("b", 3, 0.03)]  # a few steps each: mean progress 0.02
+    outer = r.frag.propose({a.contributor: a for a in short}, r.rule)
+    closing = r.frag.propose({a.contributor: a for a in short}, r.rule, final=True)
+    torch.testing.assert_close(closing.theta[GAIN], before + 0.02, rtol=0, atol=1e-6)
+    rnd = Round(7, 0, 0.0, 0.0)
+    assert (
+        closing.record(rnd, now=0.0, merged_at=0.0).step,
+        outer.record(rnd, now=0.0, merged_at=0.0).step,
+    ) == (
+        "mean",
+        "outer",
+    )
+    # the momentum is updated as in any merge; the outer step went far past the learners' mean
+    torch.testing.assert_close(closing.outer.state_dict()[GAIN], outer.outer.state_dict()[GAIN])
+    torch.testing.assert_close(closing.outer.state_dict()[GAIN], 0.9 * buf - 0.02, rtol=0, atol=1e-6)
+    moved = (outer.theta[GAIN] - before).mean().item()
+    assert moved > 5 * 0.02, f"the Nesterov step moved {moved:.4f}: the test does not show the look-ahead"

@@ -45,6 +45,7 @@ RECORD = {
     "ratio": 1.2,
     "clipped": {"1-2": 0.5},
     "epoch": 2,
+    "step": "mean",
 }
 MERGED = {"round": 12, "fragment_id": 0, "version": 6, "contributors": {"0-0": 512, "1-2": 384}}
 STATUS = {
@@ -103,6 +104,11 @@ STATE = {
 def test_documents_read_back_to_the_same_json(cls, doc):
     """Same fields, same order, same number types (an int stays an int): byte-identical JSON."""
     assert json.dumps(cls.from_json(doc).to_json()) == json.dumps(doc)
+
+
+def test_a_round_record_written_before_closing_steps_existed_took_the_outer_step():
+    old = {k: v for k, v in RECORD.items() if k != "step"}
+    assert RoundRecord.from_json(old).step == "outer"
 
 
 def test_a_round_record_written_before_staleness_discounts_reads_with_discount_one():
