@@ -223,10 +223,14 @@ class RoundSums:
         bound = factor * statistics.median(norms.values())
         return {k: bound / n for k, n in norms.items() if n > bound and n > 0}
 
-    def finalize(self, reread: Reread, robust_clip: float | None = None, scale: float = 1.0) -> Finalized:
+    def finalize(
+        self, reread: Reread, robust_clip: float | None = None, scale: float = 1.0, plain: bool = False
+    ) -> Finalized:
         """`scale` times the merged outer gradient of the answers added so far (fp32, in a buffer of the
         pool when there is one) and its stats, norms taken of the scaled result. The scale is applied in
-        the pass that writes the result, so a caller's sign flip or damping costs no pass of its own."""
+        the pass that writes the result, so a caller's sign flip or damping costs no pass of its own.
+        `plain`: the weighted mean for every tensor, RDA's too (their answers read again, as RDA's fallback
+        does): the learners' weighted mean, which RDA's restored radius exceeds by 1/cos of their spread."""
         active = {k: a for k, a in self.answers.items() if a.weight > 0}
         if not active:
             raise ValueError("all merge weights are 0 (no answering learner took a step); nothing to merge")
@@ -254,8 +258,8 @@ class RoundSums:
                 mean.mul_(scale / total)
         else:
             merged = {n: torch.mul(t, scale / total, out=out[n]) for n, t in self.sums.items()}
-        cancelled, norms = [], {}
-        for name in self.rda_names:
+        cancelled, norms = (list(self.rda_names) if plain else []), {}
+        for name in () if plain else self.rda_names:
             radius = sum(a.weight * scales.get(k, 1.0) * a.norms[name] for k, a in active.items()) / total
             length = norm64(self.directions[name]) / total
             if length < self.eps:  # directions cancel: the mean is the honest answer (and ~0)
@@ -267,7 +271,7 @@ class RoundSums:
         if cancelled:
             for name, mean in self._means(cancelled, active, scales, total, reread).items():
                 merged[name] = torch.mul(mean, scale, out=out[name])
-            fallbacks = len(cancelled)
+            fallbacks = 0 if plain else len(cancelled)
         return self._finish(merged, active, total, scales, fallbacks, flat if self.pool else None, norms)
 
     def _means(

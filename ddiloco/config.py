@@ -203,8 +203,9 @@ class DilocoConfig:
     """Rescale the outer momentum as the inner rate decays, so outer steps anneal too (`merge.OuterNesterov`)."""
     closing_step: str = "mean"
     """How the rounds merged while the run closes move their fragment, the last time it moves
-    (`ddiloco.syncer.drain`): `mean` (Θ_p − Δ: the learners' weighted mean, no outer rate or momentum
-    look-ahead) or `outer` (the outer Nesterov step of every other round)."""
+    (`ddiloco.syncer.drain`): `mean` (Θ_p − Δ, Δ the answers' plain weighted mean: the learners' weighted
+    mean, no RDA length, outer rate or momentum look-ahead) or `outer` (the merge and outer Nesterov step of
+    every other round)."""
     merge: str = "rda"
     """`rda` (radial-directional averaging) or `mean` (token-weighted mean) for non-embedding tensors."""
     token_weighting: bool = True

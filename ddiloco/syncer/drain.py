@@ -23,11 +23,15 @@ Design choices:
   not answer had just applied a version: their counters restarted, they will never answer it), rather
   than held until `round_timeout_s`.
 - A round merged while closing is its fragment's last move: by default (`diloco.closing_step: mean`) it
-  moves the fragment to the learners' weighted mean, Θ_p − Δ, not by the outer Nesterov step
+  moves the fragment to the learners' weighted mean, Θ_p − Δ with Δ the plain weighted mean of the answers
+  (`RoundSums.finalize(plain=True)`, RDA tensors too), not by the outer Nesterov step
   (`OuterNesterov.step_to(final=True)`). The outer step's look-ahead (m²·buf, the momentum of earlier full
   rounds) pays off only when the learners train on from the moved point; at the end it overshoots, most on
   a round of few steps, where the look-ahead outweighs the round's own progress: at 40M tokens the closing
-  rounds of 24, 15 and 8 steps took one run from 1.3088 to 1.3268 (docs/results.md §12.10).
+  rounds took three runs' validation loss up by 1.4%, 1.6% and 2.9% (docs/results.md §12.10). RDA's
+  length (the answers' mean norm, 1/cos of their spread longer than their mean) overshoots the same way
+  with nothing after it: without the momentum but with RDA, a run still lost 0.65%, and half that step
+  did better than the whole.
 - Closing rounds are left out of the pace figures (`ddiloco.syncer.pace`): the learners do not step while
   closing, so their overlap and sync period in steps mean nothing.
 - Closing ends when every closing round closed and every publish was committed, or `round_timeout_s` after

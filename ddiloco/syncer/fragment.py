@@ -247,7 +247,7 @@ class GlobalFragment:
             )
         # δ_m = θ_m − Θ_base, so Δ_m = −δ_m; RDA, the mean and clipping commute with the sign flip, which
         # finalize applies with the freshest answer's discount (1.0 when any answer is fresh) in its pass
-        done = sums.finalize(reread, rule.robust_clip, scale=-max(discounts))
+        done = sums.finalize(reread, rule.robust_clip, scale=-max(discounts), plain=final)
         merged, stats = done.merged, dict(done.stats)
         # the new Θ_p and momentum go to pooled memory (a closed round's, or the buffers this fragment gives
         # back at its commit), written in one pass that reads the current ones: no copies, no fresh pages
