@@ -7,11 +7,18 @@ learners trained since its last round (up to H steps each), and that was discard
 
 from __future__ import annotations
 
+import json
+import math
+import sys
+from pathlib import Path
+
 import pytest
 
 from ddiloco import keys
 from ddiloco.posttrain.summary import round_records
-from tests.integration.test_bad_inputs import Run, start, tick
+from tests.integration.test_bad_inputs import SECRET, Run, start, tick
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def drive(r: Run, on_pass=None) -> None:
@@ -90,7 +97,7 @@ def drive_syncer_only(r: Run) -> None:
 
 
 @pytest.mark.parametrize("closing_step", ["mean", "outer"])
-def test_the_rounds_merged_while_the_run_closes_take_the_closing_step(closing_step: str):
+def test_the_rounds_merged_while_the_run_closes_take_the_closing_step(closing_step: str, capsys, monkeypatch):
     """`diloco.closing_step` (default `mean`): the rounds merged while the run closes, the last move of their
     fragment, say which step they took in their round record; every round before closing took the outer
     step. (`tests/unit/test_fragment.py` checks the `mean` step's arithmetic.)"""
@@ -113,3 +120,27 @@ def test_the_rounds_merged_while_the_run_closes_take_the_closing_step(closing_st
     assert any(closing_when_merged[n] for n in steps), "no round merged while the run closed"
     for n, step in steps.items():
         assert step == (closing_step if closing_when_merged[n] else "outer"), (n, step)
+    if closing_step == "mean":  # benchmarks/closing_move.py finds the same rounds from the books alone
+        move = closing_move(f"memory://closing-{closing_step}", capsys, monkeypatch)
+        assert {m["round"] for m in move["merged_while_closing"]} == {
+            n for n in steps if closing_when_merged[n]
+        }
+        assert {m["step"] for m in move["merged_while_closing"]} == {"mean"}
+        assert move["pre_round"] == max(n for n in steps if not closing_when_merged[n])
+        before, final = move["val_loss"]["before"], move["val_loss"]["final"]
+        assert math.isfinite(before) and math.isfinite(final) and before != final
+        assert move["loss_by_alpha"]["0.0"] == pytest.approx(before, rel=1e-6)
+        assert move["loss_by_alpha"]["1.0"] == pytest.approx(final, rel=1e-5)
+
+
+def closing_move(store: str, capsys, monkeypatch) -> dict:
+    """`benchmarks/closing_move.py --store STORE --alphas 0,1` in this process (the memory store is here)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import closing_move as module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("DDILOCO_RUN_KEY", SECRET.hex())
+    capsys.readouterr()
+    assert module.main(["--store", store, "--alphas", "0,1"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
