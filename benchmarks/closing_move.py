@@ -27,7 +27,7 @@ import logging
 import torch
 
 from ddiloco import keys
-from ddiloco.posttrain.evaluate import load_model, validation_loss
+from ddiloco.posttrain.evaluate import load_model, run_validation_loss
 from ddiloco.posttrain.summary import read_round_records
 from ddiloco.protocol.signing import key_from_env
 from ddiloco.run import RunRoot
@@ -69,13 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def loss(model: torch.nn.Module) -> float:
-        return validation_loss(
-            model,
-            val,
-            batch_size=cfg.train.batch_size,
-            seq_len=cfg.model.seq_len,
-            max_batches=cfg.eval.val_batches,
-        )
+        return run_validation_loss(model, val, cfg)
 
     before, _ = load_model(root, f"round:{pre}", layout)
     final, _ = load_model(root, "final", layout)

@@ -41,7 +41,7 @@ from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_layout
 from ddiloco.learner.accel import resolve_device, train_step
 from ddiloco.model import GPT, configure_optimizer
-from ddiloco.posttrain.evaluate import validation_loss
+from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.protocol import wire
 from ddiloco.run import RunRoot
 from ddiloco.schedule import lr_at, progress_of
@@ -295,10 +295,7 @@ def run_baseline(
     val = RunRoot(store, cfg.run_id).val()
 
     def evaluate(model: GPT) -> float:
-        e = cfg.eval
-        return validation_loss(
-            model, val, batch_size=cfg.train.batch_size, seq_len=cfg.model.seq_len, max_batches=e.val_batches
-        )
+        return run_validation_loss(model, val, cfg)
 
     initial = evaluate(load_initial_model(store, cfg, layout))
     model = load_baseline_model(store, cfg.run_id, layout)

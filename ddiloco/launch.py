@@ -28,7 +28,7 @@ from ddiloco.chaos.local import LaunchedProcesses
 from ddiloco.chaos.runner import ChaosRunner
 from ddiloco.config import RunConfig
 from ddiloco.globalmodel import build_model
-from ddiloco.posttrain.evaluate import validation_loss
+from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.posttrain.report import write_reports
 from ddiloco.posttrain.stages import posttrain
 from ddiloco.posttrain.summary import build_summary
@@ -198,15 +198,7 @@ class LocalRun:
 
     # --- the run --------------------------------------------------------------------------------------------
     def evaluate_model(self, model) -> float:
-        cfg = self.cfg
-        val = self.root.val()
-        return validation_loss(
-            model,
-            val,
-            batch_size=cfg.train.batch_size,
-            seq_len=cfg.model.seq_len,
-            max_batches=cfg.eval.val_batches,
-        )
+        return run_validation_loss(model, self.root.val(), self.cfg)
 
     def run(
         self, on_progress: Callable[[dict[str, Any]], None] | None = None, timeout: float | None = None

@@ -65,6 +65,18 @@ def validation_loss(
     return total / count
 
 
+def run_validation_loss(model: GPT, val_tokens: torch.Tensor, cfg: Any) -> float:
+    """`validation_loss` with a run's settings: its batch size, sequence length and `eval.val_batches`, so
+    every evaluation of a run (final, curve, baseline, a round) reads the same windows."""
+    return validation_loss(
+        model,
+        val_tokens,
+        batch_size=cfg.train.batch_size,
+        seq_len=cfg.model.seq_len,
+        max_batches=cfg.eval.val_batches,
+    )
+
+
 def perplexity(loss: float) -> float:
     return math.exp(min(loss, 50.0))
 
@@ -166,13 +178,7 @@ def evaluate_model(
     tasks: dict[str, list[TaskItem]],
 ) -> dict[str, Any]:
     """Validation loss, perplexity and per-task accuracy of one model."""
-    loss = validation_loss(
-        model,
-        val,
-        batch_size=cfg.train.batch_size,
-        seq_len=cfg.model.seq_len,
-        max_batches=cfg.eval.val_batches,
-    )
+    loss = run_validation_loss(model, val, cfg)
     results = evaluate_tasks(model, tokenizer, tasks)
     return {
         "val_loss": loss,
@@ -269,13 +275,7 @@ def global_loss_curve(
     snaps = curve_points(records, layout.num_fragments, max(points, 2), available)
     for snap in snaps:
         model = root.model_at_versions(layout, snap["versions"])
-        snap["val_loss"] = validation_loss(
-            model,
-            val,
-            batch_size=cfg.train.batch_size,
-            seq_len=cfg.model.seq_len,
-            max_batches=cfg.eval.val_batches,
-        )
+        snap["val_loss"] = run_validation_loss(model, val, cfg)
     root.write_document(
         keys.EVAL_CURVE, {"points_requested": points, "rounds": len(records), "points": snaps}
     )
