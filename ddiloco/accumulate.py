@@ -268,9 +268,9 @@ class RoundSums:
                 coef = scale * radius / (length * total)
                 merged[name] = torch.mul(self.directions[name], coef, out=out[name])
                 norms[name] = abs(scale) * radius  # ‖D · coef‖, without another pass over the result
-        if cancelled:
-            for name, mean in self._means(cancelled, active, scales, total, reread).items():
-                merged[name] = torch.mul(mean, scale, out=out[name])
+        if cancelled:  # the means are summed in the result's own (pooled) buffers: no fragment-sized copy
+            for name, mean in self._means(cancelled, active, scales, total, reread, out).items():
+                merged[name] = mean.mul_(scale)
             fallbacks = 0 if plain else len(cancelled)
         return self._finish(merged, active, total, scales, fallbacks, flat if self.pool else None, norms)
 
@@ -281,9 +281,11 @@ class RoundSums:
         scales: Mapping[str, float],
         total: float,
         reread: Reread,
+        out: Mapping[str, Tensor],
     ) -> dict[str, Tensor]:
-        """The (clipped) weighted mean of RDA tensors, from the answers read again (RDA's rare fallback)."""
-        means = {n: torch.zeros(self.shapes[n], dtype=torch.float32) for n in names}
+        """The (clipped) weighted mean of RDA tensors, from the answers read again (RDA's rare fallback, and
+        every tensor of a closing merge), summed into `out`'s tensors."""
+        means = {n: out[n].zero_() for n in names}
         for key, a in active.items():
             delta = reread(key)
             for n in names:
