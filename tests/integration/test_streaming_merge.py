@@ -54,7 +54,10 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
             c: dataclasses.replace(a, delta=syncer.intake.reread(rnd, c)) for c, a in rnd.answers.items()
         }
         # no sums: the answers carry their deltas; the same merged progress (the momentum follows the decay)
-        batch = frag.propose(batch_answers, syncer.rule, tokens_merged=syncer.tokens_merged())
+        final = (
+            syncer.closing is not None and syncer.cfg.diloco.closing_step == "mean"
+        )  # the run's last merges
+        batch = frag.propose(batch_answers, syncer.rule, tokens_merged=syncer.tokens_merged(), final=final)
         merge(rnd, now)
         # the proposal waits for the publisher, is being published, or was committed already
         held = syncer.publisher.flight.get(rnd.round)
