@@ -322,10 +322,10 @@ def pack_global_delta(
     dtype: str,
     base_digest: str,
     digest: str,
-) -> bytes:
+) -> Blob:
     """The payload of the download delta of version `version` of fragment p against version − 1, whose values
-    have `base_digest` (the result has `digest`), signed with the run key. The syncer creates it
-    write-once (`ddiloco.syncer.state`)."""
+    have `base_digest` (the result has `digest`), signed with the run key, as a `Blob` of the parts' own
+    memory. The syncer creates it write-once (`ddiloco.syncer.state`)."""
     meta = {
         "kind": "global_delta",
         "fragment_id": p,
@@ -337,7 +337,7 @@ def pack_global_delta(
         "base_sha256": base_digest,
         "values_sha256": digest,
     }
-    return signer.pack(step.parts, meta)
+    return signer.pack_blob(step.parts, meta)
 
 
 def read_global_delta(

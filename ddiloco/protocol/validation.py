@@ -204,14 +204,21 @@ def _delta_parts(
 
 
 def check_delta(
-    tensors: Mapping[str, torch.Tensor], codec: str, names: Sequence[str], shapes: Mapping[str, Sequence[int]]
+    tensors: Mapping[str, torch.Tensor],
+    codec: str,
+    names: Sequence[str],
+    shapes: Mapping[str, Sequence[int]],
+    *,
+    measure: bool = False,
+    buf: torch.Tensor | None = None,
 ) -> dict[str, EncodedTensor]:
     """The delta of every tensor of the fragment, checked whole but still encoded (`ddiloco.encoded`):
-    what the syncer adds to a round's sums chunk by chunk."""
+    what the syncer adds to a round's sums chunk by chunk. `measure`: with each tensor's norm measured,
+    in the pass that checks its codes (`EncodedTensor.check`)."""
     checked = {}
     for name, parts in _delta_parts(tensors, codec, names, shapes).items():
         try:
-            checked[name] = EncodedTensor.check(parts, codec, shapes[name])
+            checked[name] = EncodedTensor.check(parts, codec, shapes[name], measure=measure, buf=buf)
         except ValueError as e:
             reason = "non_finite" if "NaN/Inf" in str(e) or "overflow" in str(e) else "malformed"
             raise PayloadError(reason, f"{name}: {e}") from None

@@ -51,6 +51,7 @@ from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol import claims, validation, wire
 from ddiloco.protocol.messages import Merged, Rejection, RoundRecord
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreError
+from ddiloco.store.blob import Lend
 from ddiloco.syncer.fragment import GlobalFragment
 from ddiloco.syncer.rounds import Answer, Round
 
@@ -139,11 +140,16 @@ class UpdateValidator:
         # An fp32 delta is the largest legitimate update: twice that (plus header room) is never honest.
         return 2 * 4 * self.layout.fragments[p].numel + (1 << 20)
 
-    def answer(self, rnd: Round, name: str, blob: bytes) -> Answer:
+    def answer(
+        self, rnd: Round, name: str, blob: bytes | memoryview, measure: torch.Tensor | None = None
+    ) -> Answer:
         """Validate one update of `rnd` stored under `name` (rules: `ddiloco.protocol.validation`). A
-        PayloadError raised after the sender is known carries it as `sender` (learner id, incarnation)."""
+        PayloadError raised after the sender is known carries it as `sender` (learner id, incarnation).
+        `measure`: a decode buffer (`chunk_buffer`) to measure the norms with, in the pass that checks the
+        codes (a reader's share, so the merge's pass only adds); None: the merge measures them."""
         frag = self.fragments[rnd.fragment_id]
-        h = self.signer.unpack(blob, {"kind": "update", "fragment_id": rnd.fragment_id})
+        lent = isinstance(blob, memoryview) and not blob.readonly  # the tensors may be views of it
+        h = self.signer.unpack(blob, {"kind": "update", "fragment_id": rnd.fragment_id}, borrow=lent)
         header = validation.header_fields(h.meta)
         named = keys.parse_update_name(name)
         if named is None:
@@ -167,7 +173,9 @@ class UpdateValidator:
             age, pace = claims.allowed_age(now, base_time), self.pace
             claims.steps(header, age=age, tps=tps, limits=self.limits, pace=pace, who=contributor)
             names = self.layout.fragments[rnd.fragment_id].names
-            encoded = validation.check_delta(h.tensors, header.codec, names, self.layout.shapes)
+            encoded = validation.check_delta(
+                h.tensors, header.codec, names, self.layout.shapes, measure=measure is not None, buf=measure
+            )
         except wire.PayloadError as e:
             e.sender = named  # type: ignore[attr-defined]
             raise
@@ -191,7 +199,13 @@ class UpdateValidator:
         )
 
 
-def accepted_digest(blob: bytes) -> str:
+def _fresh(size: int) -> memoryview:
+    """Memory of its own for one update (`Store.get_into`): its tensors are views of it, not copies made by
+    the parser (an int4 answer of the 1b preset is 25.6 MB), and it lives as long as they do."""
+    return memoryview(bytearray(size))
+
+
+def accepted_digest(blob: bytes | memoryview) -> str:
     """Identifies the bytes of a payload that `wire.unpack` accepted: the SHA-256 of its header, which holds
     the SHA-256 of the data region that unpack checked, so hashing the (large) data again is not needed.
     Rejected bytes are identified by the SHA-256 of all of them (their header may not vouch for the data)."""
@@ -283,7 +297,7 @@ class Intake:
         """Fetch, verify and decode one update (a worker's share); None when it is gone or unchanged."""
         retry = rnd.retry.get(name)
         try:
-            blob = self._fetch(rnd, key)
+            blob = self._fetch(rnd, key, _fresh)
         except wire.PayloadError as e:  # too large to read: the size stands in for its content
             return _Read("too_large", unchanged=retry is not None and retry[1] == "too_large", error=e)
         except NotFound:
@@ -291,13 +305,12 @@ class Intake:
         digest = hashlib.sha256(blob).hexdigest() if retry is not None else None
         if retry is not None and retry[1] == digest:  # the same rejected bytes: nothing new
             return _Read(digest, unchanged=True)
+        # a reader measures the norms as it checks the codes, so the merge's pass only adds
+        buf = self._buffers.__dict__.setdefault("buf", chunk_buffer()) if self.pool is not None else None
         try:
-            ans = self.validator.answer(rnd, name, blob)
+            ans = self.validator.answer(rnd, name, blob, measure=buf)
         except wire.PayloadError as e:
             return _Read(digest or hashlib.sha256(blob).hexdigest(), error=e)
-        if self.pool is not None and ans.encoded is not None:  # a reader: measure the norms here, so the
-            buf = self._buffers.__dict__.setdefault("buf", chunk_buffer())  # merge's pass only adds
-            ans.encoded = {n: t.measured(buf) for n, t in ans.encoded.items()}
         return _Read(accepted_digest(blob), answer=ans)
 
     def _file(self, rnd: Round, key: str, name: str, read: _Read, now: float) -> None:
@@ -341,9 +354,13 @@ class Intake:
             raise wire.PayloadError("changed", f"{ans.key} changed after it was accepted")
         return self.validator.decode(rnd, blob, out)
 
-    def _fetch(self, rnd: Round, key: str) -> bytes:
+    def _fetch(self, rnd: Round, key: str, lend: Lend | None = None) -> bytes | memoryview:
+        """The update's bytes; into `lend`'s memory when given (the answer's tensors are then views of it)."""
+        limit = self.validator.max_bytes(rnd.fragment_id)
         try:
-            return self.store.get(key, max_bytes=self.validator.max_bytes(rnd.fragment_id))
+            if lend is not None:
+                return self.store.get_into(key, lend, max_bytes=limit)
+            return self.store.get(key, max_bytes=limit)
         except ObjectTooLarge as e:
             raise wire.PayloadError("too_large", str(e)) from None
 

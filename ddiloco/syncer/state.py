@@ -71,7 +71,7 @@ from ddiloco.protocol.messages import (
 )
 from ddiloco.run import RunRoot
 from ddiloco.store.base import NotFound, ObjectTooLarge
-from ddiloco.store.blob import Data, Lend
+from ddiloco.store.blob import Blob, Data, Lend
 from ddiloco.syncer import adopt
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal, Tensors
 from ddiloco.syncer.lease import Fenced
@@ -399,7 +399,7 @@ class SyncerFiles:
 
 def _values_to_publish(
     files: SyncerFiles, proposal: Proposal, p: int, version: int, loan: Loan
-) -> tuple[Tensors, str | None, bytes | None]:
+) -> tuple[Tensors, str | None, Blob | None]:
     """(L_v, its digest when already known, the signed download delta or None) of a publish. With a
     download codec, L_{v−1} is read back into `loan`'s memory and L_v is computed there."""
     if files.download_codec == "none":  # Θ_p rounded to the dtype: packing converts it (no copy for fp32)

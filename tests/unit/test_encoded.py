@@ -77,6 +77,24 @@ def test_out_of_range_codes_are_found_anywhere_without_unpacking(codec, offset):
             assert not codes_in_range(bad, codec), (byte, slot)
 
 
+@pytest.mark.parametrize("codec", INT_CODECS)
+@pytest.mark.parametrize("n", [5000, 128 * 8192 + 300])  # one chunk; two chunks, the last one partial
+def test_a_check_that_measures_finds_out_of_range_codes_in_its_own_pass(codec, n, monkeypatch):
+    q = encode(_x(n), codec)["q"]
+    bits = {"int8": 8, "int4": 4, "int2": 2}[codec]
+    bad_code = (1 << bits) - 1
+    parts = {"q": q, "scale": encode(_x(n), codec)["scale"]}
+    good = EncodedTensor.check(parts, codec, (n,), measure=True)
+    assert good.known_norm == EncodedTensor.check(parts, codec, (n,)).norm()
+    monkeypatch.setattr("ddiloco.encoded.codes_in_range", lambda *a: pytest.fail("a pass of its own"))
+    for byte in (0, q.numel() // 2, q.numel() - 1):  # the last byte is in the padding of the last block
+        for slot in range(8 // bits):
+            bad = q.clone()
+            bad[byte] = int(bad[byte]) | (bad_code << (slot * bits))
+            with pytest.raises(ValueError, match="out of range"):
+                EncodedTensor.check({**parts, "q": bad}, codec, (n,), measure=True)
+
+
 @pytest.mark.parametrize(
     ("codec", "tamper", "words"),
     [
