@@ -36,7 +36,8 @@ the first two (the first round pays for fresh memory, the second waits on its pu
 ``submitted``, ``publish_start``, ``publish_end``, ``committed``: seconds since the first round began).
 ``cpu_seconds_per_round`` is the process's CPU time (all threads) over the pipelined part per round: with
 ``cpus`` cores, a rate near ``cpus / cpu_seconds_per_round`` means the rounds are bound by CPU, not by
-one stage. `--mode serial` is the measurement before publishing moved beside the loop: one round at a time,
+one stage; with `--store s3`, ``server_cpu_seconds_per_round`` is what the S3 server (on the same cores)
+spent meanwhile. `--mode serial` is the measurement before publishing moved beside the loop: one round at a time,
 each stage timed alone, ``rounds_per_second`` one over the median round. `--store s3` starts SeaweedFS on
 127.0.0.1 for the run (the tests' server, `tests/_seaweed.py`).
 
@@ -395,6 +396,13 @@ def _cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) another process used so far (/proc), e.g. the S3 server's."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
@@ -461,7 +469,7 @@ def main() -> None:
         else []
     )
     g = torch.Generator().manual_seed(0)
-    rounds, published_at, cpu_per_round = [], [], None
+    rounds, published_at, cpu_per_round, server_cpu_per_round = [], [], None, None
     files = SyncerFiles(RunRoot(store, cfg.run_id), layout, args.global_dtype, args.download_codec)
     try:
         if args.mode == "pipelined":
@@ -471,8 +479,12 @@ def main() -> None:
             ]
             gc.collect()
             cpu0 = _cpu_seconds()
+            pid = server.proc.pid if server is not None and server.proc is not None else None
+            server0 = _process_cpu_seconds(pid) if pid is not None else 0.0
             published_at = run_pipelined(prepared, files, store, args)
             cpu_per_round = (_cpu_seconds() - cpu0) / len(prepared)
+            if pid is not None:
+                server_cpu_per_round = (_process_cpu_seconds(pid) - server0) / len(prepared)
             for r in prepared:
                 t = r.timers
                 t.update(intake=t["collect"] - t["copy"], merge=t["accept"] + t["finalize"])
@@ -532,6 +544,9 @@ def main() -> None:
         "rounds_per_second": _sig(rounds_per_second(published_at, med("seconds"))),
         "depth": args.depth if args.mode == "pipelined" else None,
         "cpu_seconds_per_round": _sig(cpu_per_round) if cpu_per_round is not None else None,
+        "server_cpu_seconds_per_round": _sig(server_cpu_per_round)
+        if server_cpu_per_round is not None
+        else None,
         "cpus": len(os.sched_getaffinity(0)),
         "publish_gaps_seconds": [_sig(b - a) for a, b in zip(published_at, published_at[1:], strict=False)],
         "round_seconds": _sig(med("seconds")),

@@ -9,7 +9,8 @@ AWS S3 documents the same, plus 409 ConditionalRequestConflict while a conflicti
 flight, which is retried like any transient error (s3.py's `_TRANSIENT_CODES`).
 
 Design choices:
-- Always one single-part PUT, whatever the size (up to S3's 5 GiB): SeaweedFS re-checks a single PUT's
+- Always one single-part PUT, whatever the size (up to S3's 5 GiB; a big body sent from its parts, unhashed:
+  s3_io.py): SeaweedFS re-checks a single PUT's
   condition under its per-object write lock, and a conditional CompleteMultipartUpload is reported not to be
   atomic there (checked outside that lock, SeaweedFS 4.47), so create never goes multipart.
 - minio 7.2.20's `put_object` cannot send an arbitrary header (its `metadata` gets an X-Amz-Meta- prefix),
@@ -39,7 +40,8 @@ from minio import Minio
 from minio.error import InvalidResponseError, S3Error
 
 from ddiloco.store.base import AtomicCreateUnsupported, StoreConfigError, StoreError, StoreUnavailable
-from ddiloco.store.blob import Data, as_bytes
+from ddiloco.store.blob import Data
+from ddiloco.store.s3_io import body_of
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +59,12 @@ def _precondition_failed(exc: BaseException) -> bool:
     return isinstance(exc, InvalidResponseError) and getattr(exc, "_code", None) == 412  # 412 without XML
 
 
-def put_if_absent(client: Minio, bucket: str, name: str, data: bytes) -> bool:
-    """One conditional PUT: True if it wrote the object, False on 412 (the key is taken)."""
+def put_if_absent(client: Minio, bucket: str, name: str, data: Data) -> bool:
+    """One conditional PUT: True if it wrote the object, False on 412 (the key is taken). The body goes as
+    `s3_io.body_of` makes it (a big one: its parts, unhashed)."""
     headers = {"If-None-Match": "*", "Content-Type": "application/octet-stream"}  # minio adds to it: fresh
     try:
-        client._put_object(bucket, name, data, headers)
+        client._put_object(bucket, name, body_of(data), headers)
     except (S3Error, InvalidResponseError) as exc:
         if _precondition_failed(exc):
             return False
@@ -118,7 +121,7 @@ class S3CreateMixin:
         def once() -> bool:
             nonlocal attempts
             attempts += 1
-            return put_if_absent(conn.client, conn.bucket, full_key, as_bytes(data))
+            return put_if_absent(conn.client, conn.bucket, full_key, data)
 
         created = self._call(f"create {full_key}", once)
         return created or (attempts > 1 and self._holds(full_key, data))

@@ -50,4 +50,5 @@ def test_syncer_scale_tiny_prints_its_json_with_the_first_round_apart() -> None:
     assert 1 <= out["fragment_bytes_max_over_ideal"] <= 4 / 3
     assert out["round_seconds"] > 0 and out["merge_gbps"] > 0
     assert out["memcpy_gbps"] is None and out["cpu_seconds_per_round"] > 0  # no yardstick beside a pipeline
+    assert out["server_cpu_seconds_per_round"] is None  # no S3 server with the file store
     assert out["model_bytes"] == 4 * 139_840 and out["peak_rss_bytes"] > 0
