@@ -50,7 +50,7 @@ import torch
 from ddiloco import failpoints, keys
 from ddiloco.bufferpool import SYNCER_POOL, Loan
 from ddiloco.compression import all_finite
-from ddiloco.downlink import digest, encode_step
+from ddiloco.downlink import STEP_CHUNK, digest, encode_step
 from ddiloco.globalmodel import (
     Layout,
     latest_version,
@@ -145,9 +145,9 @@ class SyncerFiles:
         self.signer = root.signer
         self.download_codec = download_codec
         self.slots = adopt.VersionSlots(root, layout)
+        """What is at the global version keys: adoption, judging a taken key, the quarantine."""
         self._judged: tuple[int, int, int] | None = None
         """(fragment, version, round) whose global version key this publish attempt already judged (`_create`)."""
-        """What is at the global version keys: adoption, judging a taken key, the quarantine."""
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddiloco-publish")
         """Writes a publish's first objects while the publishing thread computes the download delta."""
         self._digests: dict[int, tuple[int, str]] = {}
@@ -406,11 +406,9 @@ def _values_to_publish(
         return proposal.theta, None, None
     held = files.read_global(p, version - 1, lend=loan)  # L_{v−1}, in pooled memory we may overwrite
     base_digest = files.digest_of(p, version - 1, held)
-    scratch = SYNCER_POOL.take(sum(t.numel() for t in proposal.theta.values()))
-    try:
-        step = encode_step(held, proposal.theta, files.download_codec, files.dtype, scratch=scratch)
-    finally:
-        SYNCER_POOL.give(scratch)
+    step = encode_step(
+        held, proposal.theta, files.download_codec, files.dtype, scratch=torch.empty(STEP_CHUNK)
+    )
     values_digest = digest(step.values, files.dtype)
     delta = pack_global_delta(
         files.signer,
