@@ -36,7 +36,9 @@ the first two (the first round pays for fresh memory, the second waits on its pu
 ``submitted``, ``publish_start``, ``publish_end``, ``committed``: seconds since the first round began).
 ``cpu_seconds_per_round`` is the process's CPU time (all threads) over the pipelined part per round: with
 ``cpus`` cores, a rate near ``cpus / cpu_seconds_per_round`` means the rounds are bound by CPU, not by
-one stage; with `--store s3`, ``server_cpu_seconds_per_round`` is what the S3 server (on the same cores)
+one stage; ``cpu_seconds_per_round_by_thread`` splits it by the thread that spent it (the loop's collect,
+merge and propose; the readers; the publisher; its writer; the cleaner; ``other``: the rest, e.g. the
+garbage collector and torch's own threads); with `--store s3`, ``server_cpu_seconds_per_round`` is what the S3 server (on the same cores)
 spent meanwhile. `--mode serial` is the measurement before publishing moved beside the loop: one round at a time,
 each stage timed alone, ``rounds_per_second`` one over the median round. `--store s3` starts SeaweedFS on
 127.0.0.1 for the run (the tests' server, `tests/_seaweed.py`).
@@ -74,6 +76,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -320,8 +323,37 @@ def one_round(r: Prepared, args: argparse.Namespace, store, yardstick: Yardstick
     }
 
 
+class ThreadCpu:
+    """CPU seconds per role of the thread that ran it (`time.thread_time` around each call): the loop's
+    collect/merge and propose, the readers, the publisher, its writer, the cleaner."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._nested = threading.local()
+
+    def wrap(self, role: str, fn):
+        """`fn`, its thread's CPU time counted to `role`; a wrapped call inside it (reads inline on one
+        thread) counts to its own role only."""
+
+        def timed(*a, **kw):
+            inner: list[float] = self._nested.__dict__.setdefault("inner", [])
+            inner.append(0.0)
+            c0 = time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent, nested = time.thread_time() - c0, inner.pop()
+                if inner:
+                    inner[-1] += spent
+                with self._lock:
+                    self.seconds[role] = self.seconds.get(role, 0.0) + spent - nested
+
+        return timed
+
+
 def run_pipelined(
-    prepared: list[Prepared], files: SyncerFiles, store, args: argparse.Namespace
+    prepared: list[Prepared], files: SyncerFiles, store, args: argparse.Namespace, cpu: ThreadCpu
 ) -> list[float]:
     """Rounds in flight as the syncer's loop runs them: round s + 1 is collected and merged while round s is
     published on the publisher's thread (`ddiloco.syncer.publisher`, at most `DEPTH` handed over). Fills
@@ -339,7 +371,13 @@ def run_pipelined(
         finally:
             by_round[record.round].timers["publish_end"] = time.perf_counter() - t0
 
-    files.publish = timed_publish  # type: ignore[method-assign]
+    files.publish = cpu.wrap("publish", timed_publish)  # type: ignore[method-assign]
+    files._create_all = cpu.wrap("publish_writer", files._create_all)  # type: ignore[method-assign]
+    for r in prepared:
+        r.intake._read = cpu.wrap("readers", r.intake._read)  # type: ignore[method-assign]
+    loop = {
+        name: cpu.wrap("loop", fn) for name, fn in (("collect", collect_round), ("propose", propose_round))
+    }
 
     def settle(wait: bool) -> None:
         for done in publisher.finished(wait):
@@ -348,15 +386,17 @@ def run_pipelined(
             r.timers["publish"] = publish_s
             close_round(r, done.pending.proposal, store, args)
             r.timers["committed"] = time.perf_counter() - t0
-            publisher.clean(partial(drop_round, r, store))  # as the loop deletes a round's updates and prunes
+            publisher.clean(
+                cpu.wrap("cleaner", partial(drop_round, r, store))
+            )  # as the loop deletes and prunes
 
     for r in prepared:
         r.timers["collect_start"] = time.perf_counter() - t0
-        collect_round(r)
+        loop["collect"](r)
         while publisher.busy():  # as the loop does: a round proposes once the publisher may take it
             settle(False)
             time.sleep(0.001)
-        proposal = propose_round(r)
+        proposal = loop["propose"](r)
         rnd = r.rnd
         assert rnd is not None and rnd.sums is not None
         rnd.sums.release()  # as the loop does once the proposal holds the merge
@@ -470,6 +510,7 @@ def main() -> None:
     )
     g = torch.Generator().manual_seed(0)
     rounds, published_at, cpu_per_round, server_cpu_per_round = [], [], None, None
+    thread_cpu, by_thread = ThreadCpu(), {}
     files = SyncerFiles(RunRoot(store, cfg.run_id), layout, args.global_dtype, args.download_codec)
     try:
         if args.mode == "pipelined":
@@ -481,8 +522,10 @@ def main() -> None:
             cpu0 = _cpu_seconds()
             pid = server.proc.pid if server is not None and server.proc is not None else None
             server0 = _process_cpu_seconds(pid) if pid is not None else 0.0
-            published_at = run_pipelined(prepared, files, store, args)
+            published_at = run_pipelined(prepared, files, store, args, thread_cpu)
             cpu_per_round = (_cpu_seconds() - cpu0) / len(prepared)
+            by_thread = {k: v / len(prepared) for k, v in sorted(thread_cpu.seconds.items())}
+            by_thread["other"] = cpu_per_round - sum(by_thread.values())
             if pid is not None:
                 server_cpu_per_round = (_process_cpu_seconds(pid) - server0) / len(prepared)
             for r in prepared:
@@ -544,6 +587,7 @@ def main() -> None:
         "rounds_per_second": _sig(rounds_per_second(published_at, med("seconds"))),
         "depth": args.depth if args.mode == "pipelined" else None,
         "cpu_seconds_per_round": _sig(cpu_per_round) if cpu_per_round is not None else None,
+        "cpu_seconds_per_round_by_thread": {k: _sig(v) for k, v in by_thread.items()},
         "server_cpu_seconds_per_round": _sig(server_cpu_per_round)
         if server_cpu_per_round is not None
         else None,

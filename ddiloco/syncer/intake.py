@@ -3,9 +3,10 @@
 Design choices:
 - `Intake.collect` reads each new object of an open round once; what `UpdateValidator` accepts is checked
   whole and kept encoded (`ddiloco.encoded`): the syncer decodes it chunk by chunk into the round's running
-  sums. Readers (`split_threads`) fetch, verify and check the next answers and measure their norms while
-  the loop adds the previous one to the sums; on one thread reads run inline and the merge's pass measures
-  the norms itself (against the learner's claim, `ddiloco.encoded`). The rules and reasons live in
+  sums. Readers (`split_threads`) fetch, verify and check the next answers (and from three threads on
+  measure their norms, `MEASURE_IN_READERS_FROM`) while the loop adds the previous one to the sums; on one
+  thread reads run inline; where readers do not measure, the merge's pass measures the norms itself
+  (against the learner's claim, `ddiloco.encoded`). The rules and reasons live in
   `ddiloco.protocol.validation`; the validator adds the checks that need the syncer's fragments (the
   newest version, how far behind it a base is, when a base was published). A too-stale answer is
   rejected before anything else is checked. The base itself is never read: the merge takes the learner's δ
@@ -59,6 +60,15 @@ log = logging.getLogger(__name__)
 
 REREAD_REJECTED_S = 1.0
 MAX_NOTICES = 64
+
+
+MEASURE_IN_READERS_FROM = 3
+"""Readers measure the answers' norms (so the merge's pass only adds) from this many syncer threads on.
+Below it the merge measures them in its own pass against the learner's claim (`ddiloco.encoded`): that
+costs the loop's thread ~0.11 s more per round at the 1b preset (16 int4 answers) but saves ~0.3 CPU-s, a
+reader's separate pass; with two threads on two cores every CPU-second is on the critical path (1b, 24
+fragments: 0.57 → 0.62 rounds/s, `benchmarks/syncer_scale.py`, docs/results.md §14.1), with a third the
+loop's thread is."""
 
 
 def split_threads(threads: int) -> tuple[int, int]:
@@ -243,6 +253,7 @@ class Intake:
         syncer's CPU threads; `split_threads` says how many of them read ahead (none on one thread)."""
         self.store, self.validator, self.metrics = store, validator, metrics
         self.workers, _ = split_threads(threads)
+        self.measure = self.workers > 0 and threads >= MEASURE_IN_READERS_FROM
         self.accept = accept
         self.pool = ThreadPoolExecutor(self.workers, "intake") if self.workers > 0 else None
         self._buffers = threading.local()  # a decode buffer per reader
@@ -306,7 +317,7 @@ class Intake:
         if retry is not None and retry[1] == digest:  # the same rejected bytes: nothing new
             return _Read(digest, unchanged=True)
         # a reader measures the norms as it checks the codes, so the merge's pass only adds
-        buf = self._buffers.__dict__.setdefault("buf", chunk_buffer()) if self.pool is not None else None
+        buf = self._buffers.__dict__.setdefault("buf", chunk_buffer()) if self.measure else None
         try:
             ans = self.validator.answer(rnd, name, blob, measure=buf)
         except wire.PayloadError as e:

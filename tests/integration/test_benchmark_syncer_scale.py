@@ -51,4 +51,7 @@ def test_syncer_scale_tiny_prints_its_json_with_the_first_round_apart() -> None:
     assert out["round_seconds"] > 0 and out["merge_gbps"] > 0
     assert out["memcpy_gbps"] is None and out["cpu_seconds_per_round"] > 0  # no yardstick beside a pipeline
     assert out["server_cpu_seconds_per_round"] is None  # no S3 server with the file store
+    by_thread = out["cpu_seconds_per_round_by_thread"]
+    assert {"loop", "readers", "publish", "publish_writer", "cleaner", "other"} <= by_thread.keys()
+    assert sum(by_thread.values()) == pytest.approx(out["cpu_seconds_per_round"], rel=1e-2)
     assert out["model_bytes"] == 4 * 139_840 and out["peak_rss_bytes"] > 0

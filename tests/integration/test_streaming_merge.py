@@ -19,13 +19,15 @@ from tests._harness import drive, tiny_config
 
 
 @pytest.mark.parametrize(
-    ("robust_clip", "threads", "codec"), [(None, None, "fp32"), (1.05, None, "int4"), (1.05, 3, "int4")]
+    ("robust_clip", "threads", "codec"),
+    [(None, None, "fp32"), (1.05, None, "int4"), (None, 2, "int4"), (1.05, 3, "int4")],
 )
 def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip, threads, codec):
     """With robust_clip 1.05 most rounds of two or more answers clip one (the largest norm is above 1.05 ×
     the median), so the clipped answers' second read is exercised. With 3 threads the intake reads and
     checks answers ahead while the loop adds them (in listing order). int4 answers are added straight from
-    their codes with the norms the learners claim."""
+    their codes with the norms the learners claim: with 3 threads the readers measure them, with 2 the merge
+    does (`MEASURE_IN_READERS_FROM`)."""
     store = open_store(f"memory://stream-{robust_clip}-{threads}")
     cfg = tiny_config(
         "stream", "diloco.learners=3", "diloco.quorum=2", "diloco.token_budget=40000", f"diloco.codec={codec}"
@@ -34,6 +36,7 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
     torch_threads = torch.get_num_threads()
     syncer = Syncer(store, poll_s=0, robust_clip=robust_clip, threads=threads)
     assert (syncer.intake.pool is not None) == (threads is not None)
+    assert syncer.intake.measure == (threads == 3)
     learners = [Learner.open(store, i) for i in range(3)]
     for learner in learners:
         learner.start()
