@@ -83,9 +83,9 @@ def encode_step(
     `STEP_CHUNK` values (whole blocks, so the codes and scales are those of the whole tensor): Θ − L, its
     codes, their decoding and L + deq of a chunk stay in cache, so no fragment-sized temporary is needed
     (the whole-tensor step borrowed a 193 MB buffer at the 1b preset; the time is the same, 0.21 s per
-    fragment on one thread: quantizing, not memory traffic, is what it costs). A caller that owns `held` lends `scratch` (fp32, at least `STEP_CHUNK`
-    values: fewer make more chunks): L_v is then summed into `held`'s fp32 tensors, which are overwritten; without it L_v is fresh
-    memory and `held` is untouched."""
+    fragment on one thread: quantizing, not memory traffic, is what it costs). A caller that owns `held`
+    lends `scratch` (fp32, `STEP_CHUNK` values; fewer make more chunks): L_v is then summed into `held`'s
+    fp32 tensors, which are overwritten; without it L_v is fresh memory and `held` is untouched."""
     if codec not in DOWNLOAD_CODECS or codec == "none":
         raise ValueError(f"download codec must be one of {', '.join(DOWNLOAD_CODECS[1:])}, got {codec!r}")
     buf = scratch if scratch is not None else torch.empty(STEP_CHUNK, dtype=torch.float32)

@@ -6,8 +6,10 @@ Design choices:
   over plain HTTP (`x-amz-content-sha256`), MD5 for `Content-MD5` over HTTPS; and a server checks that hash
   again. Every object this package writes that is larger than `UNSIGNED_MIN` is a wire payload (`ddiloco.protocol.wire`)
   whose header carries the SHA-256 of its data, which every reader verifies, so those bodies go up as
-  `UNSIGNED-PAYLOAD` (SigV4 then signs the request's headers, not its body; AWS S3, MinIO and SeaweedFS accept
-  it over HTTP and HTTPS) and without `Content-MD5`. Smaller bodies (JSON: status, pointers, round records) are
+  `UNSIGNED-PAYLOAD` (SigV4 then signs the request's headers, not its body) and without `Content-MD5`. AWS S3
+  documents the value for any request; MinIO skips the payload check for it whatever the transport
+  (cmd/signature-v4-utils.go, `skipContentSha256Cksum`); SeaweedFS 4.48 takes it (tests/integration/
+  test_s3_store.py). Smaller bodies (JSON: status, pointers, round records) are
   hashed as minio always does. `Client` is minio's client with that one method changed (minio is pinned
   exactly; tests/unit/test_s3_io.py guards the method's signature and what it returns).
 - A `Blob`'s parts are sent as they are (urllib3 `sendall`s each part of an iterable body under an explicit
