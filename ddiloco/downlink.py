@@ -43,8 +43,6 @@ from ddiloco.protocol import wire
 __all__ = ["DOWNLOAD_CODECS", "DeltaStep", "apply_delta", "decode_delta", "digest", "encode_step"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-STEP_CHUNK = 1 << 20
-"""Values per chunk of `encode_step` (a multiple of the codec block: 4 MiB of fp32 stays in cache)."""
 
 Tensors = dict[str, torch.Tensor]
 
@@ -79,57 +77,29 @@ def encode_step(
     """Quantize Θ_v − L_{v−1} with `codec` and return the parts and L_v (module docstring).
 
     `held`: L_{v−1}; `theta`: the fp32 master Θ_v (same names and shapes). `deq` is decoded from the
-    parts themselves, so the syncer gets exactly what a learner decodes. The step runs chunk by chunk of
-    `STEP_CHUNK` values (whole blocks, so the codes and scales are those of the whole tensor): Θ − L, its
-    codes, their decoding and L + deq of a chunk stay in cache, so no fragment-sized temporary is needed
-    (the whole-tensor step borrowed a 193 MB buffer at the 1b preset; the time is the same, 0.21 s per
-    fragment on one thread: quantizing, not memory traffic, is what it costs). A caller that owns `held`
-    lends `scratch` (fp32, `STEP_CHUNK` values; fewer make more chunks): L_v is then summed into `held`'s
-    fp32 tensors, which are overwritten; without it L_v is fresh memory and `held` is untouched."""
+    parts themselves, so the syncer gets exactly what a learner decodes. At the 1b preset a fragment is
+    193 MB and every fresh temporary of its size costs ~0.1 s of page faults, so a caller that owns `held`
+    can lend a flat fp32 `scratch` of at least the fragment's size: Θ_v − L_{v−1} and its decoding go
+    there, and L_v is summed into `held`'s fp32 tensors, which are overwritten (scratch's content is
+    undefined after)."""
     if codec not in DOWNLOAD_CODECS or codec == "none":
         raise ValueError(f"download codec must be one of {', '.join(DOWNLOAD_CODECS[1:])}, got {codec!r}")
-    buf = scratch if scratch is not None else torch.empty(STEP_CHUNK, dtype=torch.float32)
-    chunk = min(STEP_CHUNK, buf.numel() // compression.BLOCK * compression.BLOCK)  # whole blocks
-    if chunk == 0:
-        chunk = buf.numel()  # less than a block: only tensors that fit whole
-        if any(t.numel() > chunk for t in theta.values()):
-            raise ValueError(f"scratch must hold at least {STEP_CHUNK} fp32 values, got {buf.numel()}")
     parts: Tensors = {}
     values: Tensors = {}
     for name in sorted(theta):
         base = held[name].detach().float()  # `held` itself when it is fp32
-        if scratch is None and base.data_ptr() == held[name].data_ptr():
-            base = base.clone()  # fp32 `held` is not the caller's to give up
-        target = theta[name].detach().float().reshape(-1)
-        flat = base.view(-1)
-        q, scale = _step_chunks(flat, target, codec, dtype, buf[:chunk])
-        values[name] = base
-        parts[f"{name}/q"], parts[f"{name}/scale"] = q, scale
-    return DeltaStep(parts, values)
-
-
-def _step_chunks(
-    flat: torch.Tensor, target: torch.Tensor, codec: str, dtype: str, buf: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One tensor of `encode_step`: `flat` (L_{v−1}) becomes L_v in place; returns the codes and scales."""
-    bits = compression._INT[codec][0]
-    numel = flat.numel()
-    n_blocks = -(-numel // compression.BLOCK)
-    q = torch.empty(n_blocks * compression.BLOCK * bits // 8, dtype=torch.uint8)
-    scale = torch.empty(n_blocks, dtype=torch.float32)
-    step = buf.numel()
-    for i in range(0, numel, step):
-        j = min(i + step, numel)
-        diff = torch.sub(target[i:j], flat[i:j], out=buf[: j - i])
+        target = theta[name].detach().float()
+        if scratch is not None:
+            diff = torch.sub(target, base, out=scratch[: base.numel()].view(base.shape))
+        else:
+            diff = target - base
         enc = compression.encode(diff, codec)
-        b0 = i // compression.BLOCK
-        q[b0 * compression.BLOCK * bits // 8 :][: enc["q"].numel()] = enc["q"]
-        scale[b0 : b0 + enc["scale"].numel()] = enc["scale"]
-        deq = compression.decode(enc, codec, [j - i], out=diff)  # Θ − L is no longer needed
-        chunk = flat[i:j].add_(deq)
-        if DTYPES[dtype] != torch.float32:
-            chunk.copy_(round_to(chunk, dtype))
-    return q, scale
+        deq = compression.decode(enc, codec, list(base.shape), out=diff)  # Θ − L is no longer needed
+        # L_v = apply_delta(base, deq) without another copy: in L_{v−1}'s memory, or in deq's own
+        values[name] = round_to(base.add_(deq) if scratch is not None else deq.add_(base), dtype)
+        for part, t in enc.items():
+            parts[f"{name}/{part}"] = t
+    return DeltaStep(parts, values)
 
 
 def decode_delta(tensors: Mapping[str, torch.Tensor], shapes: Mapping[str, list[int]], codec: str) -> Tensors:

@@ -50,7 +50,7 @@ import torch
 from ddiloco import failpoints, keys
 from ddiloco.bufferpool import SYNCER_POOL, Loan
 from ddiloco.compression import all_finite
-from ddiloco.downlink import STEP_CHUNK, digest, encode_step
+from ddiloco.downlink import digest, encode_step
 from ddiloco.globalmodel import (
     Layout,
     latest_version,
@@ -406,9 +406,11 @@ def _values_to_publish(
         return proposal.theta, None, None
     held = files.read_global(p, version - 1, lend=loan)  # L_{v−1}, in pooled memory we may overwrite
     base_digest = files.digest_of(p, version - 1, held)
-    step = encode_step(
-        held, proposal.theta, files.download_codec, files.dtype, scratch=torch.empty(STEP_CHUNK)
-    )
+    scratch = SYNCER_POOL.take(sum(t.numel() for t in proposal.theta.values()))
+    try:
+        step = encode_step(held, proposal.theta, files.download_codec, files.dtype, scratch=scratch)
+    finally:
+        SYNCER_POOL.give(scratch)
     values_digest = digest(step.values, files.dtype)
     delta = pack_global_delta(
         files.signer,

@@ -305,34 +305,3 @@ def test_download_codec_none_publishes_no_delta_and_the_rounded_master():
     f.overwrite(0, f.first(0, 1), 0.0)
     [(_, got)] = fetch(f, 2)
     assert f.fetched == {"full": 1} and got.digest == full.digest
-
-
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("codec", ["int8", "int4", "int2"])
-def test_the_step_chunk_by_chunk_equals_the_whole_tensor_step_bit_for_bit(dtype, codec):
-    """encode_step runs in chunks of STEP_CHUNK values: its codes, scales and L_v must be exactly those of
-    the whole-tensor step (Θ − L quantized at once, decoded, added, rounded) on a tensor of several chunks
-    whose last block is partial."""
-    from ddiloco import compression
-    from ddiloco.downlink import STEP_CHUNK, round_to
-
-    n = 2 * STEP_CHUNK + 1000 + 37
-    g = torch.Generator().manual_seed(3)
-    held = {"w": round_to(torch.randn(n, generator=g), dtype)}
-    theta = {"w": held["w"] + 1e-2 * torch.randn(n, generator=g)}
-    diff = theta["w"] - held["w"]
-    enc = compression.encode(diff, codec)
-    whole = round_to(held["w"] + compression.decode(enc, codec, [n]), dtype)
-    step = encode_step(held, theta, codec, dtype)
-    assert torch.equal(step.parts["w/q"], enc["q"]) and torch.equal(step.parts["w/scale"], enc["scale"])
-    assert torch.equal(bits(step.values["w"]), bits(whole))
-    own = {"w": held["w"].clone()}
-    fast = encode_step(own, theta, codec, dtype, scratch=torch.full((STEP_CHUNK,), float("nan")))
-    assert (
-        torch.equal(bits(fast.values["w"]), bits(whole))
-        and fast.values["w"].data_ptr() == own["w"].data_ptr()
-    )
-    with pytest.raises(ValueError, match="at least"):
-        encode_step(own, theta, codec, dtype, scratch=torch.empty(100))  # under a block: tensors fit whole
-    small = encode_step(held, theta, codec, dtype, scratch=torch.empty(STEP_CHUNK // 3))  # more chunks
-    assert torch.equal(bits(small.values["w"]), bits(whole)) and torch.equal(small.parts["w/q"], enc["q"])
