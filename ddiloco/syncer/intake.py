@@ -67,7 +67,7 @@ MEASURE_IN_READERS_FROM = 3
 Below it the merge measures them in its own pass against the learner's claim (`ddiloco.encoded`): that
 costs the loop's thread ~0.11 s more per round at the 1b preset (16 int4 answers) but saves ~0.3 CPU-s, a
 reader's separate pass; with two threads on two cores every CPU-second is on the critical path (1b, 24
-fragments: 0.57 → 0.62 rounds/s, `benchmarks/syncer_scale.py`, docs/results.md §14.1), with a third the
+fragments: 0.57 → 0.62 rounds/s in one A/B run of `benchmarks/syncer_scale.py`; docs/results.md §14.1); with a third the
 loop's thread is."""
 
 
