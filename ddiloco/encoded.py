@@ -101,7 +101,7 @@ class EncodedTensor:
         checked = cls(codec, shape, {"q": q, "scale": scale}, bound=bound)
         if measure:  # raises for codes out of range before any value is used
             return dataclasses.replace(
-                checked, known_norm=checked._accumulate_int(None, 0.0, buf, False, True)
+                checked, known_norm=checked._accumulate_int(None, 0.0, buf, False, check_range=True)
             )
         if not codes_in_range(q, codec):
             raise ValueError(_OUT_OF_RANGE.format(codec=codec, top=2 * L))

@@ -267,44 +267,26 @@ class S3Store(S3CreateMixin, Store):
             raise
 
     def _get(self, full_key: str, max_bytes: int | None) -> bytes:
-        conn = self._conn
-
-        def once() -> bytes:
-            resp = self._open(full_key)
-            try:
-                if max_bytes is None:
-                    return resp.read()
-                length = resp.headers.get("Content-Length")
-                if length is not None and int(length) > max_bytes:
-                    raise ObjectTooLarge(
-                        f"object s3://{conn.bucket}/{full_key} has {length} bytes > max_bytes {max_bytes}"
-                    )
-                data = resp.read(max_bytes + 1)
-                if len(data) > max_bytes:
-                    raise ObjectTooLarge(
-                        f"object s3://{conn.bucket}/{full_key} exceeds max_bytes {max_bytes}"
-                    )
-                return data
-            finally:
-                resp.close()
-                resp.release_conn()
-
-        return self._call(f"get {full_key}", once)
+        return self._read(full_key, lambda resp, where: _read_body(resp, max_bytes, where))
 
     def _get_into(self, full_key: str, lend: Lend, max_bytes: int | None) -> memoryview:
-        where = f"s3://{self._conn.bucket}/{full_key}"
+        def body(resp: urllib3.BaseHTTPResponse, where: str) -> memoryview:
+            if resp.headers.get("Content-Length") is not None:
+                return read_into(resp, lend, max_bytes, where)
+            data = _read_body(resp, max_bytes, where)  # no length to lend for: read, then copy
+            out = lend(len(data))[: len(data)]
+            out[:] = data
+            return out
 
-        def once() -> memoryview:
+        return self._read(full_key, body)
+
+    def _read(self, full_key: str, body: Callable[[urllib3.BaseHTTPResponse, str], T]) -> T:
+        """One GET of the whole object, its body read by `body(response, where)`, under the retry policy."""
+
+        def once() -> T:
             resp = self._open(full_key)
             try:
-                if resp.headers.get("Content-Length") is None:  # no length to lend for: read, then copy
-                    data = resp.read() if max_bytes is None else resp.read(max_bytes + 1)
-                    if max_bytes is not None and len(data) > max_bytes:
-                        raise ObjectTooLarge(f"object {where} exceeds max_bytes {max_bytes}")
-                    out = lend(len(data))[: len(data)]
-                    out[:] = data
-                    return out
-                return read_into(resp, lend, max_bytes, where)
+                return body(resp, f"s3://{self._conn.bucket}/{full_key}")
             finally:
                 resp.close()
                 resp.release_conn()
@@ -396,6 +378,20 @@ class S3Store(S3CreateMixin, Store):
             self._call(f"delete {len(batch)} objects", once)
         self.stats.add(deletes=len(keys))
         return len(keys)
+
+
+def _read_body(resp: urllib3.BaseHTTPResponse, max_bytes: int | None, where: str) -> bytes:
+    """A GET's body; ObjectTooLarge above `max_bytes`, before reading when the length is sent, else after
+    reading at most one byte more."""
+    if max_bytes is None:
+        return resp.read()
+    length = resp.headers.get("Content-Length")
+    if length is not None and int(length) > max_bytes:
+        raise ObjectTooLarge(f"object {where} has {length} bytes > max_bytes {max_bytes}")
+    data = resp.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ObjectTooLarge(f"object {where} exceeds max_bytes {max_bytes}")
+    return data
 
 
 def _is_key(name: str) -> bool:
