@@ -55,6 +55,12 @@ MIN_WAIT_S = 1.0
 """The least a closing round waits for the answers of stopped learners (seconds)."""
 
 
+def merges_to_the_mean(syncer: Any) -> bool:
+    """Whether the round `syncer` merges now is its fragment's last move and goes to the learners' weighted
+    mean (`propose(final=True)`): the run is closing and `diloco.closing_step` is `mean` (module docstring)."""
+    return syncer.closing is not None and syncer.cfg.diloco.closing_step == "mean"
+
+
 @dataclass(slots=True)
 class Closing:
     reason: str

@@ -70,7 +70,7 @@ from ddiloco.schedule import learner_train
 from ddiloco.stateful import restore
 from ddiloco.store.base import NotFound, Store, StoreError
 from ddiloco.syncer.commit import abandon_round, close_round, commit_published, state_of
-from ddiloco.syncer.drain import Closing
+from ddiloco.syncer.drain import Closing, merges_to_the_mean
 from ddiloco.syncer.fragment import MergeRule
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.lease import Lease
@@ -319,7 +319,7 @@ class Syncer:
             frag, m0 = self.fragments[rnd.fragment_id], self.clock()
             try:
                 reread, merged = partial(self.intake.reread, rnd), self.tokens_merged()
-                final = self.closing is not None and self.cfg.diloco.closing_step == "mean"
+                final = merges_to_the_mean(self)  # the run is closing: the fragment's last move
                 proposal = frag.propose(
                     rnd.answers, self.rule, rnd.sums, reread, tokens_merged=merged, final=final
                 )

@@ -13,6 +13,7 @@ from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol.wire import PayloadError
 from ddiloco.store.url import open_store
+from ddiloco.syncer.drain import merges_to_the_mean
 from ddiloco.syncer.loop import Syncer
 from ddiloco.syncer.rounds import Answer
 from tests._harness import drive, tiny_config
@@ -57,9 +58,7 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
             c: dataclasses.replace(a, delta=syncer.intake.reread(rnd, c)) for c, a in rnd.answers.items()
         }
         # no sums: the answers carry their deltas; the same merged progress (the momentum follows the decay)
-        final = (
-            syncer.closing is not None and syncer.cfg.diloco.closing_step == "mean"
-        )  # the run's last merges
+        final = merges_to_the_mean(syncer)  # the run's last merges: the same rule as the syncer's
         batch = frag.propose(batch_answers, syncer.rule, tokens_merged=syncer.tokens_merged(), final=final)
         merge(rnd, now)
         # the proposal waits for the publisher, is being published, or was committed already
