@@ -11,40 +11,17 @@ import torch
 
 from ddiloco.learner.accel import HostCopier
 from ddiloco.learner.loop import Learner
-from ddiloco.prepare import prepare
-from ddiloco.store.url import open_store
-from tests._harness import tiny_config
+from tests._curves import losses, prepared
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-STEPS = 30
-
-
-def _store(name: str, *overrides: str):
-    store = open_store(f"memory://{name}")
-    prepare(store, tiny_config(name, "diloco.learners=1", "train.checkpoint_every_s=100000", *overrides))
-    return store
-
-
-def _losses(store, device: str, steps: int = STEPS) -> tuple[list[float], Learner]:
-    """Per-step losses of a fresh learner (no syncer: inner steps only)."""
-    learner = Learner.open(store, 0, device=device)
-    learner.start()
-    out = [learner.step() for _ in range(steps)]
-    learner.close("max_steps")
-    if device == "cuda":  # each step returns the previous step's loss; the last is read at the end
-        assert out[0] is None and all(isinstance(v, float) for v in out[1:])
-        out = [*out[1:], learner.loss]
-    return out, learner
-
 
 def test_cpu_and_cuda_follow_the_same_loss_curve_in_fp32():
-    store = _store("gpu-parity", "train.precision=fp32")
-    cpu, _ = _losses(store, "cpu")
-    cuda, learner = _losses(store, "cuda")
+    cpu, _ = losses(prepared("gpu-parity-cpu", "train.precision=fp32"), "cpu")
+    cuda, learner = losses(prepared("gpu-parity-cuda", "train.precision=fp32"), "cuda")
     assert learner.device.type == "cuda" and learner.precision == "fp32"
     assert learner.opt.param_groups[0]["fused"]  # fused AdamW on CUDA
     assert cpu[-1] < cpu[0] - 0.5  # the curve really moves
@@ -52,8 +29,8 @@ def test_cpu_and_cuda_follow_the_same_loss_curve_in_fp32():
 
 
 def test_bf16_on_cuda_tracks_fp32():
-    fp32, _ = _losses(_store("gpu-fp32", "train.precision=fp32"), "cuda")
-    bf16, learner = _losses(_store("gpu-bf16", "train.precision=auto"), "cuda")
+    fp32, _ = losses(prepared("gpu-fp32", "train.precision=fp32"), "cuda")
+    bf16, learner = losses(prepared("gpu-bf16", "train.precision=auto"), "cuda")
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
     assert learner.precision == "bf16" and fp32 != bf16
@@ -83,7 +60,7 @@ def test_snapshots_see_their_step_boundary_and_never_later_writes():
 
 
 def test_restart_from_a_checkpoint_with_fused_adamw_on_cuda():
-    store = _store("gpu-ckpt", "train.checkpoint_every_s=0", "train.precision=fp32")
+    store = prepared("gpu-ckpt", "train.checkpoint_every_s=0", "train.precision=fp32")
     first = Learner.open(store, 0, device="cuda")
     first.start()
     for _ in range(4):
@@ -101,9 +78,9 @@ def test_restart_from_a_checkpoint_with_fused_adamw_on_cuda():
 
 
 def test_compiled_learner_matches_eager():
-    eager, _ = _losses(_store("gpu-eager", "train.precision=fp32"), "cuda", 8)
-    compiled, learner = _losses(
-        _store("gpu-compiled", "train.precision=fp32", "train.compile=true"), "cuda", 8
+    eager, _ = losses(prepared("gpu-eager", "train.precision=fp32"), "cuda", 8)
+    compiled, learner = losses(
+        prepared("gpu-compiled", "train.precision=fp32", "train.compile=true"), "cuda", 8
     )
     assert learner.net is not learner.model
     torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-3, atol=1e-3)
