@@ -73,7 +73,7 @@ if [ "$quick" = 1 ]; then
 else
   bench=(--preset 350m --precision bf16 --seconds 60)
 fi
-declare -A limit=([tests]=240 [gpt-350m]=150 [llama-350m]=150)
+declare -A limit=([tests]=280 [gpt-350m]=140 [llama-350m]=140)
 failed=0
 results=()
 for step in "${steps[@]}"; do
