@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA device, as one command on a GPU machine (about 8 minutes on one GPU), from any
-# directory:
+# The checks that need a CUDA device, as one command on a GPU machine (at most 560 s: its steps' limits), from
+# any directory:
 #   tests       pytest -m gpu tests/gpu (CPU-vs-CUDA loss parity, bf16, pinned snapshots, fused AdamW
 #               restore, compile, FSDP2 in bf16, download deltas applied on the device, Hugging Face
-#               models on CUDA)
+#               models on CUDA, the default local run with evaluation and SFT on the GPU)
 #   gpt-350m    benchmarks/learner_throughput.py --preset 350m --precision bf16 --seconds 60 (tokens/s, MFU,
 #               the learner's overhead against a plain loop on the same model and batches)
 #   llama-350m  the same with --hf-arch llama: a transformers Llama of that size (the overhead test on a
