@@ -6,6 +6,8 @@ Design choices:
 - The orchestrator only watches: it reads the syncer's status object for progress and restarts processes
   that die (delay with exponential backoff, a cap on restarts), and it never touches training state.
 - Logs of each process go to `{workdir}/{run_id}.logs/`, outside the store prefix.
+- On a machine with GPUs each learner gets its own (`CUDA_VISIBLE_DEVICES`, `ddiloco.gpus`), as a learner pod
+  does on a cluster.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ddiloco.chaos.local import LaunchedProcesses
 from ddiloco.chaos.runner import ChaosRunner
 from ddiloco.config import RunConfig
 from ddiloco.globalmodel import build_model
+from ddiloco.gpus import GpuPlan
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.posttrain.report import write_reports
 from ddiloco.posttrain.stages import posttrain
@@ -79,6 +82,9 @@ class LocalRun:
         self.url = f"{base}/{cfg.run_id}"
         self.logdir = Path(workdir).resolve() / f"{cfg.run_id}.logs"
         self.extra_env = dict(extra_env or {})
+        self.gpus = GpuPlan.for_run(  # each learner's GPUs (`ddiloco.gpus`), before anything is written
+            cfg.train.device, cfg.diloco.learners, cfg.train.ranks, {**os.environ, **self.extra_env}
+        )
         # The run key signs every update and global version; it never goes into the store. Without one
         # given, a key is generated once per run id and kept next to the logs (mode 0600).
         given = self.extra_env.get(signing.ENV_VAR) or os.environ.get(signing.ENV_VAR, "")
@@ -127,7 +133,12 @@ class LocalRun:
     def spawn(self, proc: Proc) -> None:
         self.logdir.mkdir(parents=True, exist_ok=True)
         name = proc.role if proc.learner_id is None else f"learner-{proc.learner_id}"
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.cfg.train.threads), **self.extra_env}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(self.cfg.train.threads),
+            **self.extra_env,
+            **self.gpus.env(proc.learner_id),
+        }
         with open(self.logdir / f"{name}.log", "ab") as out:
             proc.popen = subprocess.Popen(
                 self._argv(proc), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True

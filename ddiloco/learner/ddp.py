@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddiloco.config import RunConfig, TrainConfig
 from ddiloco.data import ShardLoader
+from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import Layout, build_model
 from ddiloco.learner import sharded
 from ddiloco.learner.accel import (
@@ -84,7 +85,12 @@ def from_env(device: str = "auto") -> Group | None:
     local = int(os.environ.get("LOCAL_RANK", rank))
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if cuda:
-        torch.cuda.set_device(local % torch.cuda.device_count())
+        if local >= torch.cuda.device_count():  # NCCL would fail on two ranks of one GPU, and say less
+            raise ConfigError(
+                f"learner rank {rank} is local rank {local} but this host shows {torch.cuda.device_count()} "
+                "GPU(s): NCCL takes one GPU per rank; lower train.ranks or set train.device=cpu (gloo)"
+            )
+        torch.cuda.set_device(local)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=CONTROL_TIMEOUT_S))
     log.info("rank %d of %d joined (local rank %d, %s)", rank, world, local, "nccl" if cuda else "gloo")

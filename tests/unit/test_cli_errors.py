@@ -85,6 +85,8 @@ MAIN_CASES: dict[str, tuple[list[str], dict[str, str], str]] = {
     "unprepared": (["learner", "--store", "file://{tmp}/nothing", "--learner-id", "0"], {}, r"run `ddiloco prepare"),
     "bad-run-key": (["prepare", "--store", "file://{tmp}/c"], {"DDILOCO_RUN_KEY": "not-hex"},
                     r"DDILOCO_RUN_KEY.*openssl rand -hex 32"),
+    "cuda-without-gpu": (["run", "--workdir", "{tmp}/e", "--set", "train.device=cuda"], {"CUDA_VISIBLE_DEVICES": ""},
+                         r"train.device=cuda but no GPU is visible.*use train.device=auto or cpu"),
 }  # fmt: skip
 DRIVER = """
 import contextlib, io, json, os, sys
