@@ -4,9 +4,10 @@ Design choices:
 - Same everything as a DiLoCo run of the same prepared store: rank r reads learner r's shard (shard r;
   `ddiloco.shards`, which warns when r ≥ num_shards and the rank shares shard r mod num_shards) with the
   learner's data seed (seed·1000 + r), starts from global version 0, and updates with the learner's own
-  `train_step` (AdamW, gradient clipping) and schedule (`ddiloco.schedule.lr_at`: warm-up on the step,
-  decay on progress = tokens all ranks processed before the step / the token budget it trains for, the
-  axis a learner reads as tokens merged) — the only difference is that gradients are averaged over the M
+  `train_step` (AdamW, fused on a GPU, gradient clipping) at the learner's precision (`train.precision`,
+  resolved as a learner does: bf16 autocast on a GPU by default) and schedule (`ddiloco.schedule.lr_at`:
+  warm-up on the step, decay on progress = tokens all ranks processed before the step / the token budget
+  it trains for, the axis a learner reads as tokens merged) — the only difference is that gradients are averaged over the M
   ranks before clipping, every step. The global batch is M × train.batch_size.
 - M real OS processes (`torch.multiprocessing` spawn) over `torch.distributed`: gloo on CPU, NCCL on GPU,
   rendezvous on loopback (127.0.0.1, a free port). Gradients are averaged by DistributedDataParallel
@@ -39,7 +40,7 @@ from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_layout
-from ddiloco.learner.accel import resolve_device, train_step
+from ddiloco.learner.accel import resolve_device, resolve_precision, train_step
 from ddiloco.model import GPT, configure_optimizer
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.protocol import wire
@@ -180,6 +181,7 @@ def _rank_main(rank: int, plan: Plan) -> None:
         else:
             loader = ShardLoader(RunRoot(store, cfg.run_id).shard(shard), **shape)
         model = load_initial_model(store, cfg, layout).to(device)
+        precision = resolve_precision(t.precision, device)  # the learners' own: bf16 autocast on a GPU
         opt = configure_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2))
         ddp = DistributedDataParallel(
             model,
@@ -197,7 +199,7 @@ def _rank_main(rank: int, plan: Plan) -> None:
             x, y = loader.next_batch()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             lr = lr_at(progress_of(step * global_batch, plan.token_budget), step, t)
-            loss = float(train_step(ddp, opt, x, y, lr, t.grad_clip))
+            loss = float(train_step(ddp, opt, x, y, lr, t.grad_clip, precision=precision))
             if not math.isfinite(loss):
                 raise FloatingPointError(f"rank {rank}: loss is {loss} at step {step}; lower train.lr")
             tokens += x.numel()
@@ -210,6 +212,7 @@ def _rank_main(rank: int, plan: Plan) -> None:
             "world_size": plan.world_size,
             "backend": plan.backend,
             "device": str(device),
+            "precision": precision,
             "steps": plan.steps,
             "tokens_processed": tokens,
             "train_seconds": wall,
@@ -308,6 +311,7 @@ def run_baseline(
         "learners": M,
         "backend": plan.backend,
         "device": r0["device"],
+        "precision": r0["precision"],
         "batch_size": cfg.train.batch_size,
         "global_batch": M * cfg.train.batch_size,
         "seq_len": cfg.model.seq_len,

@@ -84,3 +84,27 @@ def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
     last = lr_at(progress_of((s["steps"] - 1) * M * B * T, tokens), s["steps"] - 1, t)
     assert t.lr_schedule == "auto" and last < 0.25 * t.lr  # data-parallel decays (cosine): 8/9 of the budget
     assert all(r["last_lr"] == last for r in reports)
+
+
+def test_the_baseline_trains_at_the_learners_precision(tmp_path):
+    """bf16 autocast, as a learner on a GPU by default (`train.precision`), not fp32 whatever the learners
+    did: a gloo rank with `train.precision=bf16` trains what one process with the learner's bf16 step does."""
+    cfg = tiny_config("dp-bf16", "train.warmup_steps=3", "train.precision=bf16")
+    url = f"file://{tmp_path}/dp-bf16"
+    store = open_store(url)
+    prepare(store, cfg)
+    B, T = cfg.train.batch_size, cfg.model.seq_len
+    s = run_baseline(url, learners=1, tokens=6 * B * T, timeout=120, tasks=False)
+    assert s["precision"] == "bf16" and s["steps"] == 6
+
+    layout, t = read_layout(store), cfg.train
+    ref = load_initial_model(store, cfg, layout)
+    opt = configure_optimizer(ref, t.lr, t.weight_decay, (t.beta1, t.beta2))
+    loader = ShardLoader(RunRoot(store, cfg.run_id).shard(0), batch_size=B, seq_len=T, seed=cfg.seed * 1000)
+    for step in range(s["steps"]):
+        x, y = loader.next_batch()
+        lr = lr_at(progress_of(step * B * T, 6 * B * T), step, t)
+        train_step(ref, opt, x, y, lr, t.grad_clip, precision="bf16")
+    dp = load_baseline_model(store, cfg.run_id, layout)
+    for (name, a), (_, b) in zip(sorted(dp.named_parameters()), sorted(ref.named_parameters()), strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{name} differs from the bf16 reference")
