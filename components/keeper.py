@@ -119,6 +119,8 @@ class WorkerSpec:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     service_account: str = ""
+    shm: str = ""
+    """Size limit of a memory-backed /dev/shm (`shm_volume`); empty: the container runtime's 64 MiB."""
 
 
 def owner_references(keeper_pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -150,6 +152,21 @@ def placement(spec: WorkerSpec, keeper_pod: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+SHM_VOLUME = "dshm"
+
+
+def shm_volume(spec: WorkerSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, container volumeMounts) of the worker's /dev/shm: a memory-backed emptyDir of `spec.shm`
+    (none when empty). NCCL keeps its proxy buffers (~33 MB per communicator) and, between GPUs without
+    peer-to-peer access, its intra-node transport in /dev/shm; a pod gets 64 MiB there by default, which
+    multi-GPU ranks outgrow (kubeflow/trainer docs/user-guides/megatron.md, "Increasing /dev/shm for
+    NCCL"). Written pages count against the pod's memory; unwritten ones cost nothing."""
+    if not spec.shm:
+        return [], []
+    volume = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm}}
+    return [volume], [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+
+
 def worker_manifest(
     slot: Slot, incarnation: int, spec: WorkerSpec, keeper_pod: dict[str, Any]
 ) -> dict[str, Any]:
@@ -162,7 +179,12 @@ def worker_manifest(
     resources = resources_of(spec)
     if resources:
         container["resources"] = resources
+    volumes, mounts = shm_volume(spec)
+    if mounts:
+        container["volumeMounts"] = mounts
     pod_spec = {"restartPolicy": "Never", "containers": [container], **placement(spec, keeper_pod)}
+    if volumes:
+        pod_spec["volumes"] = volumes
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -382,6 +382,7 @@ def keep_role(
         limits=worker.get("limits", {}),
         node_selector=dict(node_selector or {}),
         tolerations=list(tolerations or []),
+        shm=worker.get("shm", ""),
     )
     own, namespace = os.environ.get(POD_NAME_ENV, ""), os.environ.get(NAMESPACE_ENV, "")
     if not own or not namespace:

@@ -23,7 +23,8 @@ Design choices:
     limits (the GPUs of one node).
   * `env` = the worker pod's env (store Secret, run key, downward API): a node pod reads it as a worker
     pod does. The PET_* names are reserved: torch.go Validate rejects a TrainJob that sets them.
-  * Node pod labels, nodeSelector, tolerations and the service account go through `runtimePatches` (pkg/apis/
+  * Node pod labels, nodeSelector, tolerations, the service account and the memory-backed /dev/shm
+    (`keeper.shm_volume`: a volume and the `node` container's mount) go through `runtimePatches` (pkg/apis/
     trainer/v1alpha1/trainjob_types.go PodSpecPatch; the manager is a domain-prefixed path: jobset.go
     Validate): the node pods carry the worker labels (role, run, learner id, incarnation, the Workflow), so
     the chaos step's kills hit learner nodes as they hit worker pods.
@@ -82,6 +83,7 @@ from ddiloco.components.keeper import (
     owner_references,
     placement,
     resources_of,
+    shm_volume,
 )
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
@@ -133,6 +135,9 @@ def trainjob_manifest(
     if resources:
         trainer["resourcesPerNode"] = resources
     pod_spec = placement(spec, keeper_pod)
+    volumes, mounts = shm_volume(spec)
+    if volumes:  # PodSpecPatch.volumes and ContainerPatch.volumeMounts (trainjob_types.go)
+        pod_spec.update(volumes=volumes, containers=[{"name": NODE, "volumeMounts": mounts}])
     pod_template: dict[str, Any] = {"metadata": {"labels": dict(labels)}}
     if pod_spec:
         pod_template["spec"] = pod_spec

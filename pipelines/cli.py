@@ -138,6 +138,7 @@ def _compile_changes(args: argparse.Namespace) -> dict[str, Any]:
         "syncer_retries": args.syncer_retries,
         "learner_cpu": args.learner_cpu,
         "learner_memory": args.learner_memory,
+        "learner_shm": getattr(args, "learner_shm", None),
         "syncer_cpu": args.syncer_cpu,
         "syncer_memory": args.syncer_memory,
         "run_timeout_s": None if hours is None else int(hours * 3600),
@@ -285,6 +286,10 @@ def _compile_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--syncer-retries", type=int)
     g.add_argument("--learner-cpu")
     g.add_argument("--learner-memory")
+    g.add_argument(
+        "--learner-shm",
+        help="memory-backed /dev/shm of GPU learner pods (NCCL), e.g. 4Gi (default); '' for none",
+    )
     g.add_argument("--syncer-cpu")
     g.add_argument("--syncer-memory")
     g.add_argument(

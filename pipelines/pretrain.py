@@ -57,12 +57,13 @@ Design choices:
 """
 
 # No `from __future__ import annotations`: kfp reads the pipeline signature's types at definition time.
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddiloco.components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
-from ddiloco.components.keeper import KEEPER_LABEL
+from ddiloco.components.keeper import KEEPER_LABEL, SHM_VOLUME
 from ddiloco.components.roles import build
 from ddiloco.components.runtime import NAMESPACE_ENV
 from kfp import dsl, kubernetes
@@ -75,6 +76,8 @@ RUN_KEY_ENV = "DDILOCO_RUN_KEY"  # ddiloco.protocol.signing.ENV_VAR (pipelines i
 SECRET_KEYS = {"accesskey": "DDILOCO_S3_ACCESS_KEY", "secretkey": "DDILOCO_S3_SECRET_KEY"}
 """Keys of KFP's artifact-store Secret -> the variables `ddiloco.store.s3` reads."""
 WORKFLOW_LABEL_PATH = "metadata.labels['workflows.argoproj.io/workflow']"
+QUANTITY = re.compile(r"(\d+(\.\d+)?|\.\d+)([KMGTPE]i|[kMGTPE])?")
+"""A plain Kubernetes memory quantity (apimachinery resource.ParseQuantity accepts these, and more)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +108,10 @@ class ClusterOptions:
     sets `train.ranks` to learner_nodes × gpus_per_learner (`learner_ranks`)."""
     learner_cpu: str = "4"
     learner_memory: str = "32Gi"
+    learner_shm: str = "4Gi"
+    """Size limit of a GPU learner pod's memory-backed /dev/shm (NCCL's shared memory; a pod gets 64 MiB
+    otherwise: `ddiloco.components.keeper.shm_volume`); used pages count against the pod's memory. Empty:
+    none."""
     syncer_cpu: str = "4"
     """The syncer merges fragments in fp32 on CPU: give it cores and memory for ~3 copies of the model."""
     syncer_memory: str = "16Gi"
@@ -196,6 +203,8 @@ def run_defaults(defaults: dict[str, Any], opts: ClusterOptions) -> dict[str, An
 def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., Any]:
     """The `@dsl.pipeline` function for these options (compile it with `kfp.compiler.Compiler`)."""
     d = run_defaults(DEFAULTS, opts)
+    if opts.learner_shm and not QUANTITY.fullmatch(opts.learner_shm):  # the driver's MustParse would panic
+        raise ValueError(f"learner_shm {opts.learner_shm!r}: write a Kubernetes quantity like 4Gi or 512Mi")
     if opts.learner_nodes < 1 or (opts.learner_nodes > 1 and not opts.keeper):
         raise ValueError(
             f"learner_nodes={opts.learner_nodes}: give 1, or more with keepers (a TrainJob is created by a "
@@ -351,6 +360,10 @@ class _Wiring:
         o = self.opts
         self._common(task, "learner", o.learner_retries, role="learner")
         self._on_gpus(task, o.gpus_per_learner)
+        if o.gpu and o.learner_shm:  # the worker pod's /dev/shm (`worker`), on the task pod itself
+            kubernetes.empty_dir_mount(
+                task, SHM_VOLUME, "/dev/shm", medium="Memory", size_limit=o.learner_shm
+            )
         task.set_cpu_request(o.learner_cpu).set_memory_request(o.learner_memory)
         kubernetes.set_timeout(task, o.run_timeout_s)
         return task
@@ -382,8 +395,9 @@ class _Wiring:
             if o.gpu:
                 limits = {o.accelerator: str(o.gpus_per_learner)}
             retries = o.learner_retries
+            shm = o.learner_shm if o.gpu else ""
         else:
-            img, limits, retries = image(SYNCER, o.registry), {}, o.syncer_retries
+            img, limits, retries, shm = image(SYNCER, o.registry), {}, o.syncer_retries, ""
             requests = {"cpu": o.syncer_cpu, "memory": o.syncer_memory}
         out: dict[str, Any] = {
             "image": img,
@@ -394,6 +408,8 @@ class _Wiring:
             "backoff_s": duration_s(o.backoff),
             "poll_s": o.keeper_poll_s,
         }
+        if shm:
+            out["shm"] = shm
         if role == "learner" and o.learner_ranks > 1 and o.learner_nodes == 1:
             out["ranks"] = o.learner_ranks  # one rank per GPU of the pod (`ddiloco learner --local-ranks`)
         if o.run_key_secret:

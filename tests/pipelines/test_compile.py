@@ -386,3 +386,23 @@ def test_a_learner_pod_starts_one_rank_per_gpu(tmp_path, pretrain):
         "train.ranks=8",  # an override given in the UI wins
     ]
     assert command("learner", local_ranks=4)[-2:] == ["--local-ranks", "4"]
+
+
+def test_gpu_learner_pods_get_a_memory_backed_dev_shm(tmp_path, pretrain, direct):
+    """NCCL's shared memory outgrows a pod's default 64 MiB /dev/shm with several GPUs (kubeflow/trainer
+    docs/user-guides/megatron.md): the learner's worker (keeper) and its task pod (direct, KFP 2.17 driver
+    k8s.go EmptyDirMounts) get a memory-backed emptyDir there; the syncer and CPU-only learners do not."""
+    from ddiloco.pipelines.pretrain import ClusterOptions
+
+    size = ClusterOptions().learner_shm
+    assert _worker(pretrain, "learner")[0]["shm"] == size == "4Gi"
+    assert "shm" not in _worker(pretrain, "syncer")[0]
+    (mount,) = direct.executor("learner")[1]["emptyDirMounts"]
+    assert mount == {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory", "sizeLimit": size}
+    assert "emptyDirMounts" not in direct.executor("syncer")[1]
+    cpu = Spec(compile_pipeline("pretrain", tmp_path / "cpu.yaml", gpu=False))
+    assert "shm" not in _worker(cpu, "learner")[0]
+    none = Spec(compile_pipeline("pretrain", tmp_path / "none.yaml", learner_shm="", keeper=False))
+    assert "emptyDirMounts" not in none.executor("learner")[1]
+    with pytest.raises(ValueError, match="learner_shm '4 GB': write a Kubernetes quantity like 4Gi"):
+        compile_pipeline("pretrain", tmp_path / "bad.yaml", learner_shm="4 GB")  # the driver would panic

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.twin.platform import EnvVar, PodSpec
+from tests.twin.platform import EnvVar, PodSpec, quantity
 
 HOSTNAME_MAX = 63
 _ALPHANUMS = "bcdfghjklmnpqrstvwxz2456789"
@@ -143,28 +143,6 @@ def expand(text: str, env: dict[str, str]) -> str:
         out.append(text[i])
         i += 1
     return "".join(out)
-
-
-def quantity(q: str) -> float:
-    """A resource quantity as a number (cpu in cores, memory in bytes)."""
-    m = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(q).strip())
-    if not m:
-        raise ValueError(f"quantities must match the regular expression: {q!r}")
-    scale = {
-        "": 1,
-        "m": 1e-3,
-        "k": 1e3,
-        "M": 1e6,
-        "G": 1e9,
-        "T": 1e12,
-        "Ki": 2**10,
-        "Mi": 2**20,
-        "Gi": 2**30,
-        "Ti": 2**40,
-    }
-    if m.group(2) not in scale:
-        raise ValueError(f"unsupported quantity suffix in {q!r}")
-    return float(m.group(1)) * scale[m.group(2)]
 
 
 def tolerates(tol: dict[str, Any], taint: dict[str, str]) -> bool:

@@ -14,6 +14,8 @@ Rules and their sources (KFP 2.17.0):
     null skips the entry) before `secretName`; `optional` is copied onto every secretKeyRef when present.
   * fieldPathAsEnv: env var with a downward-API fieldRef.
   * activeDeadlineSeconds > 0 becomes the pod's activeDeadlineSeconds.
+  * emptyDirMounts: a pod volume (emptyDir: medium, sizeLimit through k8sres.MustParse, which panics on a
+    bad quantity: the driver fails) and the main container's mount.
 - backend/src/v2/driver/driver.go initPodSpecPatch + getPodResource: resource requests/limits from the new
   string fields (`resourceCpuRequest`, ..., a `{{$.inputs.parameters['x']}}` resolved by
   resolvePodSpecInputRuntimeParameter) before the old float fields ("%vG" memory, "%v" cpu); an accelerator
@@ -60,6 +62,32 @@ class PodSpec:
     active_deadline_seconds: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    """Pod volumes (the twin models emptyDir ones: name, medium, sizeLimit)."""
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+    """The container's volumeMounts (name, mountPath)."""
+
+
+def quantity(q: str) -> float:
+    """A resource quantity as a number (cpu in cores, memory in bytes)."""
+    m = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(q).strip())
+    if not m:
+        raise ValueError(f"quantities must match the regular expression: {q!r}")
+    scale = {
+        "": 1,
+        "m": 1e-3,
+        "k": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+        "T": 1e12,
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+    }
+    if m.group(2) not in scale:
+        raise ValueError(f"unsupported quantity suffix in {q!r}")
+    return float(m.group(1)) * scale[m.group(2)]
 
 
 def _pod_spec_runtime_param(value: str, ex_input: dict) -> str:
@@ -181,6 +209,13 @@ def build_pod_spec(
                 )
             pod.env.append(EnvVar(kv["envVar"], secret=(name, kv["secretKey"], entry.get("optional"))))
     pod.env += [EnvVar(f["name"], field_path=f["fieldPath"]) for f in k8s.get("fieldPathAsEnv", [])]
+    for m in k8s.get("emptyDirMounts", []):
+        size = m.get("sizeLimit", "")
+        if size:
+            quantity(size)  # k8sres.MustParse: a bad quantity panics the driver
+        empty = {k: v for k, v in (("medium", m.get("medium", "")), ("sizeLimit", size)) if v}
+        pod.volumes.append({"name": m["volumeName"], "emptyDir": empty})
+        pod.mounts.append({"name": m["volumeName"], "mountPath": m["mountPath"]})
     timeout = int(k8s.get("activeDeadlineSeconds") or 0)
     pod.active_deadline_seconds = timeout if timeout > 0 else None
     meta = k8s.get("podMetadata", {})

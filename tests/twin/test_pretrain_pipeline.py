@@ -166,6 +166,14 @@ def test_kills_find_the_learners_worker_pods_and_their_keepers_bring_them_back_w
     kills = [r for r in fired if r.get("kind") == "kill_learner"]
     assert len(kills) == 2 and all(r["action"] == "deleted pod" for r in kills), kills
     assert {r["pod"] for r in kills} == {Slot("learner", run.run_id, lid).name(0) for lid in range(2)}
+    posted = [r["body"] for r in run.api_requests if r["method"] == "POST" and r["path"].endswith("/pods")]
+    workers = [b for b in posted if b["metadata"]["labels"].get("ddiloco.io/role") == "learner"]
+    assert len(workers) >= 4  # two learners, each killed once
+    for body in workers:  # NCCL's /dev/shm, accepted by the API stand-in (a mount names its volume)
+        assert body["spec"]["volumes"] == [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}
+        ]
+        assert body["spec"]["containers"][0]["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
 
 
 def test_the_report_is_produced(pretrain_run):

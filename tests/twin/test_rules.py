@@ -435,3 +435,22 @@ def test_dag_phase_takes_the_first_failing_target_and_a_failed_driver_omits_its_
     assert [hook_runs(p) for p in ("Succeeded", "Failed", "Error", "Omitted", "Skipped")] == [
         True, True, True, False, False,
     ]  # fmt: skip
+
+
+def test_empty_dir_mounts_become_a_volume_and_a_bad_size_fails_the_driver():
+    """KFP 2.17 driver/k8s.go extendPodSpecPatch EmptyDirMounts: a volume (medium, sizeLimit through
+    k8sres.MustParse, which panics on a bad quantity) and the main container's mount."""
+    from tests.twin.platform import build_pod_spec
+
+    run = RunContext("id", "name", "name", "2026-01-01T00:00:00Z")
+
+    def pod(size: str) -> PodSpec:
+        mount = {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory", "sizeLimit": size}
+        k8s = {"emptyDirMounts": [mount]}
+        return build_pod_spec({"image": "img"}, k8s, {}, None, run, "learner", ["x"], False)
+
+    got = pod("4Gi")
+    assert got.volumes == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}]
+    assert got.mounts == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    with pytest.raises(ValueError, match="quantities must match"):
+        pod("4 GB")

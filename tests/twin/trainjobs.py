@@ -25,7 +25,8 @@ Rules and their sources:
   `batch.kubernetes.io/job-completion-index`, PET_MASTER_ADDR / PET_MASTER_PORT; Validate: those names are
   reserved in `spec.trainer.env` (422). pkg/runtime/core/trainingruntime.go newRuntimeInfo: resourcesPerNode
   becomes the `node` container's resources; runtimePatches are strategic-merge patches of the JobSet spec
-  (pod template labels, nodeSelector, tolerations, serviceAccountName here).
+  (pod template labels, nodeSelector, tolerations, serviceAccountName, volumes here; container patches are
+  merged into the `node` container by name: its env and volumeMounts).
 - jobset.go syncParallelCount / jobset_webhook.go Default: one Indexed Job of numNodes pods; pods carry
   `jobset.sigs.k8s.io/jobset-name` and the completion index (jobset_controller.go labelAndAnnotateObject,
   the Job controller's index annotation and label).
@@ -105,7 +106,7 @@ class TrainJob:
 
 def _node_patch(body: dict[str, Any]) -> dict[str, Any]:
     """The pod template of replicated job `node` after the runtime patches (merged in order)."""
-    out: dict[str, Any] = {"metadata": {"labels": {}}, "spec": {}}
+    out: dict[str, Any] = {"metadata": {"labels": {}}, "spec": {}, "containers": []}
     for patch in body["spec"].get("runtimePatches") or []:
         spec = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec")) or {}
         for rjob in spec.get("replicatedJobs") or []:
@@ -113,8 +114,24 @@ def _node_patch(body: dict[str, Any]) -> dict[str, Any]:
                 continue
             tmpl = ((rjob.get("template") or {}).get("spec") or {}).get("template") or {}
             out["metadata"]["labels"].update((tmpl.get("metadata") or {}).get("labels") or {})
-            out["spec"].update(tmpl.get("spec") or {})
+            pod = dict(tmpl.get("spec") or {})
+            out["containers"] += pod.pop("containers", None) or []  # ContainerPatch: merged by name
+            out["spec"].update(pod)
     return out
+
+
+def _merge_containers(base: dict[str, Any], patches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Strategic merge of container patches by name (patchMergeKey `name`): the `node` container gets a
+    patch's env and volumeMounts added; a patch naming another container adds that container."""
+    containers = [base]
+    for cp in patches:
+        if cp.get("name") == base["name"]:
+            for key in ("env", "volumeMounts"):
+                if cp.get(key):
+                    base[key] = [*(base.get(key) or []), *cp[key]]
+        else:
+            containers.append(dict(cp))
+    return containers
 
 
 class TrainJobs:
@@ -159,6 +176,17 @@ class TrainJobs:
         )
         if reserved:
             return f"spec.trainer.env: must not have reserved envs, invalid envs configured: {reserved}"
+        for patch in spec.get("runtimePatches") or []:  # jobset.go Validate: container patches
+            tmpl = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
+            for rjob in tmpl.get("replicatedJobs") or []:
+                pod = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get(
+                    "spec"
+                ) or {}
+                for c in pod.get("containers") or []:
+                    if c.get("name") != "node":
+                        return "spec.runtimePatches: must not have container that doesn't exist in the runtime job node"
+                    if c.get("env"):
+                        return "spec.runtimePatches: must not have envs for the dataset-initializer, model-initializer, node containers"
         return ""
 
     def get(self, name: str) -> dict[str, Any] | None:
@@ -263,7 +291,7 @@ class TrainJobs:
                 "ownerReferences": [owner],
             },
             "spec": {"restartPolicy": "OnFailure", "hostname": f"{job.name}-node-0-{k}", "subdomain": job.name,
-                     "containers": [container], **patch["spec"]},
+                     "containers": _merge_containers(container, patch["containers"]), **patch["spec"]},
         }  # fmt: skip
         code, out = self.ex.workers.create(self.ex.cluster.namespace, body)
         if code != 201:

@@ -14,7 +14,8 @@ Design choices:
 
 Rules and their sources (Kubernetes):
 - Create: a pod whose name is taken is refused 409 AlreadyExists (apiserver registry/rest/create.go); the
-  namespace of the body must match the URL's (400 BadRequest).
+  namespace of the body must match the URL's (400 BadRequest); a volumeMount must name a volume of the pod
+  (422 Invalid: pkg/apis/core/validation/validation.go validateVolumeMounts, NotFound).
 - restartPolicy Never: a container that exits ends the pod: Succeeded for exit 0, else Failed
   (pkg/kubelet/kubelet_pods.go getPhase); the container's terminated state holds exitCode and reason
   "Completed" / "Error" / "OOMKilled" (the runtime's reason).
@@ -43,7 +44,7 @@ from typing import Any
 
 from tests.twin.cluster import PodPending, container_env, expand, schedule
 from tests.twin.failures import FailureKind, failure_kind, signal_exit_code
-from tests.twin.platform import EnvVar, PodSpec
+from tests.twin.platform import EnvVar, PodSpec, quantity
 from tests.twin.pods import SITE_DIR, PodProcess, base_env
 
 DEFAULT_GRACE_S = 30.0
@@ -75,6 +76,13 @@ def pod_spec(body: dict[str, Any]) -> PodSpec:
     if len(containers) != 1:
         raise ValueError("the twin runs created pods with exactly one container")
     c, res = containers[0], containers[0].get("resources") or {}
+    volumes, mounts = list(spec.get("volumes") or []), list(c.get("volumeMounts") or [])
+    for i, m in enumerate(mounts):  # validation.go validateVolumeMounts
+        if m.get("name") not in {v.get("name") for v in volumes}:
+            raise ValueError(f'spec.containers[0].volumeMounts[{i}].name: Not found: "{m.get("name")}"')
+    for v in volumes:
+        if (v.get("emptyDir") or {}).get("sizeLimit"):
+            quantity(v["emptyDir"]["sizeLimit"])
     return PodSpec(
         command=[*(c.get("command") or []), *(c.get("args") or [])],
         image=c.get("image", ""),
@@ -84,6 +92,8 @@ def pod_spec(body: dict[str, Any]) -> PodSpec:
         requests=dict(res.get("requests") or {}),
         limits=dict(res.get("limits") or {}),
         labels=dict((body.get("metadata") or {}).get("labels") or {}),
+        volumes=volumes,
+        mounts=mounts,
     )
 
 
@@ -214,8 +224,6 @@ class WorkerPods:
         self._collect()
 
     def gpus(self) -> dict[str, dict[str, float]]:
-        from tests.twin.cluster import quantity
-
         used: dict[str, dict[str, float]] = {}
         for w in self.pods.values():
             if w.node and w.phase == "Running":

@@ -4,6 +4,7 @@ loop against an in-memory pod table (ddiloco.components.keeper_loop.Keeper)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 from ddiloco.components.keeper import (
@@ -286,3 +287,19 @@ def test_the_keeper_labels_are_the_chaos_step_labels():
     from ddiloco.components import keeper as k
 
     assert (k.ROLE_LABEL, k.WORKFLOW_LABEL) == (ROLE_LABEL, WORKFLOW_LABEL)
+
+
+def test_a_worker_with_shm_gets_a_memory_backed_dev_shm_the_api_accepts():
+    """`WorkerSpec.shm` (GPU learners): an emptyDir of medium Memory at /dev/shm, the mount naming the volume
+    (the twin's API stand-in refuses a mount without one, as validation.go validateVolumeMounts does)."""
+    from tests.twin.workers import pod_spec
+
+    m = worker_manifest(Slot("learner", "r", 0), 1, dataclasses.replace(SPEC, shm="4Gi"), KEEPER_POD)
+    assert m["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}]
+    assert m["spec"]["containers"][0]["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    assert pod_spec(m).mounts == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    plain = worker_manifest(Slot("learner", "r", 0), 1, SPEC, KEEPER_POD)
+    assert "volumes" not in plain["spec"] and "volumeMounts" not in plain["spec"]["containers"][0]
+    del m["spec"]["volumes"]
+    with pytest.raises(ValueError, match=r'volumeMounts\[0\].name: Not found: "dshm"'):
+        pod_spec(m)

@@ -251,3 +251,34 @@ def test_a_retried_keeper_retires_an_ended_trainjob_before_it_starts_the_next():
     table.seen[SLOT.name(0)] = {"0": "u0", "1": "u1"}
     trainjob_keeper(table).run()
     assert table.retired == [SLOT.name(0)] and table.created == [SLOT.name(1)]
+
+
+def test_node_pods_get_the_memory_backed_dev_shm_through_the_runtime_patch():
+    """trainjob_types.go PodSpecPatch.volumes and ContainerPatch.volumeMounts of the `node` container (jobset.go
+    Validate: a container patch names a runtime container and carries no env); the twin's stand-in merges the
+    patch into the node pod by container name, command and image kept."""
+    from tests.twin.trainjobs import TrainJobs, _merge_containers, _node_patch
+    from tests.twin.workers import pod_spec
+
+    spec = dataclasses.replace(SPEC, shm="4Gi")
+    m = tj.trainjob_manifest(SLOT, 0, spec, KEEPER_POD, nodes=2, procs_per_node=4)
+    (patch,) = m["spec"]["runtimePatches"]
+    (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = rjob["template"]["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}]
+    assert pod["containers"] == [
+        {"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+    ]
+    assert TrainJobs._invalid(None, m) == ""
+    node = _node_patch(m)
+    base = {"name": "node", "image": "img", "command": ["torchrun"]}
+    body = {
+        "metadata": {},
+        "spec": {"containers": _merge_containers(base, node["containers"]), **node["spec"]},
+    }
+    got = pod_spec(body)
+    assert got.command == ["torchrun"] and got.mounts == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    bad = copy.deepcopy(m)
+    bad_pod = bad["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    bad_pod["template"]["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "X", "value": "1"}]
+    assert "must not have envs" in TrainJobs._invalid(None, bad)
