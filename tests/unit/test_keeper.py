@@ -303,3 +303,14 @@ def test_a_worker_with_shm_gets_a_memory_backed_dev_shm_the_api_accepts():
     del m["spec"]["volumes"]
     with pytest.raises(ValueError, match=r'volumeMounts\[0\].name: Not found: "dshm"'):
         pod_spec(m)
+
+
+@pytest.mark.parametrize("shm", ["", "4Gi"])
+def test_the_worker_pod_validates_strictly_against_the_kubernetes_schema(shm):
+    """What the keeper POSTs is a v1 Pod the API server's schema accepts, field names and types included
+    (kubernetes-validate --strict, the oldest and newest Kubernetes the manifests are checked against)."""
+    from tests.unit.test_manifests import K8S_VERSIONS, validate_strict
+
+    pod = worker_manifest(Slot("learner", "r", 0), 1, dataclasses.replace(SPEC, shm=shm), KEEPER_POD)
+    for version in K8S_VERSIONS:
+        validate_strict(pod, version)
