@@ -16,8 +16,9 @@
 # transformers, tokenizers and prometheus-client) are installed into a private directory ahead of the
 # machine's own packages; its PyTorch is used as it is, and versions.json says which. Each step runs under
 # its own time limit and a failing step does not stop the next. Everything lands in $OUT (default
-# ./device-out): versions.json, STEP.log, STEP.json (the benchmark's JSON line; for tests, pytest's junit XML
-# as tests.xml) and summary.json (each step's exit status and seconds). Exit status: how many steps failed.
+# ./device-out), at most 7 files: versions.json, nvidia-smi.txt, STEP.log per step, tests.xml (pytest's
+# junit XML) and summary.json (each step's exit status, seconds and, for a benchmark, its JSON result line).
+# Exit status: how many steps failed.
 #
 # DEVICE_CHECKS_QUICK=1 runs the same steps at tiny sizes for a few seconds on whatever device there is: a
 # check of this script and of the installed packages before spending GPU time, not a measurement.
@@ -68,6 +69,8 @@ json.dump(v, open(sys.argv[1], "w"), indent=1)
 print(json.dumps(v))
 EOF
 
+command -v nvidia-smi >/dev/null && nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+
 if [ "$quick" = 1 ]; then
   bench=(--preset tiny --seconds 3 --repeats 1 --warmup 1)
 else
@@ -90,11 +93,10 @@ for step in "${steps[@]}"; do
   rc=$?
   seconds=$(($(date +%s) - t0))
   tail -n 5 "$out/$step.log"
-  last=$(grep -E '^\{' "$out/$step.log" | tail -n 1)
-  [ -n "$last" ] && printf '%s\n' "$last" >"$out/$step.json"
+  last=$(grep -E '^\{' "$out/$step.log" | tail -n 1)  # a benchmark's result: its last line
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
   echo "== $step: exit $rc after $seconds s"
-  results+=("\"$step\": {\"exit\": $rc, \"seconds\": $seconds}")
+  results+=("\"$step\": {\"exit\": $rc, \"seconds\": $seconds, \"result\": ${last:-null}}")
 done
 (IFS=,; printf '{"quick": %s, %s}\n' "$([ "$quick" = 1 ] && echo true || echo false)" "${results[*]}") \
   >"$out/summary.json"
