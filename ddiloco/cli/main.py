@@ -8,7 +8,8 @@ The commands live in their own modules, each with a `register(subparsers)`: `run
 Design choices:
 - This module is the one place that assembles the tree; command modules never import it (no cycles).
 - Errors a user can fix (bad config, missing data, store problems: ConfigError, StoreError, OSError,
-  TimeoutError, ValueError) are one line on stderr with exit code 2; `--debug` shows the traceback.
+  TimeoutError, ValueError) are one line on stderr with exit code 2; `--debug` shows the traceback. A CUDA
+  out-of-memory error is one line that says what to change, exit code 1 (a crash: restarted like one).
 - The roles that run in a run's pods ship their log to the run root (`ddiloco.logship`).
 - `--version` is the installed distribution's (pyproject.toml), not a constant in the package.
 """
@@ -64,6 +65,16 @@ def ship_logs(args: argparse.Namespace) -> logship.StoreLogHandler | None:
     return handler
 
 
+def out_of_memory(e: BaseException) -> str:
+    """One line for a CUDA out-of-memory error: torch's account of the device's memory and what to change."""
+    said = " ".join(str(e).split()).split(" Of the allocated memory")[0].rstrip(".")
+    return (
+        f"{said}. Lower train.batch_size (sft.batch_size for SFT), or set train.activation_checkpointing=true, "
+        "train.parallel=fsdp with more GPUs per learner, or a smaller model; learners that share a GPU "
+        "(`ddiloco run` with more learners than GPUs) share its memory"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -80,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except Exception:
+    except Exception as e:
         if ship is not None:
             ship.note_exception()
+        if type(e).__name__ == "OutOfMemoryError" and not args.debug:  # torch's, not imported here
+            print(f"error: {out_of_memory(e)}", file=sys.stderr)
+            return 1  # a crash, restarted like one: the memory may have been another process's
         raise
     finally:
         if ship is not None:
