@@ -35,6 +35,7 @@ _SUPPORTED_K8S = {
     "tolerations",
     "podMetadata",
     "activeDeadlineSeconds",
+    "emptyDirMounts",
     "imagePullPolicy",
     "imagePullSecret",
 }
