@@ -27,13 +27,14 @@ cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/device-out}
 py=${PYTHON:-python3}
 quick=${DEVICE_CHECKS_QUICK:-0}
+declare -A limit=([tests]=250 [gpt-350m]=180 [llama-350m]=130)  # 560 s: one call of at most 600 s
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(tests gpt-350m llama-350m)
 for step in "${steps[@]}"; do
-  case $step in
-    tests | gpt-350m | llama-350m) ;;
-    *) echo "error: unknown step $step (choose tests, gpt-350m, llama-350m)" >&2; exit 102 ;;
-  esac
+  if [ -z "${limit[$step]:-}" ]; then
+    echo "error: unknown step $step (choose tests, gpt-350m, llama-350m)" >&2
+    exit 102
+  fi
 done
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -72,20 +73,19 @@ EOF
 command -v nvidia-smi >/dev/null && nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 
 if [ "$quick" = 1 ]; then
-  bench=(--preset tiny --seconds 3 --repeats 1 --warmup 1)
-else
-  bench=(--preset 350m --precision bf16 --seconds 60)
+  gpt=(--preset tiny --seconds 3 --repeats 1 --warmup 1)
+  llama=("${gpt[@]}")
+else  # the Llama measures 30 s: a 350m model's setup on the CPU takes ~40 s of its limit
+  gpt=(--preset 350m --precision bf16 --seconds 60)
+  llama=(--preset 350m --precision bf16 --seconds 30)
 fi
-half=()  # the Llama measures 30 s (a 350m model's setup on the CPU takes ~40 s of its limit)
-[ "$quick" = 1 ] || half=(--seconds 30)
-declare -A limit=([tests]=250 [gpt-350m]=180 [llama-350m]=130)  # 560 s: one call of at most 600 s
 failed=0
 results=()
 for step in "${steps[@]}"; do
   case $step in
     tests) cmd=("$py" -m pytest -m gpu tests/gpu -q -p no:cacheprovider --junitxml "$out/tests.xml") ;;
-    gpt-350m) cmd=("$py" benchmarks/learner_throughput.py "${bench[@]}") ;;
-    llama-350m) cmd=("$py" benchmarks/learner_throughput.py "${bench[@]}" --hf-arch llama "${half[@]}") ;;
+    gpt-350m) cmd=("$py" benchmarks/learner_throughput.py "${gpt[@]}") ;;
+    llama-350m) cmd=("$py" benchmarks/learner_throughput.py "${llama[@]}" --hf-arch llama) ;;
   esac
   echo "== $step: ${cmd[*]} (limit ${limit[$step]} s)"
   t0=$(date +%s)

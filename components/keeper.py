@@ -152,7 +152,7 @@ def placement(spec: WorkerSpec, keeper_pod: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-SHM_VOLUME = "dshm"
+SHM_VOLUME, SHM_PATH, SHM_MEDIUM = "dshm", "/dev/shm", "Memory"
 
 
 def shm_volume(spec: WorkerSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -163,8 +163,8 @@ def shm_volume(spec: WorkerSpec) -> tuple[list[dict[str, Any]], list[dict[str, A
     NCCL"). Written pages count against the pod's memory; unwritten ones cost nothing."""
     if not spec.shm:
         return [], []
-    volume = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm}}
-    return [volume], [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    volume = {"name": SHM_VOLUME, "emptyDir": {"medium": SHM_MEDIUM, "sizeLimit": spec.shm}}
+    return [volume], [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
 
 
 def worker_manifest(

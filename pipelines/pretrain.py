@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddiloco.components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
-from ddiloco.components.keeper import KEEPER_LABEL, SHM_VOLUME
+from ddiloco.components.keeper import KEEPER_LABEL, SHM_MEDIUM, SHM_PATH, SHM_VOLUME
 from ddiloco.components.roles import build
 from ddiloco.components.runtime import NAMESPACE_ENV
 from kfp import dsl, kubernetes
@@ -147,6 +147,11 @@ class ClusterOptions:
     """Port of the learners' and syncer's Prometheus /metrics (`--metrics-port`; manifests/monitoring scrapes it)."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """Run-time parameter defaults (overriding `DEFAULTS`)."""
+
+    @property
+    def learner_pod_shm(self) -> str:
+        """The /dev/shm size of a learner pod: `learner_shm` on GPU nodes, none on CPU ones."""
+        return self.learner_shm if self.gpu else ""
 
     @property
     def learner_ranks(self) -> int:
@@ -360,9 +365,9 @@ class _Wiring:
         o = self.opts
         self._common(task, "learner", o.learner_retries, role="learner")
         self._on_gpus(task, o.gpus_per_learner)
-        if o.gpu and o.learner_shm:  # the worker pod's /dev/shm (`worker`), on the task pod itself
+        if o.learner_pod_shm:  # the worker pod's /dev/shm (`keeper.shm_volume`), on the task pod itself
             kubernetes.empty_dir_mount(
-                task, SHM_VOLUME, "/dev/shm", medium="Memory", size_limit=o.learner_shm
+                task, SHM_VOLUME, SHM_PATH, medium=SHM_MEDIUM, size_limit=o.learner_pod_shm
             )
         task.set_cpu_request(o.learner_cpu).set_memory_request(o.learner_memory)
         kubernetes.set_timeout(task, o.run_timeout_s)
@@ -394,8 +399,7 @@ class _Wiring:
             requests = {"cpu": o.learner_cpu, "memory": o.learner_memory}
             if o.gpu:
                 limits = {o.accelerator: str(o.gpus_per_learner)}
-            retries = o.learner_retries
-            shm = o.learner_shm if o.gpu else ""
+            retries, shm = o.learner_retries, o.learner_pod_shm
         else:
             img, limits, retries, shm = image(SYNCER, o.registry), {}, o.syncer_retries, ""
             requests = {"cpu": o.syncer_cpu, "memory": o.syncer_memory}

@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if ship is not None:
             ship.note_exception()
-        if type(e).__name__ == "OutOfMemoryError" and not args.debug:  # torch's, not imported here
+        torch = sys.modules.get("torch")  # loaded by whatever ran out of GPU memory; not imported here
+        if torch is not None and isinstance(e, torch.OutOfMemoryError) and not args.debug:
             print(f"error: {out_of_memory(e)}", file=sys.stderr)
             return 1  # a crash, restarted like one: the memory may have been another process's
         raise

@@ -26,7 +26,7 @@ Rules and their sources:
   reserved in `spec.trainer.env` (422). pkg/runtime/core/trainingruntime.go newRuntimeInfo: resourcesPerNode
   becomes the `node` container's resources; runtimePatches are strategic-merge patches of the JobSet spec
   (pod template labels, nodeSelector, tolerations, serviceAccountName, volumes here; container patches are
-  merged into the `node` container by name: its env and volumeMounts).
+  merged into the `node` container by name: its volumeMounts).
 - jobset.go syncParallelCount / jobset_webhook.go Default: one Indexed Job of numNodes pods; pods carry
   `jobset.sigs.k8s.io/jobset-name` and the completion index (jobset_controller.go labelAndAnnotateObject,
   the Job controller's index annotation and label).
@@ -122,13 +122,12 @@ def _node_patch(body: dict[str, Any]) -> dict[str, Any]:
 
 def _merge_containers(base: dict[str, Any], patches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Strategic merge of container patches by name (patchMergeKey `name`): the `node` container gets a
-    patch's env and volumeMounts added; a patch naming another container adds that container."""
+    patch's volumeMounts added (its env is refused by `_invalid`; other fields are not modelled); a patch
+    naming another container adds that container."""
     containers = [base]
     for cp in patches:
         if cp.get("name") == base["name"]:
-            for key in ("env", "volumeMounts"):
-                if cp.get(key):
-                    base[key] = [*(base.get(key) or []), *cp[key]]
+            base["volumeMounts"] = [*(base.get("volumeMounts") or []), *(cp.get("volumeMounts") or [])]
         else:
             containers.append(dict(cp))
     return containers
