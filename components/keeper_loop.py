@@ -327,7 +327,7 @@ def keep(keeper: Keeper) -> None:
 
 
 def worker_env(
-    secret_env: dict[str, str], store_secret: str, s3_endpoint: str, run_key: dict[str, str] | None
+    secret_env: dict[str, str], store_secret: str, s3_endpoint: str, run_key: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     """The worker's env as the task pod has it today: store credentials from the store Secret, the optional
     run key, the namespace and the pod's own name from the downward API, the S3 endpoint."""
@@ -339,9 +339,11 @@ def worker_env(
         {"name": var, "valueFrom": {"secretKeyRef": {"name": store_secret, "key": key}}}
         for key, var in secret_env.items()
     ]
-    if run_key:
-        ref = {"name": run_key["secret"], "key": run_key["key"], "optional": True}
-        env.append({"name": run_key["env"], "valueFrom": {"secretKeyRef": ref}})
+    if run_key:  # {"secret", "entries": {secret key: variable}} (a learner's share, or the master key)
+        entries = run_key.get("entries") or {run_key["key"]: run_key["env"]}
+        for key, var in entries.items():
+            ref = {"name": run_key["secret"], "key": key, "optional": True}
+            env.append({"name": var, "valueFrom": {"secretKeyRef": ref}})
     env += [
         {"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

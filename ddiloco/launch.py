@@ -139,6 +139,9 @@ class LocalRun:
             **self.extra_env,
             **self.gpus.env(proc.learner_id),
         }
+        if proc.role == "learner":  # a learner holds its share of the key, never the master key
+            env.pop(signing.ENV_VAR, None)
+            env.update(signing.learner_env(self.secret))
         with open(self.logdir / f"{name}.log", "ab") as out:
             proc.popen = subprocess.Popen(
                 self._argv(proc), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -47,6 +47,8 @@ MAX_DOC_BYTES = 16 << 20
 MAX_PAYLOAD_MODEL_BYTES = globalmodel.MAX_FRAGMENT_BYTES * 4
 """Cap of a model read from an arbitrary payload key (a learner checkpoint also holds optimizer state)."""
 SIGNATURE_REASONS = ("unsigned", "bad_signature")
+SIGNING_ROLES = frozenset({"syncer", "prepare", "launcher", "sft", "export"})
+"""Roles that write what only the syncer's key may sign (global versions, shards, models, status)."""
 
 T = TypeVar("T")
 
@@ -63,23 +65,34 @@ def signature_advice(where: str, error: wire.PayloadError) -> str:
 class RunRoot:
     store: Store
     run_id: str
-    key: bytes | None = None
-    """The run's signing key (`signing.for_run`); None: unsigned, nothing is signed or verified."""
+    key: signing.RunKeys | None = None
+    """The run's keys (`signing.for_run`); None: unsigned, nothing is signed or verified."""
 
     # --- opening -----------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, store: Store, secret: bytes | None, *, role: str) -> RunRoot:
+    def open(cls, store: Store, secret: bytes | signing.LearnerShare | None, *, role: str) -> RunRoot:
         """The prepared run at `store`, with the run key derived from the master `secret` (None: unsigned,
         logged once for `role`)."""
         return cls.keyed(store, cls.read_config(store).run_id, secret, role=role)
 
     @classmethod
-    def keyed(cls, store: Store, run_id: str, secret: bytes | None, *, role: str) -> RunRoot:
-        """Run `run_id` at `store` (its config read already), with the run key derived from the master
-        `secret` (None: unsigned, logged once for `role`)."""
+    def keyed(
+        cls, store: Store, run_id: str, secret: bytes | signing.LearnerShare | None, *, role: str
+    ) -> RunRoot:
+        """Run `run_id` at `store` (its config read already), with the run's keys derived from `secret`
+        (None: unsigned, logged once for `role`). A learner keeps a learner's keys only, whatever it holds."""
         key = signing.for_run(secret, run_id)
         if key is None:
             signing.warn_unsigned(role)
+        elif key.seed is None and role in SIGNING_ROLES:
+            raise ConfigError(
+                f"{role} signs as the syncer and needs {signing.ENV_VAR} (the master key); it was given only "
+                f"a learner's share ({signing.LEARNER_KEY_VAR})"
+            )
+        elif role.startswith("learner"):
+            if isinstance(secret, bytes):
+                signing.warn_master_in_learner(role)
+            key = key.learner_only()
         return cls(store, run_id, key)
 
     @classmethod
@@ -239,11 +252,14 @@ class RunRoot:
     def has_final_model(self) -> bool:
         return self.store.exists(keys.FINAL_MODEL)
 
-    def payload_model(self, key: str, layout: Layout) -> tuple[GPT, dict[str, Any]]:
-        """(model, header) from any verified payload holding every parameter, named `name` or `param/name`
-        (the fine-tuned model, a learner checkpoint, ...)."""
+    def payload_model(
+        self, key: str, layout: Layout, *, kind: str | None = None
+    ) -> tuple[GPT, dict[str, Any]]:
+        """(model, header) from a verified payload holding every parameter, named `name` or `param/name`
+        (the fine-tuned model, a learner checkpoint, ...); `kind`: the one it must be (None: any the syncer
+        signs; a learner checkpoint must be asked for as `learner_ckpt`, its signer being a learner)."""
         blob = self.store.get(key, max_bytes=MAX_PAYLOAD_MODEL_BYTES)
-        payload = self._unpack(key, blob, {})
+        payload = self._unpack(key, blob, {} if kind is None else {"kind": kind})
         return load_parameters(build_model(layout), payload.tensors, key, prefixed=True), payload.meta
 
     def write_sft_model(self, model: GPT, header: Mapping[str, Any]) -> None:
@@ -260,14 +276,31 @@ class RunRoot:
     def write_document(self, key: str, doc: Mapping[str, Any]) -> None:
         self.store.put_json(key, dict(doc))
 
+    def signed_document(self, key: str, role: str = signing.SYNCER) -> dict[str, Any] | None:
+        """A JSON document `role` signs (status, done, round records: the syncer), or None when it is
+        absent or does not verify (logged: a forgery is never acted on)."""
+        doc = self.document(key)
+        if doc is None:
+            return None
+        problem = signing.check_doc(doc, self.key, role)
+        if problem is not None:
+            log.warning("ignoring %s/%s: %s (only the %s signs it)", self.url, key, problem, role)
+            return None
+        return doc
+
+    def write_signed_document(self, key: str, doc: Mapping[str, Any]) -> None:
+        """A JSON document signed by the syncer's key (what learners act on: status, done)."""
+        self.store.put_json(key, signing.sign_doc(doc, self.key, signing.SYNCER))
+
     def is_done(self) -> bool:
-        return self.store.exists(keys.DONE)
+        """Whether the syncer marked the run done (a done marker it did not sign does not count)."""
+        return self.done() is not None
 
     def done(self) -> dict[str, Any] | None:
-        return self.document(keys.DONE)
+        return self.signed_document(keys.DONE)
 
     def status(self) -> dict[str, Any] | None:
-        return self.document(keys.STATUS)
+        return self.signed_document(keys.STATUS)
 
     def summary(self) -> dict[str, Any] | None:
         return self.document(keys.SUMMARY)

@@ -73,6 +73,8 @@ from ddiloco.hostname import POD_NAME_ENV
 
 KFP_SECRET = "mlpipeline-minio-artifact"
 RUN_KEY_ENV = "DDILOCO_RUN_KEY"  # ddiloco.protocol.signing.ENV_VAR (pipelines import no torch-heavy modules)
+LEARNER_KEY_ENVS = {"learner": "DDILOCO_LEARNER_KEY", "syncer_pub": "DDILOCO_SYNCER_PUBKEY"}
+"""The learner Secret's entries -> the variables a learner reads (`signing.LEARNER_KEY_VAR`, `SYNCER_PUBKEY_VAR`)."""
 SECRET_KEYS = {"accesskey": "DDILOCO_S3_ACCESS_KEY", "secretkey": "DDILOCO_S3_SECRET_KEY"}
 """Keys of KFP's artifact-store Secret -> the variables `ddiloco.store.s3` reads."""
 WORKFLOW_LABEL_PATH = "metadata.labels['workflows.argoproj.io/workflow']"
@@ -131,8 +133,13 @@ class ClusterOptions:
     run_timeout_s: int = 3 * 24 * 3600
     """Deadline of each learner / syncer / chaos pod, and the window in which any step is retried."""
     run_key_secret: str | None = "ddiloco-run-key"
+    learner_key_secret: str = "ddiloco-learner-key"
+    """Secret (keys `learner`, `syncer_pub`: `ddiloco keys` prints them) mounted optionally in learner pods
+    instead of the master key: learners sign answers and verify what the syncer signs, but cannot sign as
+    it (`ddiloco.protocol.rolekeys`). Used when `run_key_secret` is set."""
     """Secret (key `key`: hex, `openssl rand -hex 32`) mounted optionally as DDILOCO_RUN_KEY: every update and
-    global version is then signed and verified. A missing Secret leaves the run unsigned (logged); None: never."""
+    global version is then signed and verified. A missing Secret leaves the run unsigned (logged); None: never.
+    Learner pods never get it: they get `learner_key_secret`."""
     keeper: bool = True
     """Learners and the syncer run in worker pods a small CPU keeper task starts and restarts through the
     Kubernetes API (`ddiloco.components.keeper`): they survive preemption, eviction, OOM kills, drains and
@@ -324,6 +331,13 @@ class _Wiring:
     gpu_tolerations: Any
     cpu_selector: Any
 
+    def _run_key(self, role: str | None) -> tuple[str, dict[str, str]]:
+        """The Secret and entries -> variables a pod of `role` gets: a learner's share, else the master key."""
+        if role == "learner":
+            return self.opts.learner_key_secret, dict(LEARNER_KEY_ENVS)
+        assert self.opts.run_key_secret is not None
+        return self.opts.run_key_secret, {"key": RUN_KEY_ENV}
+
     def _common(self, task: Any, name: str, retries: int, role: str | None = None) -> Any:
         o = self.opts
         task.set_display_name(name).set_caching_options(False)
@@ -337,9 +351,8 @@ class _Wiring:
         kubernetes.use_field_path_as_env(task, NAMESPACE_ENV, "metadata.namespace")
         kubernetes.use_field_path_as_env(task, POD_NAME_ENV, "metadata.name")
         if o.run_key_secret:
-            kubernetes.use_secret_as_env(
-                task, secret_name=o.run_key_secret, secret_key_to_env={"key": RUN_KEY_ENV}, optional=True
-            )
+            name, entries = self._run_key(role)
+            kubernetes.use_secret_as_env(task, secret_name=name, secret_key_to_env=entries, optional=True)
         kubernetes.add_pod_label(task, "app.kubernetes.io/part-of", "ddiloco")
         if role is not None:
             kubernetes.add_pod_label(task, ROLE_LABEL, role)
@@ -417,7 +430,8 @@ class _Wiring:
         if role == "learner" and o.learner_ranks > 1 and o.learner_nodes == 1:
             out["ranks"] = o.learner_ranks  # one rank per GPU of the pod (`ddiloco learner --local-ranks`)
         if o.run_key_secret:
-            out["run_key"] = {"secret": o.run_key_secret, "key": "key", "env": RUN_KEY_ENV}
+            name, entries = self._run_key(role)
+            out["run_key"] = {"secret": name, "entries": entries}
         if role == "learner" and o.learner_nodes > 1:  # a TrainJob (keeper_loop.keep_role)
             out.update(nodes=o.learner_nodes, procs_per_node=o.gpus_per_learner)
         return out

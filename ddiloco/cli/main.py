@@ -23,13 +23,13 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from ddiloco import logship
-from ddiloco.cli import baseline, chaos, corpus, logs, posttrain, roles, run, simulate, tokenize
+from ddiloco.cli import baseline, chaos, corpus, keys, logs, posttrain, roles, run, simulate, tokenize
 from ddiloco.errors import ConfigError
 from ddiloco.pipelines import cli as pipeline
 from ddiloco.store.base import StoreError
 
 # The order of `ddiloco --help`.
-COMMANDS = (run, roles, simulate, posttrain, chaos, pipeline, baseline, corpus, tokenize, logs)
+COMMANDS = (run, roles, simulate, posttrain, chaos, pipeline, baseline, corpus, tokenize, logs, keys)
 
 # Roles whose log goes to the run root (`ddiloco.logship`); learner and syncer bind once they know their
 # incarnation, the others at once (the next free number).

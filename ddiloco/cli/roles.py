@@ -100,6 +100,15 @@ def cmd_learner(args: argparse.Namespace) -> int:
         localranks.reap(followers)
 
 
+def _signed_done(store: Store, secret: Any) -> bool:
+    """Whether the run's syncer marked it done (a marker it did not sign is logged and not believed)."""
+    from ddiloco.run import RunRoot
+
+    if not store.exists(keys.DONE):
+        return False
+    return RunRoot.keyed(store, RunRoot.read_config(store).run_id, secret, role="learner").is_done()
+
+
 def run_learner(args: argparse.Namespace, group: Any) -> int:
     """Rank 0's part of `ddiloco learner`: join the run (or take the given id) and train until it is done;
     `UNMERGED_EXIT` (4) when none of its answers was merged for the bound (`ddiloco.learner.health`)."""
@@ -109,7 +118,7 @@ def run_learner(args: argparse.Namespace, group: Any) -> int:
     secret = signing.key_from_env()
     url, site = resolve_args(args)  # --store URL --learner-id N, or --join URL [--learner-id N]
     store = shape_learner_store(role_store(url, "learner"), args.link_bandwidth, args.link_latency)
-    if until_store_answers(lambda: store.exists(keys.DONE), "learner"):
+    if until_store_answers(lambda: _signed_done(store, secret), "learner"):
         log.info("run at %s is already done; learner %s exits", url, args.learner_id)
         return 0
     lid = until_store_answers(lambda: learner_id_for(store, args.learner_id, site, args.join_name), "learner")
@@ -141,7 +150,8 @@ def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: byt
     done while standing by), `FENCED_EXIT` when another syncer took the lease over."""
     from ddiloco.syncer.loop import Syncer, run_until_done, syncer_threads
 
-    if not lease.acquire(done=lambda: store.exists(keys.DONE)):
+    done_root = RunRoot.keyed(store, lease.run_id, secret, role="syncer")
+    if not lease.acquire(done=done_root.is_done):
         log.info("syncer: the run is done; this standby exits")
         return 0
     try:

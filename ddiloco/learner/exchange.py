@@ -66,7 +66,9 @@ class Exchange:
         self.incarnation, self.diloco, self.errors = incarnation, diloco, feed.errors
         self.layout, self.learner_id = feed.layout, feed.learner_id
         self.signer = feed.signer
-        self.rounds = RoundRecords(store, feed.errors)  # the syncer's word on rounds of pending answers
+        self.rounds = RoundRecords(
+            store, feed.errors, feed.signer.key
+        )  # the syncer's word on rounds of pending answers
         self.uploads: list[Future] = []
         self.overwritten: list[int] = []
         self.rounds_answered = 0

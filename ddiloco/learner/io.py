@@ -35,7 +35,7 @@ from ddiloco.hostname import host_name
 from ddiloco.learner.accel import HostCopier, HostSnapshot
 from ddiloco.learner.checkpoint import optimizer_tensors, write_checkpoint
 from ddiloco.learner.health import IoErrors, guard
-from ddiloco.protocol import wire
+from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import Merged, RoundRecord, Status
 from ddiloco.run import RunRoot
 from ddiloco.store.base import Store, StoreError
@@ -108,8 +108,9 @@ class ReportWriter:
     older than the one last written is dropped, so a slow heartbeat can never overwrite the report an answer
     was uploaded after (which names that answer as pending) and hide merged tokens from every report."""
 
-    def __init__(self, store: Store, key: str) -> None:
-        self.store, self.key = store, key
+    def __init__(self, store: Store, key: str, keys_: signing.RunKeys | None = None) -> None:
+        """`keys_`: the run's keys; reports are signed with the learner key (the syncer reads no other)."""
+        self.store, self.key, self.keys = store, key, keys_
         self._lock = threading.Lock()
         self.written_seq = 0
 
@@ -118,7 +119,7 @@ class ReportWriter:
         with self._lock:
             if report["seq"] <= self.written_seq:
                 return False
-            self.store.put_json(self.key, report)
+            self.store.put_json(self.key, signing.sign_doc(report, self.keys, signing.LEARNER))
             self.written_seq = report["seq"]
             return True
 
@@ -129,14 +130,20 @@ class RoundRecords:
     thread only; the I/O pool just fetches (`errors`: where its bugs are counted; one is raised again when
     its read is collected)."""
 
-    def __init__(self, store: Store, errors: IoErrors | None = None) -> None:
-        self.store, self.errors = store, errors
+    def __init__(
+        self, store: Store, errors: IoErrors | None = None, keys_: signing.RunKeys | None = None
+    ) -> None:
+        """`keys_`: the run's keys; a round record the syncer did not sign is treated as absent."""
+        self.store, self.errors, self.keys = store, errors, keys_
         self.known: dict[int, Merged] = {}  # round -> its merge, as the status lists one
         self._reads: dict[int, Future] = {}
 
     def _fetch(self, round_: int) -> Merged | None:
         key = keys.round_record_key(round_)
         rec = self.store.get_json_or_none(key)
+        if rec is not None and (problem := signing.check_doc(rec, self.keys, signing.SYNCER)) is not None:
+            log.warning("ignoring round record %s: %s", key, problem)
+            return None
         return None if rec is None else Merged.of(RoundRecord.from_json(rec, key))
 
     def read(self, round_: int) -> Merged | None:
@@ -191,9 +198,12 @@ class StatusPoller(threading.Thread):
     """Keeps the newest syncer status in memory, read and checked once (`Status`); survives an unavailable
     store, or a status that does not read, with backoff."""
 
-    def __init__(self, store: Store, every: float, stop: threading.Event) -> None:
+    def __init__(
+        self, store: Store, every: float, stop: threading.Event, keys_: signing.RunKeys | None = None
+    ) -> None:
+        """`keys_`: the run's keys; a status the syncer did not sign is refused (a StoreError, counted)."""
         super().__init__(daemon=True, name="status-poller")
-        self.store, self.every, self.stop = store, every, stop
+        self.store, self.every, self.stop, self.keys = store, every, stop, keys_
         self.latest: Status | None = None
         self.first_seen: dict[int, float] = {}
         """round -> monotonic time of the first fetched status that listed it open (replaced, not mutated,
@@ -204,6 +214,9 @@ class StatusPoller(threading.Thread):
         """Fetch the status; one that does not read as a `Status` is a StoreError (the last one is kept)."""
         doc = self.store.get_json_or_none(keys.STATUS)
         if doc is not None:
+            problem = signing.check_doc(doc, self.keys, signing.SYNCER)
+            if problem is not None:
+                raise StoreError(f"status not signed by the syncer ({problem}); ignored")
             try:
                 status = Status.from_json(doc)
             except ValueError as e:

@@ -227,14 +227,14 @@ class Learner:
         self.joined_at: float | None = None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
-        self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation))
+        self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation), self.root.key)
         self.errors = IoErrors(self.metrics, learner_id)  # what the I/O threads raise: logged and counted
         self.bound = MergeBound(learner_id, t.max_unmerged_s, cfg.diloco, clock)  # ends it if never merged
         self.checkpoints = CheckpointWriter(self.root, learner_id, self.errors)
         every = checkpoint_every_s(t.checkpoint_every_s, sum(f.numel for f in self.layout.fragments))
         self.io_schedule = IoSchedule(t.heartbeat_every_s, every)  # checkpoint cadence by the state's size
         self._stop = threading.Event()
-        self.poller = StatusPoller(store, t.poll_every_s, self._stop)
+        self.poller = StatusPoller(store, t.poll_every_s, self._stop, self.root.key)
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"learner{learner_id}-io")
         self.heartbeats = Heartbeats(self.reports.write, self.errors)  # never behind uploads on the pool
         self.ledger = FragmentLedger(self.layout.num_fragments)

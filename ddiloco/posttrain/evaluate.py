@@ -113,14 +113,15 @@ def load_model(root: RunRoot, spec: str, layout: Layout) -> tuple[GPT, dict[str,
                 f"{spec}: versions {versions} are no longer all in the store ({e}); the run keeps the latest "
                 "and the loss curve's versions (`retention`, listed in syncer/retention.json)"
             ) from None
+    kind = None  # a payload at a key the user gives: any kind the syncer signs
     if spec == "sft":
-        key = keys.SFT_MODEL
+        key, kind = keys.SFT_MODEL, "sft"
     elif spec.startswith("learner:"):
-        key = root.learner_checkpoint_key(int(spec.split(":", 1)[1]))
+        key, kind = root.learner_checkpoint_key(int(spec.split(":", 1)[1])), "learner_ckpt"
     else:
         key = spec
     try:
-        model, meta = root.payload_model(key, layout)
+        model, meta = root.payload_model(key, layout, kind=kind)
     except NotFound:
         hint = "; run `ddiloco sft` first" if spec == "sft" else ""
         raise NotFound(f"no checkpoint at {root.url}/{key}{hint}") from None

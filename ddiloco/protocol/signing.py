@@ -1,18 +1,18 @@
-"""Run keys and payload signatures: HMAC-SHA256 so that only holders of the run's key can publish.
+"""Run keys and signatures: only a learner of the run can answer, and only its syncer can publish.
 
 Design choices:
-- The secret never lives in the store. It comes from the environment variable `DDILOCO_RUN_KEY` (hex, at
-  least 16 bytes), which a Kubernetes Secret maps into the prepare, learner and syncer pods; `ddiloco run`
-  generates one per run and keeps it in `{workdir}/{run_id}.key` (mode 0600) next to the logs.
-- That variable holds a *master* key. Every run signs with its own key `HMAC(master, "ddiloco-run-key\\0" +
-  run_id)`, so one Secret can serve every run of a namespace and an object copied from another run never
-  verifies, whatever its header claims.
-- A signature covers the canonical JSON of the payload header (sorted keys, no spaces, ASCII), which holds
-  the SHA-256 of the data region and of the safetensors tensor table (`wire.pack` adds both), so header,
-  tensor layout and bytes are all authenticated by one MAC. Verification recomputes the canonical form
-  from the parsed header and compares in constant time (`hmac.compare_digest`).
-- `key_id` (a short hash of the run key, safe to log) goes into the header too, so a rejection can tell
-  "signed with another key" apart from "content altered after signing"; both count as `bad_signature`.
+- The secret never lives in the store. The master key comes from `DDILOCO_RUN_KEY` (hex, at least 16
+  bytes) in the prepare, syncer and post-training pods; learner pods get only their share
+  (`DDILOCO_LEARNER_KEY` and `DDILOCO_SYNCER_PUBKEY`, `learner_env`; `ddiloco keys` prints them).
+  `ddiloco run` generates a master key per run and keeps it in `{workdir}/{run_id}.key` (mode 0600).
+- Keys per role (`ddiloco.protocol.rolekeys`): learners sign updates, checkpoints and reports with an
+  HMAC key per run; the syncer signs everything else with Ed25519, which learners can verify but not
+  forge. Which role signs a payload follows from its `kind` (`role_of`); a reader requires that role.
+- A payload signature covers the canonical JSON of its header (sorted keys, no spaces, ASCII), which holds
+  the run id and the SHA-256 of the data region and of the tensor table (`wire.pack`). A JSON document's
+  signature (`sign_doc`) covers its canonical JSON and the run id.
+- `key_id` (a short hash of the key, safe to log) tells "signed with another key" apart from "altered
+  after signing"; both count as `bad_signature`.
 - Without a key the roles run unsigned (a warning, once per process): in-process tests and quick local
   experiments keep working, and nothing pretends to be authenticated.
 """
@@ -26,18 +26,57 @@ import logging
 import os
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ddiloco.errors import ConfigError
+from ddiloco.protocol import rolekeys
 
 log = logging.getLogger(__name__)
 
 ENV_VAR = "DDILOCO_RUN_KEY"
+LEARNER_KEY_VAR = "DDILOCO_LEARNER_KEY"
+"""A learner pod's share of the key (`rolekeys.learner_master`; `ddiloco keys` prints it)."""
+SYNCER_PUBKEY_VAR = "DDILOCO_SYNCER_PUBKEY"
+"""The syncer's public key (hex), given to learner pods with `LEARNER_KEY_VAR`."""
 MIN_KEY_BYTES = 16
 MAC_FIELD = "mac"
+SIG_FIELD = "sig"
 KEY_ID_FIELD = "key_id"
+LEARNER, SYNCER = "learner", "syncer"
+LEARNER_KINDS = frozenset({"update", "learner_ckpt"})
+"""Payload kinds learners write (signed with the learner key); every other kind is the syncer's."""
 _warned: set[str] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerShare:
+    """What a learner pod holds instead of the master key: the learner master and the syncer's public key."""
+
+    learner: bytes = field(repr=False)
+    public: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RunKeys:
+    """One run's keys as this process holds them: the learners' HMAC key, the syncer's public key and,
+    for the roles that hold the master key only, the syncer's private seed (`rolekeys`)."""
+
+    run_id: str
+    learner: bytes = field(repr=False)
+    public: bytes
+    seed: bytes | None = field(default=None, repr=False)
+
+    def seed_for(self, kind: Any) -> bytes:
+        """The syncer's seed, to sign `kind`; a learner's keys cannot (ValueError)."""
+        if self.seed is None:
+            raise ValueError(f"a learner's keys cannot sign {str(kind)[:40]!r}: only the syncer's key can")
+        return self.seed
+
+    def learner_only(self) -> RunKeys:
+        """These keys without the syncer's seed: what a learner process keeps."""
+        return RunKeys(self.run_id, self.learner, self.public)
 
 
 def parse_key(text: str, source: str = ENV_VAR) -> bytes:
@@ -54,10 +93,31 @@ def parse_key(text: str, source: str = ENV_VAR) -> bytes:
     return key
 
 
-def key_from_env(env: Mapping[str, str] | None = None) -> bytes | None:
-    """The master key from `DDILOCO_RUN_KEY`, or None when it is unset or empty (unsigned mode)."""
-    raw = (os.environ if env is None else env).get(ENV_VAR, "")
-    return parse_key(raw) if raw.strip() else None
+def key_from_env(env: Mapping[str, str] | None = None) -> bytes | LearnerShare | None:
+    """The master key from `DDILOCO_RUN_KEY`; else a learner's share from `DDILOCO_LEARNER_KEY` and
+    `DDILOCO_SYNCER_PUBKEY` (both or neither); None when none is set (unsigned mode)."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_VAR, "")
+    if raw.strip():
+        return parse_key(raw)
+    learner, public = env.get(LEARNER_KEY_VAR, "").strip(), env.get(SYNCER_PUBKEY_VAR, "").strip()
+    if not (learner or public):
+        return None
+    if not (learner and public):
+        missing = SYNCER_PUBKEY_VAR if learner else LEARNER_KEY_VAR
+        raise ConfigError(f"{missing} is not set: a learner needs both (`ddiloco keys` prints them)")
+    pub = parse_key(public, SYNCER_PUBKEY_VAR)
+    if len(pub) != 32:
+        raise ConfigError(f"{SYNCER_PUBKEY_VAR} holds {len(pub)} bytes, an Ed25519 key 32 (`ddiloco keys`)")
+    return LearnerShare(parse_key(learner, LEARNER_KEY_VAR), pub)
+
+
+def learner_env(master: bytes) -> dict[str, str]:
+    """The environment a learner pod gets instead of the master key (`ddiloco keys` prints it)."""
+    return {
+        LEARNER_KEY_VAR: rolekeys.learner_master(master).hex(),
+        SYNCER_PUBKEY_VAR: rolekeys.public_of(rolekeys.syncer_seed(master)).hex(),
+    }
 
 
 def generate_key() -> str:
@@ -81,40 +141,143 @@ def ensure_key_file(path: str | Path) -> str:
     return text
 
 
-def for_run(master: bytes | None, run_id: str) -> bytes | None:
-    """The run's signing key derived from the master key (None stays None: unsigned)."""
-    if master is None:
+def for_run(secret: bytes | LearnerShare | None, run_id: str) -> RunKeys | None:
+    """The run's keys from what this process holds (None stays None: unsigned): a master key gives every
+    role's keys, a `LearnerShare` only a learner's (`rolekeys`)."""
+    if secret is None:
         return None
-    return hmac.new(master, b"ddiloco-run-key\0" + run_id.encode(), hashlib.sha256).digest()
+    if isinstance(secret, LearnerShare):
+        return RunKeys(run_id, rolekeys.learner_run_key(secret.learner, run_id), secret.public)
+    learner = rolekeys.learner_run_key(rolekeys.learner_master(secret), run_id)
+    seed = rolekeys.syncer_seed(secret)
+    return RunKeys(run_id, learner, rolekeys.public_of(seed), seed)
 
 
 def key_id(key: bytes) -> str:
-    """A short, non-secret fingerprint of a run key (for logs and rejection messages)."""
+    """A short, non-secret fingerprint of a key (for logs and rejection messages)."""
     return hashlib.sha256(b"ddiloco-key-id\0" + key).hexdigest()[:12]
 
 
 def canonical(meta: Mapping[str, Any]) -> bytes:
-    """The bytes a MAC covers: the header without its MAC, as canonical JSON."""
-    body = {k: v for k, v in meta.items() if k != MAC_FIELD}
+    """The bytes a signature covers: the header without its MAC or signature, as canonical JSON."""
+    body = {k: v for k, v in meta.items() if k not in (MAC_FIELD, SIG_FIELD)}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def sign(meta: Mapping[str, Any], key: bytes) -> str:
-    """HMAC-SHA256 (hex) of the canonical header."""
-    return hmac.new(key, b"ddiloco-payload\0" + canonical(meta), hashlib.sha256).hexdigest()
+def role_of(kind: Any) -> str:
+    """Who signs a payload of this `kind`: "learner" (updates, learner checkpoints) or "syncer" (anything
+    else: global versions, shards, models; written by prepare, the syncer and post-training)."""
+    return LEARNER if kind in LEARNER_KINDS else SYNCER
 
 
-def check(meta: Mapping[str, Any], key: bytes) -> str | None:
-    """None if `meta` carries a valid MAC under `key`; else the rejection reason and why, as 'reason: why'."""
-    mac = meta.get(MAC_FIELD)
+def sign_payload(meta: dict[str, Any], keys: RunKeys) -> None:
+    """Add `key_id` and the signature of the role `meta["kind"]` belongs to (`role_of`) to `meta`."""
+    role = role_of(meta.get("kind"))
+    if role == LEARNER:
+        meta[KEY_ID_FIELD] = key_id(keys.learner)
+        meta[MAC_FIELD] = _mac(keys.learner, b"ddiloco-payload\0", canonical(meta))
+        return
+    meta[KEY_ID_FIELD] = key_id(keys.public)
+    meta[SIG_FIELD] = rolekeys.sign(keys.seed_for(meta.get("kind")), b"ddiloco-payload\0" + canonical(meta))
+
+
+def check_payload(meta: Mapping[str, Any], keys: RunKeys, role: str) -> str | None:
+    """None if `meta` carries a valid signature of `role` under `keys`; else 'reason: why'."""
+    if role == LEARNER:
+        return _check_mac(meta, keys.learner, b"ddiloco-payload\0" + canonical(meta), MAC_FIELD)
+    return _check_sig(meta, keys.public, b"ddiloco-payload\0" + canonical(meta), SIG_FIELD)
+
+
+# --- signed JSON documents (status, done, round records, learner reports) ----------------------------------
+DOC_SIGNATURE = "signature"
+
+
+def _doc_bytes(doc: Mapping[str, Any], run_id: str) -> bytes:
+    body = {k: v for k, v in doc.items() if k != DOC_SIGNATURE}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return b"ddiloco-doc\0" + run_id.encode() + b"\0" + text.encode()
+
+
+def sign_doc(doc: Mapping[str, Any], keys: RunKeys | None, role: str) -> dict[str, Any]:
+    """`doc` with the signature of `role` (bound to the run id) under `DOC_SIGNATURE`; as it is unsigned."""
+    out = {k: v for k, v in doc.items() if k != DOC_SIGNATURE}
+    if keys is None:
+        return out
+    data = _doc_bytes(out, keys.run_id)
+    if role == LEARNER:
+        sig = {"role": role, KEY_ID_FIELD: key_id(keys.learner), MAC_FIELD: _mac(keys.learner, b"", data)}
+    else:
+        sig = {
+            "role": role,
+            KEY_ID_FIELD: key_id(keys.public),
+            SIG_FIELD: rolekeys.sign(keys.seed_for(None), data),
+        }
+    out[DOC_SIGNATURE] = sig
+    return out
+
+
+def check_doc(doc: Any, keys: RunKeys | None, role: str) -> str | None:
+    """None if `doc` is signed by `role` of this run (or `keys` is None: unsigned run); else 'reason: why'."""
+    if keys is None:
+        return None
+    if not isinstance(doc, Mapping):
+        return "malformed: not a JSON object"
+    sig = doc.get(DOC_SIGNATURE)
+    if not isinstance(sig, Mapping):
+        return f"unsigned: it carries no signature (the {role}'s is required)"
+    data = _doc_bytes(doc, keys.run_id)
+    if role == LEARNER:
+        return _check_mac(sig, keys.learner, data, MAC_FIELD)
+    return _check_sig(sig, keys.public, data, SIG_FIELD)
+
+
+def _mac(key: bytes, domain: bytes, data: bytes) -> str:
+    return hmac.new(key, domain + data, hashlib.sha256).hexdigest()
+
+
+def _check_mac(meta: Mapping[str, Any], key: bytes, data: bytes, field: str) -> str | None:
+    mac = meta.get(field)
     if mac is None:
-        return "unsigned: the payload carries no signature"
-    if not isinstance(mac, str) or not hmac.compare_digest(mac.encode(), sign(meta, key).encode()):
-        theirs, ours = meta.get(KEY_ID_FIELD), key_id(key)
-        if theirs != ours:
-            return f"bad_signature: signed with another key (key id {theirs!r}, this run's is {ours!r})"
-        return "bad_signature: the signature does not match the content (altered after signing)"
+        return (
+            "unsigned: it carries no signature (a learner's is required)"
+            if meta.get(SIG_FIELD) is None
+            else ("bad_signature: signed by the syncer's key where a learner's is expected")
+        )
+    if not isinstance(mac, str) or not hmac.compare_digest(mac.encode(), _mac(key, b"", data).encode()):
+        return _which(meta, key_id(key))
     return None
+
+
+def _check_sig(meta: Mapping[str, Any], public: bytes, data: bytes, field: str) -> str | None:
+    sig = meta.get(field)
+    if sig is None:
+        if meta.get(MAC_FIELD) is not None:
+            return "bad_signature: signed with a learner's key where the syncer's signature is required"
+        return "unsigned: it carries no signature (the syncer's is required)"
+    if not isinstance(sig, str) or not rolekeys.verify(public, data, sig):
+        return _which(meta, key_id(public))
+    return None
+
+
+def _which(meta: Mapping[str, Any], ours: str) -> str:
+    theirs = meta.get(KEY_ID_FIELD)
+    if theirs != ours:
+        return f"bad_signature: signed with another key (key id {str(theirs)[:16]!r}, this run's is {ours!r})"
+    return "bad_signature: the signature does not match the content (altered after signing)"
+
+
+def warn_master_in_learner(role: str) -> None:
+    """Log once that a learner process was given the master key (it only needs its share)."""
+    if f"master:{role}" not in _warned:
+        _warned.add(f"master:{role}")
+        log.warning(
+            "%s holds %s, the master key; it uses only a learner's keys, but give learner pods %s and %s "
+            "instead (`ddiloco keys`) so a compromised learner cannot sign as the syncer",
+            role,
+            ENV_VAR,
+            LEARNER_KEY_VAR,
+            SYNCER_PUBKEY_VAR,
+        )
 
 
 def warn_unsigned(role: str) -> None:

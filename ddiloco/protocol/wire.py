@@ -100,7 +100,7 @@ def pack_blob(
     tensors: Mapping[str, torch.Tensor],
     meta: Mapping[str, Any],
     *,
-    key: bytes | None = None,
+    key: signing.RunKeys | bytes | None = None,
     data_sha256: str | None = None,
 ) -> Blob:
     """Serialise tensors + JSON header as a safetensors file, as a `Blob` whose data parts are the tensors'
@@ -130,13 +130,14 @@ def pack_blob(
         for raw in chunks:
             data_hash.update(raw)
         data_sha256 = data_hash.hexdigest()
-    full_meta = {k: v for k, v in meta.items() if k not in (signing.MAC_FIELD, signing.KEY_ID_FIELD)}
+    signed = (signing.MAC_FIELD, signing.SIG_FIELD, signing.KEY_ID_FIELD)
+    full_meta = {k: v for k, v in meta.items() if k not in signed}
     full_meta["format"] = FORMAT_VERSION
     full_meta["sha256"] = data_sha256
     full_meta["tensors_sha256"] = hashlib.sha256(_canonical(entries)).hexdigest()
-    if key is not None:
-        full_meta[signing.KEY_ID_FIELD] = signing.key_id(key)
-        full_meta[signing.MAC_FIELD] = signing.sign(full_meta, key)
+    keys = _keys(key, full_meta.get("run_id"))
+    if keys is not None:
+        signing.sign_payload(full_meta, keys)
     header = dict(entries)
     header["__metadata__"] = {"ddiloco": json.dumps(full_meta, sort_keys=True)}
     hbytes = json.dumps(header, separators=(",", ":")).encode()
@@ -197,7 +198,7 @@ def unpack(
     blob: bytes | memoryview,
     *,
     expect: Mapping[str, Any] | None = None,
-    key: bytes | None = None,
+    key: signing.RunKeys | bytes | None = None,
     borrow: bool = False,
 ) -> Payload:
     """Parse and verify a payload; raises only `PayloadError(reason)` for bad input.
@@ -240,8 +241,9 @@ def unpack(
         raise PayloadError(
             "foreign_run", f"payload of run {str(meta.get('run_id'))[:80]!r}, expected {expect['run_id']!r}"
         )
-    if key is not None:
-        problem = signing.check(meta, key)
+    keys = _keys(key, meta.get("run_id"))
+    if keys is not None:
+        problem = signing.check_payload(meta, keys, signing.role_of(expect.get("kind")))
         if problem is not None:
             reason, why = problem.split(": ", 1)
             raise PayloadError(reason, why)
@@ -266,6 +268,13 @@ def unpack(
     ):
         raise PayloadError("malformed", "safetensors read a different tensor table than the header shows")
     return Payload(meta=meta, tensors=tensors)
+
+
+def _keys(key: signing.RunKeys | bytes | None, run_id: Any) -> signing.RunKeys | None:
+    """A run's keys; raw bytes are a master key (of the payload's run)."""
+    if isinstance(key, bytes | bytearray):
+        return signing.for_run(bytes(key), str(run_id))
+    return key
 
 
 def _views(entries: dict[str, Any], data: memoryview) -> dict[str, torch.Tensor]:
@@ -296,7 +305,7 @@ class RunSigner:
     signed, no signature required). Obtained from `ddiloco.run.RunRoot.signer`."""
 
     run_id: str
-    key: bytes | None = dataclasses.field(default=None, repr=False)
+    key: signing.RunKeys | None = dataclasses.field(default=None, repr=False)
 
     def pack(
         self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], *, data_sha256: str | None = None

@@ -165,6 +165,7 @@ class Syncer:
             clock=clock,
             wall=wall,
             heartbeat_s=cfg.train.heartbeat_every_s,
+            keys_=self.root.key,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
@@ -395,7 +396,7 @@ class Syncer:
         done["rounds_merged"] = self.books.rounds_merged
         if self.closing is not None:
             done |= self.closing.summary(self, self.clock())
-        self.store.put_json(keys.DONE, done)
+        self.root.write_signed_document(keys.DONE, done)
         self.publish_status(done=True)
         self.lease.release()
         log.info(
@@ -417,7 +418,7 @@ def finished_by(syncer: Syncer) -> str | None:
 def run_until_done(syncer: Syncer, max_seconds: float | None = None) -> None:
     """The syncer process's loop: passes of `Syncer.step` until the run is done (or `max_seconds`), riding out
     store errors (nothing half-merged was published; the pass is tried again) and logging progress."""
-    if syncer.store.exists(keys.DONE):
+    if syncer.root.is_done():
         log.info("syncer: run %s is already done", syncer.run_id)
         return
     syncer.publish_status()

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddiloco import chiptime, keys
-from ddiloco.protocol import reports, validation
+from ddiloco.protocol import reports, signing, validation
 from ddiloco.protocol.claims import Pace
 from ddiloco.protocol.messages import LearnerEvent
 from ddiloco.protocol.reports import CheckedReport
@@ -45,8 +45,10 @@ class Roster:
         clock: Callable[[], float],
         wall: Callable[[], float],
         heartbeat_s: float,
+        keys_: signing.RunKeys | None = None,
     ) -> None:
-        self.store, self.clock, self.wall = store, clock, wall
+        """`keys_`: the run's keys; a report not signed with the learner key is ignored whole (counted)."""
+        self.store, self.clock, self.wall, self.keys = store, clock, wall, keys_
         self.timeout_s = max(3.0, 5 * heartbeat_s)
         self.reports: dict[int, CheckedReport] = {}
         """learner id -> its newest incarnation's newest report."""
@@ -101,6 +103,14 @@ class Roster:
             report = self.store.get_json(key)
         except StoreError as e:
             log.debug("report %s unreadable (%s)", key, e)
+            return None
+        problem = signing.check_doc(report, self.keys, signing.LEARNER)
+        if problem is not None:
+            reason = problem.split(":", 1)[0]
+            if (key, reason) not in self._warned:
+                self._warned.add((key, reason))
+                self.on_ignored(f"report_{reason}")
+                log.warning("syncer: ignoring learner report %s: %s", key, problem)
             return None
         if not validation.report_ok(report, lid) or not reports.times_finite(report):
             log.warning("syncer: ignoring malformed learner report %s", key)

@@ -60,7 +60,7 @@ from ddiloco.globalmodel import (
     read_global_full,
 )
 from ddiloco.merge import OuterNesterov
-from ddiloco.protocol import wire
+from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import (
     Ledger,
     Merged,
@@ -142,7 +142,7 @@ class SyncerFiles:
         """`root`: the run root; `dtype`: the run's `diloco.global_dtype`, what global versions are published
         as; `download_codec`: `diloco.download_codec` (`ddiloco.downlink`)."""
         self.store, self.run_id, self.layout, self.dtype = root.store, root.run_id, layout, dtype
-        self.signer = root.signer
+        self.root, self.signer = root, root.signer
         self.download_codec = download_codec
         self.slots = adopt.VersionSlots(root, layout)
         """What is at the global version keys: adoption, judging a taken key, the quarantine."""
@@ -162,7 +162,9 @@ class SyncerFiles:
 
     # --- documents ----------------------------------------------------------------------------------------
     def load_state(self) -> SyncerState | None:
-        obj = self.store.get_json_or_none(keys.SYNCER_STATE)
+        """The saved state; None when there is none, or it is not signed by the syncer's key (a forgery:
+        logged, and the syncer adopts what the store's verified global versions say)."""
+        obj = self.root.signed_document(keys.SYNCER_STATE)
         if obj is None:
             return None
         run_id = obj.get("run_id") if isinstance(obj, dict) else None
@@ -171,10 +173,10 @@ class SyncerFiles:
         return SyncerState.from_json(obj)
 
     def save_state(self, state: SyncerState) -> None:
-        self.store.put_json(keys.SYNCER_STATE, state.to_json())
+        self.root.write_signed_document(keys.SYNCER_STATE, state.to_json())
 
     def put_status(self, status: Status) -> None:
-        self.store.put_json(keys.STATUS, status.to_json())
+        self.root.write_signed_document(keys.STATUS, status.to_json())
 
     def round_records(self) -> list[RoundRecord]:
         return [RoundRecord.from_json(self.store.get_json(k), k) for k in self.store.list(keys.ROUNDS)]
@@ -284,7 +286,11 @@ class SyncerFiles:
             master = partial(self.signer.pack_blob, proposal.theta, {**meta, "kind": "master"})
             first.append((keys.master_key(p, version), master, "after_master"))
         first.append(
-            (keys.round_record_key(record.round), partial(_json_bytes, record.to_json()), "after_record")
+            (
+                keys.round_record_key(record.round),
+                partial(_json_bytes, signing.sign_doc(record.to_json(), self.root.key, signing.SYNCER)),
+                "after_record",
+            )
         )
         loan = Loan(SYNCER_POOL)
         writes = self._writer.submit(self._create_all, first, p, version, record)

@@ -40,6 +40,11 @@ def report(lid: int, seq: int, t: float, *, wall_ema=STEP_S, **extra) -> dict:
     }  # fmt: skip
 
 
+def put_report(store, syncer: Syncer, key: str, doc: dict) -> None:
+    """A learner report signed with the learner key (the syncer ignores any other)."""
+    store.put_json(key, signing.sign_doc(doc, signing.for_run(SECRET, syncer.run_id), signing.LEARNER))
+
+
 @functools.cache
 def prepared(overrides: tuple[str, ...]) -> dict[str, bytes]:
     """The objects of a prepared signed run, prepared once per config (copied into each test's store)."""
@@ -58,7 +63,7 @@ def start(name: str, *overrides: str, cadences=(STEP_S, STEP_S, STEP_S)):
     mono, wall = Clock(50.0), Clock(store.get_json(keys.DATA_META)["prepared_at"] + 100.0)
     syncer = Syncer(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
     for lid, c in enumerate(cadences):
-        store.put_json(keys.report_key(lid, 0), report(lid, 1, wall(), wall_ema=c))
+        put_report(store, syncer, keys.report_key(lid, 0), report(lid, 1, wall(), wall_ema=c))
     syncer.step()  # reads the reports, opens round 0 (fragment 0)
     assert list(syncer.open) == [0]
     return store, syncer, mono, wall
@@ -194,11 +199,11 @@ def test_an_unusable_step_wall_ema_does_not_steer_pacing(bad, caplog):
     prepare(store, tiny_config("pace", "diloco.sync_every=32", "diloco.fragments=2", "diloco.overlap=2"))
     mono, wall = Clock(50.0), Clock(1_000_000.0)
     syncer = Syncer(store, clock=mono, wall=wall)
-    store.put_json(keys.report_key(0, 0), report(0, 1, wall()))
-    store.put_json(keys.report_key(1, 0), report(1, 1, wall(), wall_ema=bad))
+    put_report(store, syncer, keys.report_key(0, 0), report(0, 1, wall()))
+    put_report(store, syncer, keys.report_key(1, 0), report(1, 1, wall(), wall_ema=bad))
     with caplog.at_level(logging.WARNING, logger="ddiloco.syncer.roster"):
         syncer.roster.refresh()
-        store.put_json(keys.report_key(1, 0), report(1, 2, wall(), wall_ema=bad))
+        put_report(store, syncer, keys.report_key(1, 0), report(1, 2, wall(), wall_ema=bad))
         syncer.roster.refresh()
         syncer.roster.refresh()  # the same report read again: not counted again
     assert syncer.xi_step() == pytest.approx(STEP_S)

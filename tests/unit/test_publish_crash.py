@@ -152,7 +152,8 @@ def planted(kind: str) -> bytes:
     if kind == "foreign_run":
         return pack_global(RunSigner("other-run", KEY), 0, 1, good, "fp32", {"round": 0, "epoch": 0})
     if kind == "wrong_key":
-        return pack_global(RunSigner(RUN, b"k" * 32), 0, 1, good, "fp32", {"round": 0, "epoch": 0})
+        other = signing.for_run(b"k" * 32, RUN)
+        return pack_global(RunSigner(RUN, other), 0, 1, good, "fp32", {"round": 0, "epoch": 0})
     if kind == "wrong_fragment":
         return pack_global(SIGNER, 1, 1, good, "fp32", {"round": 0, "epoch": 0})
     return pack_global(SIGNER, 0, 1, {GAIN: torch.full((16,), float("nan"))}, "fp32", {"round": 0})
@@ -182,7 +183,8 @@ def test_an_unverifiable_object_at_the_next_version_key_is_quarantined_and_the_r
     assert aside.startswith(keys.quarantine_key(keys.global_key(0, 1), "e")) and store.get(aside) == blob
     save(files, frag, 2, epoch=1)
     state = store.get_json(keys.SYNCER_STATE)
-    store.put_json(keys.SYNCER_STATE, state | {"quarantined": dict(files.slots.quarantined)})
+    doc = state | {"quarantined": dict(files.slots.quarantined)}
+    store.put_json(keys.SYNCER_STATE, signing.sign_doc(doc, KEY, signing.SYNCER))
     state = SyncerFiles(RunRoot(store, RUN, KEY), LAYOUT)
     state.resume(RULE, 0.0, 2)
     assert sum(state.slots.quarantined.values()) == 1, "the count survives a restart"

@@ -80,7 +80,7 @@ def test_sft_signs_the_model_it_writes_with_the_run_key(root):
     run_sft(root, SFT)
     blob = root.store.get(keys.SFT_MODEL)
     payload = wire.unpack(blob, expect={"run_id": "run", "kind": "sft"}, key=root.key)
-    assert payload.meta[signing.KEY_ID_FIELD] == signing.key_id(root.key)
+    assert payload.meta[signing.KEY_ID_FIELD] == signing.key_id(root.key.public)
     with pytest.raises(wire.PayloadError, match="bad_signature"):
         wire.unpack(blob, key=signing.for_run(OTHER, "run"))
     assert evaluate_checkpoint(root, "sft", ecfg=EVAL)["kind"] == "sft"

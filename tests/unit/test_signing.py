@@ -13,6 +13,7 @@ from ddiloco.protocol import signing, wire
 
 MASTER = bytes(range(32))
 KEY = signing.for_run(MASTER, "run-a")
+UPDATE = {"kind": "update"}
 
 
 def _payload(key=KEY, **meta):
@@ -61,8 +62,8 @@ def test_every_run_signs_with_its_own_key():
 
 def test_signed_payload_round_trips_and_a_reader_without_key_still_reads_it():
     blob = _payload()
-    p = wire.unpack(blob, expect={"run_id": "run-a"}, key=KEY)
-    assert p.meta["key_id"] == signing.key_id(KEY) and len(p.meta["mac"]) == 64
+    p = wire.unpack(blob, expect={"run_id": "run-a", "kind": "update"}, key=KEY)
+    assert p.meta["key_id"] == signing.key_id(KEY.learner) and len(p.meta["mac"]) == 64
     assert torch.equal(p.tensors["w/data"], torch.arange(6, dtype=torch.float32))
     assert wire.unpack(blob).meta["round"] == 3
 
@@ -91,7 +92,7 @@ def test_signed_payload_round_trips_and_a_reader_without_key_still_reads_it():
 )
 def test_a_key_holder_refuses_unsigned_and_wrongly_signed_payloads(blob, reason, message):
     with pytest.raises(wire.PayloadError, match=message) as e:
-        wire.unpack(blob, key=KEY)
+        wire.unpack(blob, expect=UPDATE, key=KEY)
     assert e.value.reason == reason
 
 
@@ -100,7 +101,7 @@ def test_tensor_table_is_covered_as_well_as_the_bytes():
         header["w/data"]["shape"] = [2, 3]
 
     with pytest.raises(wire.PayloadError) as e:
-        wire.unpack(_rewrite_header(_payload(), swap), key=KEY)
+        wire.unpack(_rewrite_header(_payload(), swap), expect=UPDATE, key=KEY)
     assert e.value.reason == "checksum"
 
 
@@ -110,7 +111,9 @@ def test_whitespace_in_the_header_does_not_change_what_is_signed():
     header = json.dumps(json.loads(blob[8 : 8 + hlen]), indent=1).encode()
     header += b" " * (-len(header) % 8)
     rewritten = struct.pack("<Q", len(header)) + header + blob[8 + hlen :]
-    assert wire.unpack(rewritten, key=KEY).meta == wire.unpack(blob, key=KEY).meta
+    assert (
+        wire.unpack(rewritten, expect=UPDATE, key=KEY).meta == wire.unpack(blob, expect=UPDATE, key=KEY).meta
+    )
 
 
 def test_foreign_run_is_reported_before_the_signature():
@@ -127,3 +130,64 @@ def test_unsigned_mode_warns_once_per_role(caplog):
         signing.warn_unsigned("test-role")
         signing.warn_unsigned("test-role")
     assert sum("DDILOCO_RUN_KEY is not set" in r.message for r in caplog.records) == 1
+
+
+# --- keys per role (issue 49): a learner's keys sign answers, only the syncer's sign what learners act on ---
+LEARNER = signing.for_run(signing.key_from_env(signing.learner_env(MASTER)), "run-a")
+
+
+def _global(key):
+    return wire.pack({"w": torch.ones(3)}, {"run_id": "run-a", "kind": "global", "fragment_id": 0}, key=key)
+
+
+def test_a_learner_holds_a_share_that_cannot_sign_as_the_syncer():
+    env = signing.learner_env(MASTER)
+    assert MASTER.hex() not in env.values() and set(env) == {"DDILOCO_LEARNER_KEY", "DDILOCO_SYNCER_PUBKEY"}
+    assert LEARNER.seed is None and LEARNER.learner == KEY.learner and LEARNER.public == KEY.public
+    with pytest.raises(ValueError, match="only the syncer's key can"):
+        _global(LEARNER)
+    assert wire.unpack(_global(KEY), expect={"kind": "global"}, key=LEARNER).meta["fragment_id"] == 0
+    # the same answer signed by a learner verifies for the syncer
+    assert wire.unpack(_payload(key=LEARNER), expect=UPDATE, key=KEY).meta["round"] == 3
+
+
+def test_a_global_version_a_learner_signed_is_refused_by_every_reader():
+    """A learner pod can compute an HMAC with its key over any header; relabelled as a global version (or
+    read where no kind is named), it must not verify: only an Ed25519 signature of the syncer does."""
+    forged = wire.pack(
+        {"w": torch.ones(3)}, {"run_id": "run-a", "kind": "global", "fragment_id": 0}, key=None
+    )
+    forged = _rewrite_header(
+        forged,
+        lambda h, m: m.update(key_id=signing.key_id(KEY.learner), mac=signing._mac(KEY.learner, b"", b"")),
+    )
+    for reader in (KEY, LEARNER):
+        with pytest.raises(wire.PayloadError) as e:
+            wire.unpack(forged, expect={"kind": "global"}, key=reader)
+        assert e.value.reason == "bad_signature" and "learner's key" in str(e.value)
+    with pytest.raises(wire.PayloadError, match="learner's key"):  # an update read where no kind is named
+        wire.unpack(_payload(key=LEARNER), key=KEY)
+
+
+def test_documents_are_signed_per_role_and_bound_to_the_run():
+    status = {"run_id": "run-a", "done": True, "loss": float("nan")}
+    signed = signing.sign_doc(status, KEY, signing.SYNCER)
+    assert signing.check_doc(json.loads(json.dumps(signed)), LEARNER, signing.SYNCER) is None
+    assert signing.check_doc(status, LEARNER, signing.SYNCER).startswith("unsigned")
+    by_learner = signing.sign_doc(status, LEARNER, signing.LEARNER)
+    assert signing.check_doc(by_learner, KEY, signing.LEARNER) is None
+    assert signing.check_doc(by_learner, LEARNER, signing.SYNCER).startswith("bad_signature")
+    altered = {**signed, "done": False}
+    assert "altered" in signing.check_doc(altered, LEARNER, signing.SYNCER)
+    other_run = signing.for_run(MASTER, "run-b")  # the syncer's key is one per master: the run id is bound
+    assert signing.check_doc(signing.sign_doc(status, other_run, signing.SYNCER), LEARNER, signing.SYNCER)
+    with pytest.raises(ValueError, match="only the syncer's key can"):
+        signing.sign_doc(status, LEARNER, signing.SYNCER)
+
+
+def test_a_learner_share_is_both_variables_or_a_one_line_error():
+    env = signing.learner_env(MASTER)
+    with pytest.raises(ConfigError, match="DDILOCO_SYNCER_PUBKEY is not set"):
+        signing.key_from_env({"DDILOCO_LEARNER_KEY": env["DDILOCO_LEARNER_KEY"]})
+    with pytest.raises(ConfigError, match="an Ed25519 key 32"):
+        signing.key_from_env({**env, "DDILOCO_SYNCER_PUBKEY": "ab" * 20})

@@ -27,7 +27,7 @@ def _valid() -> tuple[bytes, wire.Payload]:
         "c": torch.ones(2, 3, dtype=torch.bfloat16),
     }
     blob = wire.pack(tensors, {"run_id": "fuzz", "kind": "update", "c_steps": 3, "x": 1.5}, key=KEY)
-    return blob, wire.unpack(blob, key=KEY)
+    return blob, wire.unpack(blob, expect={"kind": "update"}, key=KEY)
 
 
 VALID, DECODED = _valid()
@@ -35,7 +35,7 @@ VALID, DECODED = _valid()
 
 def _decode_or_payload_error(blob: bytes, key: bytes | None = KEY) -> wire.Payload | None:
     try:
-        return wire.unpack(blob, expect={"run_id": "fuzz"}, key=key)
+        return wire.unpack(blob, expect={"run_id": "fuzz", "kind": "update"}, key=key)
     except wire.PayloadError as e:
         assert e.reason in {
             "truncated", "malformed", "wrong_dtype", "checksum", "foreign_run", "unsigned", "bad_signature",
