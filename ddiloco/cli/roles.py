@@ -148,6 +148,7 @@ def cmd_syncer(args: argparse.Namespace) -> int:
 def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: bytes | None) -> int:
     """Stand by until `lease` is ours, resume and run the syncer; 0 when the run is done (also when it got
     done while standing by), `FENCED_EXIT` when another syncer took the lease over."""
+    from ddiloco.run import RunRoot
     from ddiloco.syncer.loop import Syncer, run_until_done, syncer_threads
 
     done_root = RunRoot.keyed(store, lease.run_id, secret, role="syncer")

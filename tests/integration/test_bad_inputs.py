@@ -231,7 +231,8 @@ def test_injected_objects_are_counted_by_reason_and_change_nothing(reference):
         7: lambda r, s: [
             ("100-0000.safetensors", fake_update(r, s, 100, c_steps=10**6, c_tokens=128, inner_step=10**6), "future_steps"),
             ("101-0000.safetensors", fake_update(r, s, 101, base_version=r.syncer.versions[1] + 5), "bad_base"),
-            ("102-0000.safetensors", fake_update(r, s, 102, kind="global"), "mismatch"),
+            # a kind the syncer signs, found where learners' answers go: judged by a learner's signature
+            ("102-0000.safetensors", fake_update(r, s, 102, kind="global"), "bad_signature"),
             ("103-0000.safetensors", fake_update(r, s, 103, base_version=1), "pruned_base"),
         ],
     }  # fmt: skip
@@ -299,7 +300,7 @@ def copies_of_learner0(scale: float, rounds: tuple[int, ...]) -> Hook:
             key = keys.update_key(s % r.syncer.P, s, 0, 0)
             name = f"{90 + s:03d}-0000.safetensors"
             if r.store.exists(key) and not r.store.exists(keys.update_prefix(s % r.syncer.P, s) + name):
-                src = wire.unpack(r.store.get(key), key=r.key)
+                src = wire.unpack(r.store.get(key), expect={"kind": "update"}, key=r.key)
                 tensors = {n: scale * t for n, t in src.tensors.items()}
                 put(r, s, name, wire.pack(tensors, {**src.meta, "learner_id": 90 + s}, key=r.key))
 
@@ -490,7 +491,8 @@ def test_a_learner_skips_a_global_version_that_fails_verification_and_keeps_trai
         else empty_status(run_id=r.name).to_json()
     )
     _forge_global(r, 0, 1)
-    r.store.put_json(keys.STATUS, {**status, "versions": {"0": 1, "1": 0}, "open_rounds": [], "merged": []})
+    forged_status = {**status, "versions": {"0": 1, "1": 0}, "open_rounds": [], "merged": []}
+    r.store.put_json(keys.STATUS, signing.sign_doc(forged_status, r.key, signing.SYNCER))
     steps = learner.inner_step
     before = {n: t.clone() for n, t in learner.params.items()}
     for _ in range(3):
