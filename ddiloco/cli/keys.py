@@ -24,9 +24,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
             raise ConfigError(f"set {signing.ENV_VAR} to the run's master key, or pass --key-file")
     env = signing.learner_env(master)
     secret = {"learner": env[signing.LEARNER_KEY_VAR], "syncer_pub": env[signing.SYNCER_PUBKEY_VAR]}
-    line = (
-        "kubectl create secret generic ddiloco-learner-key "
-        + " ".join(f"--from-literal={k}=$(ddiloco keys | jq -r .secret.{k})" for k in secret)
+    line = "kubectl create secret generic ddiloco-learner-key " + " ".join(
+        f"--from-literal={k}=$(ddiloco keys | jq -r .secret.{k})" for k in secret
     )
     return emit({"secret": secret, "env": env}, line)
 

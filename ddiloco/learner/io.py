@@ -209,14 +209,21 @@ class StatusPoller(threading.Thread):
         """round -> monotonic time of the first fetched status that listed it open (replaced, not mutated,
         so the loop's thread reads a consistent dict)."""
         self.errors = 0
+        self.refused = 0
+        """Statuses read that the syncer did not sign (ignored; the last signed one is kept)."""
 
     def poll_once(self) -> None:
         """Fetch the status; one that does not read as a `Status` is a StoreError (the last one is kept)."""
         doc = self.store.get_json_or_none(keys.STATUS)
         if doc is not None:
             problem = signing.check_doc(doc, self.keys, signing.SYNCER)
-            if problem is not None:
-                raise StoreError(f"status not signed by the syncer ({problem}); ignored")
+            if problem is not None:  # a forgery (or a status of a syncer without the key): never acted on
+                self.refused += 1
+                if self.refused == 1 or self.refused % 100 == 0:
+                    log.warning(
+                        "ignoring a status the syncer did not sign (%s; %d so far)", problem, self.refused
+                    )
+                return
             try:
                 status = Status.from_json(doc)
             except ValueError as e:

@@ -158,6 +158,7 @@ class Syncer:
         self.opened_clock: dict[int, float] = {}
         """Fragment -> the syncer's clock when its last round opened (`diloco.sync_from: open`)."""
         self._next_refresh = 0.0
+        self._status_due = -math.inf
         self.closing: Closing | None = None
         """Set once the budget is reached or the deadline passed: the run's last rounds (`ddiloco.syncer.drain`)."""
         self.roster = Roster(
@@ -221,6 +222,9 @@ class Syncer:
         return [OpenRound(r.round, r.fragment_id, r.opened_wall) for r in self.open.values()]
 
     def publish_status(self, done: bool = False) -> None:
+        """Write the signed status; it is written again at least every heartbeat, so one a learner pod
+        overwrote (which learners ignore: `signing.check_doc`) is replaced within a heartbeat."""
+        self._status_due = self.clock() + self.cfg.train.heartbeat_every_s
         b = self.books
         status = Status(
             run_id=self.run_id,
@@ -370,6 +374,8 @@ class Syncer:
             measured = self.roster.measured_step() is not None
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)
         self.commit_published()
+        if now >= self._status_due:
+            self.publish_status()
         if self.closing is None and (reason := finished_by(self)):
             Closing.begin(self, reason, now)  # sets self.closing
         if self.closing is None:
