@@ -114,16 +114,25 @@ class VersionSlots:
             f"(epoch {found.epoch}, round {found.round}; this is epoch {epoch}, round {record.round})"
         )
 
-    def move_aside(self, p: int, version: int, why: wire.PayloadError, epoch: int | None) -> None:
-        """Count, log and copy the unverifiable object at p's version key aside, then delete it."""
+    def move_aside(
+        self,
+        p: int,
+        version: int,
+        why: wire.PayloadError,
+        epoch: int | None,
+        then: str = "publishing that version anyway",
+    ) -> None:
+        """Count, log and copy the unverifiable object at p's version key aside, then delete it; `then`:
+        what the syncer does next (logged)."""
         self.quarantined[why.reason] += 1
         key = keys.global_key(p, version)
         aside = keys.quarantine_key(key, f"e{epoch or 0}-{secrets.token_hex(4)}")
         log.error(
-            "syncer: the object at %s does not verify (%s); moving it to %s, publishing that version anyway",
+            "syncer: the object at %s does not verify (%s); moving it to %s, %s",
             key,
             why,
             aside,
+            then,
         )
         try:
             self.store.put(aside, self.store.get(key, max_bytes=self.layout.fragment_max_bytes(p)))

@@ -410,7 +410,12 @@ def _values_to_publish(
     download codec, L_{v−1} is read back into `loan`'s memory and L_v is computed there."""
     if files.download_codec == "none":  # Θ_p rounded to the dtype: packing converts it (no copy for fp32)
         return proposal.theta, None, None
-    held = files.read_global(p, version - 1, lend=loan)  # L_{v−1}, in pooled memory we may overwrite
+    try:
+        held = files.read_global(p, version - 1, lend=loan)  # L_{v−1}, in pooled memory we may overwrite
+    except (wire.PayloadError, NotFound) as e:  # overwritten or corrupted since it was published
+        why = e if isinstance(e, wire.PayloadError) else wire.PayloadError("missing", str(e))
+        files.slots.move_aside(p, version - 1, why, None, then=f"publishing version {version} in full")
+        return proposal.theta, None, None  # no delta: learners read v whole, and the next delta reads v back
     base_digest = files.digest_of(p, version - 1, held)
     scratch = SYNCER_POOL.take(sum(t.numel() for t in proposal.theta.values()))
     try:

@@ -118,3 +118,23 @@ def test_a_learner_share_cannot_run_a_role_that_signs_as_the_syncer(tmp_path):
     r_share = signing.key_from_env(signing.learner_env(SECRET))
     with pytest.raises(ConfigError, match="needs DDILOCO_RUN_KEY"):
         RunRoot.keyed(None, "x", r_share, role="syncer")  # type: ignore[arg-type]
+
+
+def test_a_current_global_version_that_no_longer_verifies_is_republished_and_the_run_finishes(clean):
+    """The newest version of a fragment, overwritten or corrupted in transit (big S3 bodies go up with an
+    unsigned payload), used to make the syncer crash-loop: its read-back error escaped the retry loop."""
+    hit: list[int] = []
+
+    def before(r: Run, s: int) -> None:
+        if s in (5, 9):
+            p = s % r.syncer.P
+            key = keys.global_key(p, r.syncer.versions[p])
+            blob = bytearray(r.store.get(key))
+            blob[-3] ^= 0xFF  # one flipped byte of the data region: `checksum`
+            r.store.put(key, bytes(blob))
+            hit.append(p)
+
+    live = run("keys-corrupt", before=before)
+    assert len(hit) == 2
+    assert build_summary(live.store)["ledger_balanced"]
+    assert rel_distance(live.final, clean.final, initial(live)) < 0.5
