@@ -1,54 +1,34 @@
-"""What an update may claim: its counters bounded by the run's config and the syncer's clocks. Pure functions.
+"""What an update may claim: its counters bounded by evidence the syncer holds, not by what other learners
+claim. Pure functions and one small book (`Coverage`).
 
-An update's signed header claims `c_steps`, `c_tokens` and `c_seconds` since its base version. Every learner
-pod holds the run key, so a signature proves only that the claim comes from a learner of the run, not that
-it is true; and the claims decide both the answer's merge weight (c_tokens²/c_steps = c_steps × tokens per
-step², `ddiloco.merge.token_weight`) and the tokens the syncer credits towards the budget. The bounds:
+An update's signed header claims `c_steps`, `c_tokens` and `c_seconds` since its base version, and the
+incarnation's `inner_step`. A learner's key proves only that a learner of the run sent it (every learner
+pod holds that key), so the claims are bounded by what the syncer can check:
 
-- Tokens per step are exact (`bad_counters`): a learner step covers batch_for(learner) × seq_len tokens on
-  each of its data-parallel ranks (`Learner._count_step` counts x.numel() × world size, and the loader
-  always yields full batches), so c_tokens = c_steps × batch × seq_len × w with 1 ≤ w ≤ train.ranks.
-- Steps since the base (`future_steps`): a learner counts steps from when it applied its base version,
-  which it cannot have done before the version existed. The base time is when the syncer published it
-  (its own wall clock, `GlobalFragment.published_at`); for the newest version of a fragment an earlier
-  syncer published, the merge time its round record holds (`UpdateValidator.learn_base_times`); for any
-  other (version 0, older versions after a restart) the run's start (`prepared_at` of the data meta: taken
-  after version 0 was written, and learners start only once it exists). A time taken on another host's
-  clock is moved `CLOCK_SKEW_S` earlier. With the allowed age = (now − base time) × (1 +
-  `TIME_SLACK_FRACTION`) + `TIME_SLACK_S` (the same bound `validation.StepClock` puts on `c_seconds`), an
-  answer may claim at most age / floor steps, the floor of one step being the largest of
-  `MIN_STEP_SECONDS`; the model's FLOPs (6 × parameters × tokens per step) at `PEAK_FLOPS_PER_RANK` per
-  rank; and the fleet's median wall seconds per step (`Roster.measured_step`, from the live learners'
-  reports) divided by `FLEET_SPEEDUP`. The median is robust to a minority of lying reports.
-- Steps against the learner's own cadence (`future_steps`): a claim more than `OWN_SPEEDUP` times faster
-  than the fastest cadence its own incarnation reported (c_steps × cadence > OWN_SPEEDUP × allowed age) is
-  rejected. The fastest reported value, not the newest, so a learner that slowed down is not caught out by
-  its EMA; a learner that sped up more than 3× since it last reported is the one honest case it can reject.
-- The share cap (no rejection): an answer's merge weight is capped at what `SHARE_SPEEDUP` median
-  learners at the run's largest batch could have earned on the base: max_tokens = SHARE_SPEEDUP ×
-  max(H, age / median cadence) × max tokens per step, and weight ≤ max_tokens × its own tokens per step
-  (H = `diloco.sync_every`: a round opens about H median steps after its fragment's last version, and until
-  the fleet reported a cadence H is all there is). An honest learner makes at most age / its own cadence
-  steps, so the cap only touches one that made more than 2H steps at more than `SHARE_SPEEDUP`× the
-  median's token rate over the base's whole age; it keeps its credit and only its say in the direction is
-  capped (token weighting off: every weight is 1, no cap). A liar inside the step bounds weighs at most as
-  much as `SHARE_SPEEDUP` median learners.
+- Tokens per step are exact (`bad_counters`): batch_for(learner) × seq_len on 1..train.ranks ranks.
+- Steps not before the learner existed (`future_steps`, `steps`): an answer's steps fit in the time since
+  the later of its base's publication and the first time this syncer heard of the incarnation
+  (`first_heard`, its first report; a new incarnation counts from its join), on the syncer's steady clock
+  (monotonic: a step of the host's wall clock moves no bound), at no less than the model's FLOPs floor a
+  step, and no faster than `OWN_SPEEDUP` × the fastest cadence the incarnation itself reported. No bound
+  refers to other learners: a learner 10× faster than the rest (a bigger device, a smaller batch) is
+  merged at its own token weight.
+- Each step credited once per fragment (`overlap`, `Coverage`): an answer covers the incarnation's inner
+  steps (inner_step − c_steps, inner_step]; for one fragment, a covered range must not reach below the end
+  of a range already merged, nor may one incarnation have two answers in open rounds of a fragment. An
+  honest learner never does either (after a merge it applies the new version and counts afresh, and it
+  does not answer a fragment with an answer in flight), so answering every round on an old base, or again
+  on the same base, gets no step credited twice.
 
-Why these factors: `FLEET_SPEEDUP` = 8 covers mixed hardware and batch sizes in one run (a learner stepping
-8× the median's rate over the whole life of its base); beyond it a claim is implausible and rejected.
-`OWN_SPEEDUP` = 3 leaves room for a learner's EMA to lag a real speed-up. `SHARE_SPEEDUP` = 2 keeps a liar
-to 2/(2 + M − 1) of a round's weight against M − 1 honest median answers.
-
-What stays open: a liar inside the bounds is still credited what it claims (up to `FLEET_SPEEDUP`× an
-honest answer's tokens: the learner's books credit the whole answer, so the syncer cannot credit part of
-it and keep the ledger balanced); before any learner reported a cadence only the 10 µs floor bounds steps
-(against the base's age); after a syncer restart, bases older than their fragment's newest version are
-bounded from the run's start.
+What stays open (docs/operations.md, the threat model): a learner that lies consistently, claiming a
+faster device than it has from its first report on, is credited what a learner that fast would be: its
+claims are its evidence. Its weight is its claimed tokens' share; the robust merge bounds its direction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ddiloco.protocol.update import UpdateHeader
@@ -61,19 +41,22 @@ cluster keep NTP time, well within it). An honest answer refused for a larger sk
 stay outstanding, and the 5% slack admits the next answer once the base is 20 × the excess old."""
 PEAK_FLOPS_PER_RANK = 1e16
 """FLOP/s no single accelerator reaches (about 4× a B200's dense bf16 peak): the config's physical floor."""
-FLEET_SPEEDUP = 8.0
 OWN_SPEEDUP = 3.0
-SHARE_SPEEDUP = 2.0
+"""A claim may be this many times faster than the fastest cadence the incarnation reported (room for its
+EMA to lag a real speed-up)."""
+HEARD_SLACK_S = 10.0
+"""How much earlier than the syncer first read an incarnation's report it may have joined (reports are
+read every half second; one is written at the join, before any answer)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Pace:
     """The learners' cadences as the syncer last read them (a snapshot, shared with reader threads):
-    `fleet`: median wall seconds per step of the live learners (None until one reported); `own`:
-    contributor -> the fastest cadence that incarnation reported."""
+    `own`: contributor -> the fastest cadence that incarnation reported; `heard`: contributor -> the syncer's
+    steady time when it first read a report of that incarnation."""
 
-    fleet: float | None = None
     own: Mapping[str, float] = field(default_factory=dict)
+    heard: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,16 +105,14 @@ def allowed_age(now: float, base_time: float) -> float:
 
 
 def steps(header: UpdateHeader, *, age: float, tps: int, limits: Limits, pace: Pace, who: str) -> None:
-    """`c_steps` fit in `age` allowed seconds on the base (`future_steps` otherwise); `who`: its sender."""
+    """`c_steps` fit in `age` allowed seconds (`future_steps` otherwise); `who`: its sender."""
     n, base = header.c_steps, header.base_version
     floor = max(MIN_STEP_SECONDS, limits.flops_floor(tps))
-    if pace.fleet is not None:
-        floor = max(floor, pace.fleet / FLEET_SPEEDUP)
     if n * floor > age:
         raise PayloadError(
             "future_steps",
             f"{n} steps on base version {base} in {age:.1f}s allowed: at most {age / floor:.0f} at "
-            f"{floor * 1e3:.3g} ms a step (the fleet's median / {FLEET_SPEEDUP:g}, or the model's FLOPs)",
+            f"{floor * 1e3:.3g} ms a step (the model's FLOPs at the fastest device there is)",
         )
     own = pace.own.get(who)
     if own is not None and n * own > OWN_SPEEDUP * age:
@@ -142,10 +123,51 @@ def steps(header: UpdateHeader, *, age: float, tps: int, limits: Limits, pace: P
         )
 
 
-def max_weight(*, age: float, tps: int, limits: Limits, pace: Pace) -> float:
-    """The share cap on a token weight (module docstring): SHARE_SPEEDUP × the steps of a median learner
-    (H, or as many as it makes in `age` when more) at the largest batch, × this answer's tokens per step."""
-    steps = float(limits.sync_every)
-    if pace.fleet is not None and pace.fleet > 0:
-        steps = max(steps, age / pace.fleet)
-    return SHARE_SPEEDUP * steps * limits.max_tokens_per_step * tps
+def since(base_time: float, who: str, pace: Pace, now: float) -> float:
+    """When the answer's steps can have begun at the earliest: its base's time, or when the syncer first
+    heard of the incarnation (less `HEARD_SLACK_S`) if later; an incarnation never heard of: now."""
+    heard = pace.heard.get(who, now)
+    return max(base_time, heard - HEARD_SLACK_S)
+
+
+class Coverage:
+    """Which inner steps of each incarnation were merged, per fragment, and its answers in open rounds
+    (module docstring). In memory: after a syncer restart it starts afresh (the merged answers' learners
+    apply the new versions and count afresh, so an honest learner is never caught by the reset)."""
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self.capacity = capacity
+        self.merged: OrderedDict[tuple[str, int], int] = OrderedDict()
+        """(contributor, fragment) -> the end of the last merged range (an inner step)."""
+        self.pending: dict[tuple[str, int], tuple[int, int]] = {}
+        """(contributor, fragment) -> (round, end of its range) of its answer in an open round."""
+
+    def check(self, who: str, header: UpdateHeader) -> None:
+        p, start = header.fragment_id, header.inner_step - header.c_steps
+        end = self.merged.get((who, p))
+        if end is not None and start < end:
+            raise PayloadError(
+                "overlap",
+                f"steps {start}..{header.inner_step} of fragment {p} reach below step {end}, where its "
+                "last merged answer ended (each step is credited once)",
+            )
+        held = self.pending.get((who, p))
+        if held is not None and held[0] != header.round:
+            raise PayloadError(
+                "overlap", f"it has an answer in round {held[0]} of fragment {p} still open (one at a time)"
+            )
+
+    def accepted(self, who: str, header: UpdateHeader) -> None:
+        self.pending[(who, header.fragment_id)] = (header.round, header.inner_step)
+
+    def closed(self, round_: int, p: int, merged: Iterable[str]) -> None:
+        """Round `round_` of fragment p closed; `merged`: the contributors it merged (none if abandoned)."""
+        for who in merged:
+            held = self.pending.get((who, p))
+            if held is not None and held[0] == round_:
+                self.merged[(who, p)] = max(self.merged.get((who, p), 0), held[1])
+                self.merged.move_to_end((who, p))
+        for key in [k for k, (r, _) in self.pending.items() if r == round_ and k[1] == p]:
+            del self.pending[key]
+        while len(self.merged) > self.capacity:
+            self.merged.popitem(last=False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from ddiloco import failpoints, keys
@@ -65,7 +66,8 @@ def commit_published(syncer: Any, done: InFlight) -> None:
         log.warning("syncer: round %d: outer gradient of %s clipped by %.3g (robust mode)", rnd.round, c, f)
         syncer.books.clipped["norm_outlier"] += 1
         syncer.metrics.clipped.labels(reason="norm_outlier").inc()
-    close_round(syncer, rnd, merged=True)
+    close_round(syncer, rnd, merged=True, contributors=record.contributors.keys())
+    syncer.roster.proven.update(int(c.split("-")[0]) for c in record.contributors)
     alpha = syncer.ema_alpha
     syncer.books.xi_sync = ema(syncer.books.xi_sync, syncer.clock() - pending.began, alpha)
     if (link := link_time(rnd.answers.values())) is not None:
@@ -95,10 +97,12 @@ def commit_published(syncer: Any, done: InFlight) -> None:
     )
 
 
-def close_round(syncer: Any, rnd: Round, merged: bool = False) -> None:
+def close_round(syncer: Any, rnd: Round, merged: bool = False, contributors: Iterable[str] = ()) -> None:
     """Take `rnd` out of the open rounds and give its sums back. One that did not merge (abandoned, or open
     when the run finishes) leaves no round record (one there is what a publish that died left: a learner
-    would read it as a merge) and no updates; a merged round's updates are the cleaner's."""
+    would read it as a merge) and no updates; a merged round's updates are the cleaner's. `contributors`:
+    the answers it merged (their steps are credited: `claims.Coverage`)."""
+    syncer.intake.validator.coverage.closed(rnd.round, rnd.fragment_id, contributors)
     if not merged:
         syncer.store.delete(keys.round_record_key(rnd.round))
         syncer.store.delete_prefix(keys.update_prefix(rnd.fragment_id, rnd.round))

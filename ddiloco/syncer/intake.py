@@ -118,6 +118,8 @@ class UpdateValidator:
         self.pace = claims.Pace()
         """The learners' cadences, replaced by the syncer after each roster refresh (`Roster.pace`)."""
         self.step_clock = validation.StepClock()
+        self.coverage = claims.Coverage()
+        """The inner steps merged per incarnation and fragment (`claims.Coverage`; checked by `Intake`)."""
 
     def base_time(self, frag: GlobalFragment, version: int) -> float:
         """When version `version` of `frag` became available at the earliest, on this syncer's clock: its
@@ -177,10 +179,10 @@ class UpdateValidator:
                     "pruned_base",
                     f"base version {base} is older than the versions kept (latest {frag.version})",
                 )
-            now, base_time = self.wall(), self.base_time(frag, base)
+            now, base_time, pace = self.wall(), self.base_time(frag, base), self.pace
             self.step_clock.check(contributor, header, base_time, now)
             tps = claims.tokens_per_step(header, self.limits)
-            age, pace = claims.allowed_age(now, base_time), self.pace
+            age = claims.allowed_age(now, claims.since(base_time, contributor, pace, now))
             claims.steps(header, age=age, tps=tps, limits=self.limits, pace=pace, who=contributor)
             names = self.layout.fragments[rnd.fragment_id].names
             encoded = validation.check_delta(
@@ -190,12 +192,7 @@ class UpdateValidator:
             e.sender = named  # type: ignore[attr-defined]
             raise
         self.step_clock.record(contributor, header)
-        cap = (
-            claims.max_weight(age=age, tps=tps, limits=self.limits, pace=pace)
-            if self.token_weighting
-            else None
-        )
-        return Answer(contributor, header, None, encoded=encoded, max_weight=cap)
+        return Answer(contributor, header, None, encoded=encoded)
 
     def decode(
         self, rnd: Round, blob: bytes, out: Mapping[str, torch.Tensor] | None = None
@@ -334,8 +331,14 @@ class Intake:
             assert read.answer is not None
             ans = read.answer
             ans.key, ans.digest = key, read.digest
+            try:  # here, in listing order on one thread: two answers read at once cannot both pass
+                self.validator.coverage.check(ans.contributor, ans.header)
+            except wire.PayloadError as e:
+                e.sender = keys.parse_update_name(name)  # type: ignore[attr-defined]
+                raise
             if self.accept is not None:
                 self._accept(rnd, ans)
+            self.validator.coverage.accepted(ans.contributor, ans.header)
         except wire.PayloadError as e:
             self._reject(rnd, key, name, e)
             rnd.retry[name] = (now + REREAD_REJECTED_S, read.digest)

@@ -55,6 +55,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -129,6 +130,10 @@ class Syncer:
         `step` (in-process use). `publish_beside`: publishes run beside the loop (False: each merge waits for
         its publish, so an in-process run driven pass by pass is deterministic)."""
         self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
+        wall0, clock0 = wall(), clock()
+        self.steady_of: Callable[[float], float] = lambda t: wall0 + (t - clock0)
+        """The syncer's clock as a wall time that never steps (the claim bounds' clock: a step of the host's
+        wall clock moves no bound)."""
         self.cfg = cfg = RunRoot.read_config(store)
         self.run_id, d = cfg.run_id, cfg.diloco
         self.lease = lease if lease is not None else Lease.seized(store, self.run_id, cfg.lease)
@@ -176,7 +181,7 @@ class Syncer:
         self.deadline = None if d.deadline_s is None else (run_start or wall()) + d.deadline_s
         kw = {
             "signer": self.root.signer,
-            "wall": wall,
+            "wall": lambda: self.steady_of(clock()),
             "retained": self.retention.keeps,
             "run_start": run_start,
         }
@@ -339,7 +344,7 @@ class Syncer:
                 rnd.sums = None
             record = proposal.record(rnd, now=now, merged_at=self.wall())
             record.epoch = self.lease.epoch
-            published_at = self.wall()  # before the write: no learner can hold this version any earlier
+            published_at = self.steady_of(self.clock())  # before the write: no learner holds it earlier
             self.unpublished[rnd.round] = Pending(proposal, record, published_at, now, self.clock() - m0)
         if self.publisher.busy():
             return
@@ -369,7 +374,7 @@ class Syncer:
         now = self.clock()
         if now >= self._next_refresh:
             self.roster.refresh()
-            self.intake.validator.pace = self.roster.pace()  # a snapshot the intake's readers may share
+            self.intake.validator.pace = self.roster.pace(self.steady_of)  # a snapshot readers may share
             # Until a learner reported its cadence no round opens (`rounds.OpenRule`): look again soon.
             measured = self.roster.measured_step() is not None
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)

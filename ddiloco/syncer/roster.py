@@ -65,6 +65,10 @@ class Roster:
         self._warned: set[tuple[str, str]] = set()
         self._counted: dict[str, Any] = {}  # contributor -> seq of the report last counted
         self._fastest: dict[str, float] = {}
+        self._first_heard: dict[str, float] = {}
+        self.proven: set[int] = set()
+        """Learner ids with a merged answer: once there are any, pacing reads only their cadences (a learner
+        pod can sign reports for ids that never answer; they cannot move the median)."""
 
     def state_dict(self) -> dict[str, Any]:
         """The learners' joins and losses so far (`ddiloco.stateful.Stateful`)."""
@@ -129,6 +133,7 @@ class Roster:
                 log.warning("syncer: ignoring %s of learner %s's report: not a usable number", field, who)
         if (t := checked.cadence) is not None:
             self._fastest[who] = min(t, self._fastest.get(who, t))
+        self._first_heard.setdefault(who, self.clock())
         return checked
 
     def _read_past(self, key: str, lid: int) -> None:
@@ -151,15 +156,20 @@ class Roster:
         return {keys.contributor(r.learner_id, r.incarnation) for r in self.live()}
 
     def measured_step(self) -> float | None:
-        """Median wall seconds per step of the live learners, loop overhead included (`chiptime.cadence`);
-        None until one reported its cadence."""
-        times = [t for r in self.live() if (t := r.cadence)]
+        """Median wall seconds per step of the live learners with a merged answer (of all live ones until
+        one has merged), loop overhead included (`chiptime.cadence`); None until one reported its cadence."""
+        live = self.live()
+        proven = [r for r in live if r.learner_id in self.proven]
+        times = [t for r in (proven or live) if (t := r.cadence)]
         return statistics.median(times) if times else None
 
-    def pace(self) -> Pace:
-        """The cadences the claim bounds use (`ddiloco.protocol.claims.Pace`), of the live incarnations."""
+    def pace(self, steady: Callable[[float], float] = lambda t: t) -> Pace:
+        """What the claim bounds read (`ddiloco.protocol.claims.Pace`) of the live incarnations: the fastest
+        cadence each reported, and when this syncer first heard of it (`steady`: the syncer's clock to the
+        steady wall time the bounds use)."""
         live = self.live_names()
-        return Pace(self.measured_step(), {c: t for c, t in self._fastest.items() if c in live})
+        own = {c: t for c, t in self._fastest.items() if c in live}
+        return Pace(own, {c: steady(t) for c, t in self._first_heard.items() if c in live})
 
     def mean_loss(self) -> float:
         """Mean loss EMA of the live learners; NaN when none reported one."""
