@@ -27,6 +27,7 @@ Design choices:
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import Counter
 from typing import Any
@@ -38,6 +39,8 @@ from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.protocol.messages import LearnerEvent, RoundRecord, SyncerState
 from ddiloco.shards import data_read
 from ddiloco.store.base import Store
+
+log = logging.getLogger(__name__)
 
 CLOSING_FIELDS = ("closing_rounds", "closing_rounds_merged", "closing_seconds", "closing_tokens_merged")
 """What the done marker says about the run's closing rounds (`ddiloco.syncer.drain`)."""
@@ -54,8 +57,17 @@ def read_round_records(store: Store) -> list[dict[str, Any]]:
 
 
 def learner_reports(store: Store) -> list[LearnerReport]:
-    """Every learner report, typed (a report that does not read is a ValueError naming the field)."""
-    return [LearnerReport.from_json(r) for r in read_reports(store)]
+    """Every learner report that reads, typed; one that does not (a learner pod can write any JSON under
+    its prefix) is left out with a warning naming it and the field, as the syncer leaves it out."""
+    out = []
+    for k in store.list(keys.LEARNERS):
+        if not keys.is_report_key(k):
+            continue
+        try:
+            out.append(LearnerReport.from_json(store.get_json(k)))
+        except ValueError as e:
+            log.warning("summary: leaving out learner report %s (%s)", k, e)
+    return out
 
 
 def round_records(store: Store) -> list[RoundRecord]:

@@ -130,10 +130,7 @@ class Syncer:
         `step` (in-process use). `publish_beside`: publishes run beside the loop (False: each merge waits for
         its publish, so an in-process run driven pass by pass is deterministic)."""
         self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
-        wall0, clock0 = wall(), clock()
-        self.steady_of: Callable[[float], float] = lambda t: wall0 + (t - clock0)
-        """The syncer's clock as a wall time that never steps (the claim bounds' clock: a step of the host's
-        wall clock moves no bound)."""
+        self.steady_of = steady(wall, clock)
         self.cfg = cfg = RunRoot.read_config(store)
         self.run_id, d = cfg.run_id, cfg.diloco
         self.lease = lease if lease is not None else Lease.seized(store, self.run_id, cfg.lease)
@@ -166,13 +163,8 @@ class Syncer:
         self._status_due = -math.inf
         self.closing: Closing | None = None
         """Set once the budget is reached or the deadline passed: the run's last rounds (`ddiloco.syncer.drain`)."""
-        self.roster = Roster(
-            store,
-            clock=clock,
-            wall=wall,
-            heartbeat_s=cfg.train.heartbeat_every_s,
-            keys_=self.root.key,
-        )
+        hb = cfg.train.heartbeat_every_s
+        self.roster = Roster(store, clock=clock, wall=wall, heartbeat_s=hb, keys_=self.root.key)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
@@ -227,8 +219,7 @@ class Syncer:
         return [OpenRound(r.round, r.fragment_id, r.opened_wall) for r in self.open.values()]
 
     def publish_status(self, done: bool = False) -> None:
-        """Write the signed status; it is written again at least every heartbeat, so one a learner pod
-        overwrote (which learners ignore: `signing.check_doc`) is replaced within a heartbeat."""
+        """Write the signed status (again each heartbeat: one a learner pod overwrote is soon replaced)."""
         self._status_due = self.clock() + self.cfg.train.heartbeat_every_s
         b = self.books
         status = Status(
@@ -417,6 +408,13 @@ class Syncer:
             self.books.rounds_merged,
             self.versions,
         )
+
+
+def steady(wall: Callable[[], float], clock: Callable[[], float]) -> Callable[[float], float]:
+    """The syncer's clock as a wall time that never steps (what the claim bounds measure ages with: a step
+    of the host's wall clock moves no bound)."""
+    wall0, clock0 = wall(), clock()
+    return lambda t: wall0 + (t - clock0)
 
 
 def finished_by(syncer: Syncer) -> str | None:

@@ -156,12 +156,16 @@ class Roster:
         return {keys.contributor(r.learner_id, r.incarnation) for r in self.live()}
 
     def measured_step(self) -> float | None:
-        """Median wall seconds per step of the live learners with a merged answer (of all live ones until
-        one has merged), loop overhead included (`chiptime.cadence`); None until one reported its cadence."""
+        """Median wall seconds per step of the live learners with a merged answer, loop overhead included
+        (`chiptime.cadence`); until one has merged, the fastest live learner's (rounds then open early
+        rather than late: reports of ids that never answer cannot hold the first merge back); None until
+        one reported its cadence."""
         live = self.live()
-        proven = [r for r in live if r.learner_id in self.proven]
-        times = [t for r in (proven or live) if (t := r.cadence)]
-        return statistics.median(times) if times else None
+        proven = [t for r in live if r.learner_id in self.proven and (t := r.cadence)]
+        if proven:
+            return statistics.median(proven)
+        times = [t for r in live if (t := r.cadence)]
+        return min(times) if times else None
 
     def pace(self, steady: Callable[[float], float] = lambda t: t) -> Pace:
         """What the claim bounds read (`ddiloco.protocol.claims.Pace`) of the live incarnations: the fastest
