@@ -27,6 +27,9 @@ Rejection reasons (counted by the syncer, in metrics, the status object and the 
                                                   moment): its staleness is past what the syncer accepts
   future_steps                                    more steps than the learner could have made (below,
                                                   and `ddiloco.protocol.claims`)
+  overlap                                         steps of a fragment already credited to the incarnation,
+                                                  or a second answer while one is in an open round
+                                                  (`ddiloco.protocol.claims.Coverage`)
   wrong_shape                                     tensor names or sizes do not match the fragment layout
   non_finite                                      NaN/Inf in the delta
 
@@ -34,7 +37,7 @@ Rejection reasons (counted by the syncer, in metrics, the status object and the 
 bounds on steps at the fleet's and the learner's own pace, and the share cap, are `ddiloco.protocol.claims`):
 - `c_steps ≤ inner_step`: steps since the anchor cannot exceed the incarnation's step counter;
 - `c_steps × MIN_STEP_SECONDS ≤ c_seconds ≤ (now − base time) × (1 + 5%) + 1 s`: a learner cannot have
-  trained on a version for longer than that version has existed on the syncer's own clock, and no
+  trained on a version for longer than that version has existed on the syncer's own (steady) clock, and no
   optimizer step takes less than 10 µs (the base time: `claims`; every base has one);
 - per learner incarnation and fragment, successive accepted answers agree with its step counter: with the
   same base, c_steps grew by exactly the inner steps in between; with a newer base, c_steps is at most

@@ -11,9 +11,11 @@ Design choices:
   newest version, how far behind it a base is, when a base was published). A too-stale answer is
   rejected before anything else is checked. The base itself is never read: the merge takes the learner's δ
   as it is (Δ = −δ), so a base only has to be a version that was published and is still accepted.
-- What an answer claims is bounded by the run's config and this syncer's clocks (`ddiloco.protocol.claims`):
-  exact tokens per step, no more steps than the base's age allows at the fleet's pace or at the learner's
-  own reported cadence, and a cap on its merge weight (`Answer.max_weight`). The cadences come from the
+- What an answer claims is bounded by the run's config and this syncer's steady clock
+  (`ddiloco.protocol.claims`): exact tokens per step, no more steps than the time since the later of its
+  base and the incarnation's first report allows at the model's FLOPs floor and at the learner's own
+  reported cadence, and each step credited once per fragment (`claims.Coverage`, checked on the loop's
+  thread in `Intake._file`, so two answers read at once cannot both pass). The cadences come from the
   roster as a snapshot (`UpdateValidator.pace`) the syncer replaces after each refresh, so reader threads
   never read the roster while it changes.
 - An answer whose base the retention rules no longer keep is `pruned_base` (`ddiloco.syncer.retention`), decided
