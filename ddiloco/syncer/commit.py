@@ -65,6 +65,15 @@ def commit_published(syncer: Any, done: InFlight) -> None:
         log.warning("syncer: round %d: outer gradient of %s clipped by %.3g (robust mode)", rnd.round, c, f)
         syncer.books.clipped["norm_outlier"] += 1
         syncer.metrics.clipped.labels(reason="norm_outlier").inc()
+    if (trimmed := pending.proposal.stats.get("trimmed")) is not None:  # a round merged by the trimmed mean
+        log.debug(
+            "syncer: round %d: trimmed mean, %d of %d answers dropped per side",
+            rnd.round,
+            trimmed,
+            record.quorum,
+        )
+        syncer.books.clipped["trimmed_mean"] += 1
+        syncer.metrics.clipped.labels(reason="trimmed_mean").inc()
     close_round(syncer, rnd, merged=True)
     alpha = syncer.ema_alpha
     syncer.books.xi_sync = ema(syncer.books.xi_sync, syncer.clock() - pending.began, alpha)

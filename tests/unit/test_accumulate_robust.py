@@ -9,10 +9,13 @@ import pytest
 import torch
 
 from ddiloco.accumulate import RoundSums
+from ddiloco.compression import decode, encode
+from ddiloco.encoded import EncodedTensor
 from ddiloco.protocol.validation import clip_outliers
-from tests.merge_reference import merge
+from ddiloco.robust import trim_count
+from tests.merge_reference import merge, trimmed_merge
 
-SHAPES = {"wte": (64, 16), "h.0.w": (32, 32), "h.0.b": (32,)}
+SHAPES = {"wte": (64, 16), "h.0.w": (32, 32), "h.0.b": (32,), "h.1.w": (300, 7)}
 EMB = frozenset({"wte"})
 
 
@@ -47,4 +50,68 @@ def test_clipping_an_outlier_of_any_size_equals_clipping_first(method, outlier):
     want = merge(clipped, weights, embedding_names=EMB, method=method)
     for n, t in want.items():
         assert _relative_error(done.merged[n], t) < 1e-6, n
-    assert sorted(reads) == ["0", "1", "2", "3", "4"], "the plain means are summed again, each answer read once"
+    assert sorted(reads) == ["0", "1", "2", "3", "4"], (
+        "the plain means are summed again, each answer read once"
+    )
+
+
+def _trimmed(answers, weights, *, method="rda", trim=0.2, robust_clip=None, plain=False, codec=None):
+    """Answers added (as `codec` encoded answers when given: what the syncer keeps), then finalised."""
+    sums = RoundSums(SHAPES, method=method, embedding_names=EMB, trim=trim)
+    for i, (a, w) in enumerate(zip(answers, weights, strict=True)):
+        if codec is None:
+            sums.add(f"{i:02d}", w, a)
+            continue
+        enc = {n: EncodedTensor.check(encode(t, codec), codec, t.shape) for n, t in a.items()}
+        sums.add_encoded(f"{i:02d}", w, enc)
+
+    def reread(key, out=None):
+        raise AssertionError("a trimmed merge reads no answer again")
+
+    return sums.finalize(reread, robust_clip, plain=plain)
+
+
+def _decoded(answers, codec):
+    if codec is None:
+        return answers
+    return [{n: decode(encode(t, codec), codec, t.shape) for n, t in a.items()} for a in answers]
+
+
+@pytest.mark.parametrize("codec", [None, "int4"])
+@pytest.mark.parametrize("method", ["rda", "mean"])
+@pytest.mark.parametrize(("m", "trim"), [(3, 0.2), (4, 0.2), (7, 0.2), (7, 0.45), (16, 0.2)])
+@pytest.mark.parametrize("plain", [False, True])
+def test_the_trimmed_merge_equals_the_batch_reference(codec, method, m, trim, plain):
+    answers = _answers(m, seed=m, scale=[1.0 + 0.1 * i for i in range(m)])
+    weights = [float(1 + (i * 7) % 5) for i in range(m)]
+    done = _trimmed(answers, weights, method=method, trim=trim, plain=plain, codec=codec)
+    want = trimmed_merge(
+        _decoded(answers, codec), weights, trim=trim, embedding_names=EMB, method=method, plain=plain
+    )
+    assert done.stats["trimmed"] == trim_count(m, trim) >= 1
+    for n, t in want.items():
+        assert _relative_error(done.merged[n], t) < 1e-6, n
+
+
+@pytest.mark.parametrize("method", ["rda", "mean"])
+def test_the_trimmed_merge_clips_first(method):
+    answers = _answers(5, seed=3, scale=[1.0, 1.2, 1e6, 0.8, 1.0])
+    weights = [1.0, 2.0, 1.5, 1.0, 0.5]
+    done = _trimmed(answers, weights, method=method, robust_clip=3.0)
+    clipped, _ = clip_outliers(answers, 3.0)
+    want = trimmed_merge(clipped, weights, trim=0.2, embedding_names=EMB, method=method)
+    assert set(done.clipped) == {"02"}
+    for n, t in want.items():
+        assert _relative_error(done.merged[n], t) < 1e-6, n
+
+
+def test_fewer_than_three_answers_merge_as_without_the_option():
+    answers = _answers(2, seed=4, scale=[1.0, 1.5])
+    sums = RoundSums(SHAPES, embedding_names=EMB)
+    for i, a in enumerate(answers):
+        sums.add(str(i), 1.0 + i, a)
+    plain = sums.finalize(lambda k, out=None: answers[int(k)])
+    done = _trimmed(answers, [1.0, 2.0])
+    assert "trimmed" not in done.stats
+    for n, t in plain.merged.items():
+        assert torch.equal(done.merged[n], t)
