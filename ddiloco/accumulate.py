@@ -26,6 +26,9 @@ Design choices:
   instead left the rounding of the outlier's full size in it: relative error 5e-4 at 1000× the median
   norm, 0.34 at 1e6×. The result is `clip_outliers` followed by the batch merge (clipping is rare, and so
   is the second read).
+- The robust merge (`trim`, `ddiloco.robust`) needs every answer's value at each coordinate, which no sum
+  keeps: the round also keeps its answers encoded as they were added, and a round of 3 or more merges
+  from them chunk by chunk (the sums serve rounds of fewer answers).
 - One answer with positive weight gives back exactly its Δ in the batch merge, and w·Δ/w can round, so that
   case rereads the answer and returns it as it is.
 - `finalize` leaves the sums untouched: a merge whose persisting fails is finalised again later.
