@@ -232,6 +232,12 @@ class DilocoConfig:
     """A round with fewer than K answers after this long is abandoned (no learner alive); it reopens later."""
     robust_clip: float | None = None
     """Robust mode: clip each outer gradient to this multiple of the round's median norm (null: off, ≥ 1)."""
+    robust_merge: str | None = None
+    """`trimmed_mean`: a round of 3 or more answers merges as their coordinate-wise trimmed mean
+    (`ddiloco.robust`; the round keeps its answers encoded until it merges); null: RDA or the mean alone."""
+    robust_trim: float = 0.2
+    """β of `robust_merge`: ⌊β·n⌋ of n answers dropped from each side of every coordinate, at least one, at
+    most (n−1)/2; in (0, 0.5)."""
     staleness_exponent: float = 0.5
     """a: an answer s versions behind is weighted (1 + s)^-a, and a round of stale answers steps by the freshest
     one's discount (`ddiloco.syncer.fragment`); 0 weighs every answer by tokens alone."""
@@ -265,6 +271,14 @@ class DilocoConfig:
             self.robust_clip is None or self.robust_clip >= 1.0,
             f"diloco.robust_clip={self.robust_clip} must be null (off) or ≥ 1 "
             "(e.g. 3: clip at 3× the median norm)",
+        )
+        _check(
+            self.robust_merge in (None, "trimmed_mean"),
+            f"diloco.robust_merge={self.robust_merge!r}: choose null (off) or trimmed_mean",
+        )
+        _check(
+            0 < self.robust_trim < 0.5,
+            f"diloco.robust_trim={self.robust_trim} must be in (0, 0.5) (e.g. 0.2: a fifth from each side)",
         )
         _check(
             self.outer_lr > 0 and 0 <= self.outer_momentum < 1,

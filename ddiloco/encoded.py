@@ -225,6 +225,30 @@ class EncodedTensor:
             return self.known_norm  # type: ignore[return-value]
         return float(torch.linalg.vector_norm(row_norms.mul_(scale), dtype=torch.float64))
 
+    def decode_range(self, out: Tensor, start: int, alpha: float = 1.0, buf: Tensor | None = None) -> Tensor:
+        """``alpha × values[start : start + out.numel()]`` into `out` (flat contiguous fp32), in one pass over
+        that part of the encoded data; `start` a multiple of BLOCK (a robust merge reads its answers chunk by
+        chunk: `ddiloco.robust`)."""
+        n = out.numel()
+        if start % BLOCK or start + n > self.numel:
+            raise ValueError(
+                f"decode_range: [{start}, {start + n}) is not a block-aligned part of {self.numel}"
+            )
+        if self.codec in ("fp32", "bf16"):
+            out.copy_(self.parts["data"][start : start + n])
+            return out.mul_(alpha) if alpha != 1.0 else out
+        bits = _INT[self.codec][0]
+        b0, b1 = start // BLOCK, -(-(start + n) // BLOCK)
+        per_block = BLOCK * bits // 8
+        part = EncodedTensor(
+            self.codec,
+            torch.Size([n]),
+            {"q": self.parts["q"][b0 * per_block : b1 * per_block], "scale": self.parts["scale"][b0:b1]},
+            known_norm=0.0,  # not measured: only the add is wanted (the codes are taken as they are)
+        )
+        part._accumulate_int(out, alpha, buf, overwrite=True)
+        return out
+
     def decode(self) -> Tensor:
         """The values as a fresh fp32 tensor of `shape` (rare paths: clipping, single answers)."""
         return decode(dict(self.parts), self.codec, self.shape)

@@ -213,3 +213,40 @@ def _merge(
         "fallbacks": float(fallbacks),
         "learners": float(sum(w > 0 for w in wbar)),
     }
+
+
+def trimmed_merge(
+    deltas: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float],
+    *,
+    trim: float,
+    embedding_names: Container[str] = frozenset(),
+    method: str = "rda",
+    plain: bool = False,
+    eps: float = 1e-6,
+) -> dict[str, Tensor]:
+    """The robust merge (`ddiloco.robust`) of ≥ 3 deltas of positive weight, all at once and in fp64: per
+    coordinate, the k = min(max(1, ⌊trim·n⌋), (n−1)//2) smallest and largest values dropped and the rest
+    averaged with their weights; RDA tensors (unless `plain`) rescaled to the trimmed weighted mean of the
+    deltas' norms (k dropped from each side), unless that mean is below `eps` × it. Ties are broken by position (a stable sort)."""
+    wbar = _normalized(weights, len(deltas))
+    n = len(deltas)
+    if n < 3 or min(wbar) <= 0:
+        raise ValueError("trimmed_merge: needs 3 or more deltas, all of positive weight")
+    k = min(max(1, math.floor(trim * n)), (n - 1) // 2)
+    w = torch.tensor(wbar, dtype=torch.float64)
+    merged = {}
+    for name in deltas[0]:
+        stack = torch.stack([d[name].double() for d in deltas])
+        values, order = torch.sort(stack, dim=0, stable=True)
+        kept_w = w[order[k : n - k]]
+        mean = (values[k : n - k] * kept_w).sum(0) / kept_w.sum(0)
+        if method == "rda" and name not in embedding_names and not plain:
+            norms = [float(d[name].double().norm()) for d in deltas]
+            by_norm = sorted(range(n), key=lambda i: norms[i])[k : n - k]
+            radius = sum(wbar[i] * norms[i] for i in by_norm) / sum(wbar[i] for i in by_norm)
+            length = float(mean.norm())
+            if radius > 0 and length > eps * radius:
+                mean = mean * (radius / length)
+        merged[name] = mean.float()
+    return merged

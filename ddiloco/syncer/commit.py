@@ -66,6 +66,15 @@ def commit_published(syncer: Any, done: InFlight) -> None:
         log.warning("syncer: round %d: outer gradient of %s clipped by %.3g (robust mode)", rnd.round, c, f)
         syncer.books.clipped["norm_outlier"] += 1
         syncer.metrics.clipped.labels(reason="norm_outlier").inc()
+    if (trimmed := pending.proposal.stats.get("trimmed")) is not None:  # a round merged by the trimmed mean
+        log.debug(
+            "syncer: round %d: trimmed mean, %d of %d answers dropped per side",
+            rnd.round,
+            trimmed,
+            record.quorum,
+        )
+        syncer.books.clipped["trimmed_mean"] += 1
+        syncer.metrics.clipped.labels(reason="trimmed_mean").inc()
     close_round(syncer, rnd, merged=True, contributors=record.contributors.keys())
     syncer.roster.proven.update(int(c.split("-")[0]) for c in record.contributors)
     alpha = syncer.ema_alpha

@@ -2,9 +2,10 @@
 
 Design choices:
 - A merge is two steps. `propose` does the arithmetic on copies (it finalises the round's running sums of
-  `ddiloco.accumulate`, to which the syncer added each answer as it arrived, with robust clipping, then one
-  outer Nesterov step; called without sums it adds the answers itself, one merge path for both) and
-  returns a `Proposal`; `commit` adopts it once it is persisted. If persisting fails (store outage) the
+  `ddiloco.accumulate`, to which the syncer added each answer as it arrived, with robust clipping and, with
+  `diloco.robust_merge`, the trimmed mean of `ddiloco.robust`, then one outer Nesterov step; called
+  without sums it adds the answers itself, one merge path for both) and returns a `Proposal`; `commit`
+  adopts it once it is persisted. If persisting fails (store outage) the
   round stays open and is merged again later, and the fragment has not moved.
 - Outer gradients are taken against each answer's own base: Δ_m = Θ_base − θ_m = −δ_m, where δ_m is the
   learner's upload (its parameters minus the values of version `base_version` it received). The merged Δ is
@@ -52,6 +53,7 @@ from ddiloco.globalmodel import Layout
 from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
 from ddiloco.protocol.messages import Contribution, Ledger, RoundRecord
 from ddiloco.protocol.update import UpdateHeader
+from ddiloco.robust import TRIMMED_MEAN
 from ddiloco.schedule import decay_of, progress_of
 from ddiloco.syncer.rounds import Answer, Round
 
@@ -77,6 +79,11 @@ class MergeRule:
     """The learners' training settings whose inner-rate decay the outer momentum follows (`lr_scale`); None
     when `diloco.momentum_follows_lr` is off or no train config was given."""
     token_budget: int = 0
+    robust_merge: str | None = None
+    """`trimmed_mean`: rounds of 3 or more answers merge as their coordinate-wise trimmed mean
+    (`ddiloco.robust`); None: off."""
+    robust_trim: float = 0.2
+    """β of the trimmed mean."""
 
     @property
     def momentum_follows_lr(self) -> bool:
@@ -98,6 +105,8 @@ class MergeRule:
             staleness_exponent=d.staleness_exponent,
             schedule=train if d.momentum_follows_lr else None,
             token_budget=d.token_budget,
+            robust_merge=d.robust_merge,
+            robust_trim=d.robust_trim,
         )
 
     def optimizer(self) -> OuterNesterov:
@@ -182,7 +191,10 @@ class GlobalFragment:
     def new_sums(self, rule: MergeRule) -> RoundSums:
         """Empty running sums for a round of this fragment (`ddiloco.accumulate`)."""
         shapes = {n: t.shape for n, t in self.theta.items()}
-        return RoundSums(shapes, method=rule.method, embedding_names=rule.embedding_names, pool=SYNCER_POOL)
+        trim = rule.robust_trim if rule.robust_merge == TRIMMED_MEAN else None
+        return RoundSums(
+            shapes, method=rule.method, embedding_names=rule.embedding_names, pool=SYNCER_POOL, trim=trim
+        )
 
     def add_answer(self, sums: RoundSums, ans: Answer, rule: MergeRule) -> None:
         """Add an answer's δ to a round's sums with its merge weight (token weight × discount). A round is
