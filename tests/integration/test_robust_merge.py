@@ -36,7 +36,7 @@ def hostile_direction(scale: float = 100.0):
             key = keys.update_key(s % r.syncer.P, s, 0, 0)
             if s in done or not r.store.exists(key):
                 continue
-            src = wire.unpack(r.store.get(key), key=r.key)
+            src = wire.unpack(r.store.get(key), expect={"kind": "update"}, key=r.key)
             gen = torch.Generator().manual_seed(s)
             noise = {n: torch.randn(t.shape, generator=gen) for n, t in src.tensors.items()}
             ratio = scale * _norm(src.tensors) / _norm(noise)
