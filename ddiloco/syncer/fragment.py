@@ -169,7 +169,7 @@ class GlobalFragment:
     read: Callable[[int], Tensors]
     """Reads version v of this fragment from the store as published (verified): what learners hold."""
     published_at: dict[int, float] = field(default_factory=dict)
-    """version -> wall time just before it was written (no learner can hold it earlier)."""
+    """version -> the syncer's steady wall time just before it was written (no learner holds it earlier)."""
     merged_clock: float = -math.inf
     """The syncer's clock when this syncer published the current version (round pacing)."""
     pooled: tuple[torch.Tensor, ...] = ()
@@ -180,12 +180,9 @@ class GlobalFragment:
         `read`). Nothing of it is kept in memory (module docstring)."""
         return self.read(version)
 
-    def weigh(self, header: UpdateHeader, rule: MergeRule, cap: float | None = None) -> tuple[float, float]:
-        """(token weight, staleness discount) of an answer merged into the current version; `cap`: the most
-        token weight it may carry (`Answer.max_weight`)."""
+    def weigh(self, header: UpdateHeader, rule: MergeRule) -> tuple[float, float]:
+        """(token weight, staleness discount) of an answer merged into the current version."""
         w = token_weight(header.c_tokens, header.c_steps) if rule.token_weighting else 1.0
-        if cap is not None:
-            w = min(w, cap)
         return w, staleness_discount(self.version - header.base_version, rule.staleness_exponent)
 
     def new_sums(self, rule: MergeRule) -> RoundSums:
@@ -199,7 +196,7 @@ class GlobalFragment:
     def add_answer(self, sums: RoundSums, ans: Answer, rule: MergeRule) -> None:
         """Add an answer's δ to a round's sums with its merge weight (token weight × discount). A round is
         open on one version of its fragment, so the weight is the one the merge would give it."""
-        w, discount = self.weigh(ans.header, rule, ans.max_weight)
+        w, discount = self.weigh(ans.header, rule)
         if ans.encoded is not None:
             sums.add_encoded(ans.contributor, w * discount, ans.encoded, ans.header.norms)
         elif ans.delta is not None:
@@ -246,7 +243,7 @@ class GlobalFragment:
         discounts, contributors = [], {}
         for c, ans in sorted(answers.items()):
             h = ans.header
-            w, discount = self.weigh(h, rule, ans.max_weight)
+            w, discount = self.weigh(h, rule)
             discounts.append(discount)
             contributors[c] = Contribution(
                 h.c_tokens,

@@ -63,8 +63,6 @@ class Answer:
     """SHA-256 of the bytes that were accepted (a second read must find the same)."""
     arrived_s: float | None = None
     """Seconds after its round opened that this syncer filed it (its own clock); None if not recorded."""
-    max_weight: float | None = None
-    """The most token weight it may carry (the share cap, `claims.max_weight`); None: no cap."""
 
     @property
     def wait_s(self) -> float:
