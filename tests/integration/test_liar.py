@@ -130,3 +130,39 @@ def test_fake_reports_do_not_change_the_pace_of_merges(cadence, clean_pace):
         pace,
         [(r.syncer.books.rounds_merged, r.now[0]) for r in (clean, live)],
     )
+
+
+def test_a_learner_ten_times_faster_than_the_other_is_never_turned_away():
+    """Learner 0 takes 10 steps for each of learner 1's on the syncer's clock (a faster device): none of its
+    answers is rejected, it is in ≥ 95% of the merged rounds, at its own token weight. (Here both report the
+    same cadence per step in real time; the rule that turned a learner > ~9× faster than the fleet's median
+    cadence away at 6e3bd56, and the share cap, are held by `tests/unit/test_claims.py`'s
+    `test_a_learner_ten_times_faster_than_the_rest_is_accepted_at_its_own_weight`.)"""
+    from tests.integration.test_bad_inputs import start
+
+    r = start("fast-learner")
+    fast, slow = r.learners
+    for _ in range(3000):
+        r.now[0] += 1.0
+        if r.syncer.step():
+            for learner in r.learners:
+                learner.poller.poll_once()
+                learner.tick()
+                learner.close("done")
+            break
+        for learner, steps in ((fast, 10), (slow, 1)):
+            for _ in range(steps):
+                learner.poller.poll_once()
+                learner.tick()
+    else:
+        raise AssertionError("the run did not finish")
+    assert r.syncer.intake.rejected == {}
+    assert fast.inner_step >= 8 * slow.inner_step
+    # every round that merged has its answer, at its full token weight (quorum 2 of 2 here: a round the
+    # slow learner had not answered yet when the fast one moved on is abandoned, not refused)
+    merged = [rec for rec in read_round_records(r.store) if rec["contributors"]]
+    mine = [rec["contributors"].get("0-0") for rec in merged]
+    assert len(merged) >= 5 and sum(c is not None for c in mine) >= 0.95 * len(merged)
+    for c in filter(None, mine):
+        assert c["weight"] == pytest.approx(c["c_tokens"] ** 2 / c["c_steps"])
+    assert build_summary(r.store)["ledger_balanced"]
