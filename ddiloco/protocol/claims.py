@@ -132,8 +132,8 @@ def since(base_time: float, who: str, pace: Pace, now: float) -> float:
 
 class Coverage:
     """Which inner steps of each incarnation were merged, per fragment, and its answers in open rounds
-    (module docstring). In memory: after a syncer restart it starts afresh (the merged answers' learners
-    apply the new versions and count afresh, so an honest learner is never caught by the reset)."""
+    (module docstring). The merged ends are saved in the syncer's state (`state_dict`); the open rounds'
+    answers are read again by a restarted syncer."""
 
     def __init__(self, capacity: int = 65536) -> None:
         self.capacity = capacity
@@ -141,6 +141,17 @@ class Coverage:
         """(contributor, fragment) -> the end of the last merged range (an inner step)."""
         self.pending: dict[tuple[str, int], tuple[int, int]] = {}
         """(contributor, fragment) -> (round, end of its range) of its answer in an open round."""
+
+    def state_dict(self) -> dict[str, int]:
+        """The merged ends as the syncer state keeps them: "<contributor>/<fragment>" -> inner step."""
+        return {f"{who}/{p}": end for (who, p), end in self.merged.items()}
+
+    def load_state_dict(self, saved: Mapping[str, int]) -> None:
+        self.merged = OrderedDict()
+        for name, end in saved.items():
+            who, _, p = name.rpartition("/")
+            if who and p.isdigit() and isinstance(end, int):
+                self.merged[(who, int(p))] = end
 
     def check(self, who: str, header: UpdateHeader) -> None:
         p, start = header.fragment_id, header.inner_step - header.c_steps

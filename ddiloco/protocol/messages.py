@@ -267,6 +267,8 @@ class SyncerState:
     epoch: int = 0
     xi_link: float = 0.0
     quarantined: dict[str, int] = field(default_factory=dict)
+    credited_steps: dict[str, int] = field(default_factory=dict)
+    """"<contributor>/<fragment>" -> the inner step its last merged answer ended at (`claims.Coverage`)."""
 
     def to_json(self) -> dict[str, Any]:
         return plain(self) | {"open_rounds": [r.to_json("opened_wall") for r in self.open_rounds]}
@@ -287,4 +289,5 @@ class SyncerState:
             open_rounds=f.each("open_rounds", OpenRound.parser("opened_wall"), []),
             learner_events=f.each("learner_events", LearnerEvent.from_json, []),
             quarantined=f.mapping("quarantined", int, {}),
+            credited_steps=f.mapping("credited_steps", int, {}),
         )

@@ -262,11 +262,18 @@ class Intake:
         self.late_answers = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """The run-long counts of rejections and late answers (`ddiloco.stateful.Stateful`)."""
-        return {"rejected": dict(self.rejected), "late_answers": self.late_answers}
+        """The run-long counts of rejections and late answers, and the steps credited per incarnation and
+        fragment (`ddiloco.stateful.Stateful`)."""
+        credited = self.validator.coverage.state_dict()
+        return {
+            "rejected": dict(self.rejected),
+            "late_answers": self.late_answers,
+            "credited_steps": credited,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.rejected, self.late_answers = Counter(state["rejected"]), state["late_answers"]
+        self.validator.coverage.load_state_dict(state.get("credited_steps") or {})
 
     def collect(self, rnd: Round) -> None:
         """File every new valid update of `rnd` in `rnd.answers`; count and note the rest.

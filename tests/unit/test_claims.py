@@ -274,3 +274,18 @@ def test_every_number_the_syncer_reads_from_a_report_is_checked():
     assert cleaned["step_time_ema"] is None and cleaned["step_wall_ema"] == STEP_S
     assert bad["step_time_ema"] != bad["step_time_ema"]  # the report read is left as it was
     assert not reports.times_finite({**good, "time": float("nan")})
+
+
+def test_the_credit_book_survives_a_syncer_restart():
+    """The merged ends are in the syncer's state: after a restart the same steps are still `overlap`."""
+    store, syncer, mono, wall = start("claims-restart-book")
+    publish_v1(store, syncer, mono, wall)
+    syncer.save_state()
+    assert store.get_json(keys.SYNCER_STATE)["credited_steps"] == {"1-0/0": 16}
+    restarted = Syncer(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
+    restarted.test_cadences = syncer.test_cadences
+    advance(store, restarted, mono, wall, 3.0)
+    frag0 = [s for s, rnd in restarted.open.items() if rnd.fragment_id == 0]
+    assert (
+        frag0 and verdict(store, restarted, frag0[0], 1, steps=16, seconds=0.5, base_version=0) == "overlap"
+    )
