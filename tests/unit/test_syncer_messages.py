@@ -97,6 +97,7 @@ STATE = {
     "epoch": 2,
     "xi_link": 0.3,
     "quarantined": {"bad_signature": 1},
+    "credited_steps": {"0-1/2": 40},
 }
 
 
