@@ -10,17 +10,20 @@ in one line (the twin tests in tests/twin run the compiled pipelines).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from tests._cli import TINY_RUN_SETS, CliRun, cli_env, ddiloco, entry_point
+from tests._cli import ROOT, TINY_RUN_SETS, CliRun, cli_env, ddiloco, entry_point
 
 pytestmark = pytest.mark.slow
 
 # Every subcommand (nested ones as "pipeline submit") -> the tests below that run it.
 COVERED = {
+    "--version": "test_version_names_the_version_and_the_commit",
     "run": "test_run_prints_where_its_summary_is",
     "summary": "test_summary_prints_the_run_summary_as_json",
     "prepare": "test_prepare_syncer_and_learner_make_a_run_by_hand",
@@ -68,8 +71,23 @@ def ok(out: subprocess.CompletedProcess[str]) -> str:
 def test_every_subcommand_has_an_entry_point_test():
     from ddiloco.cli.main import build_parser
 
-    assert _leaf_commands(build_parser()) == set(COVERED)
+    assert _leaf_commands(build_parser()) | {"--version"} == set(COVERED)
     assert set(COVERED.values()) <= set(globals()), set(COVERED.values()) - set(globals())
+
+
+def test_version_names_the_version_and_the_commit():
+    out = ok(ddiloco("--version")).strip()
+    m = re.fullmatch(r"ddiloco (\S+) \(commit (\S+)\)", out)
+    assert m is not None, out
+    assert m[1] == version("ddiloco")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if (ROOT / ".git").exists() and head.returncode == 0:
+        assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?", m[2]) and head.stdout.startswith(m[2][:12]), (
+            m[2],
+            head.stdout,
+        )
+    else:
+        assert m[2] == "unknown"
 
 
 def test_run_prints_where_its_summary_is(cli_run: CliRun):
