@@ -10,14 +10,17 @@ COPY pyproject.toml README.md ./
 COPY ddiloco ./ddiloco
 COPY components ./components
 COPY pipelines ./pipelines
-RUN pip wheel --no-deps --wheel-dir /wheels .
+# The exact versions CI tests with (pyproject's dev extra), as pip constraints: the image installs those.
+RUN pip wheel --no-deps --wheel-dir /wheels . \
+ && python -c "import tomllib; dev = tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dev']; \
+print('\\n'.join(d for d in dev if '==' in d))" > /wheels/pins.txt
 
 FROM ${PYTHON}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
 COPY --from=build /wheels /wheels
 RUN python -m venv /opt/venv \
- && pip install "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data]" \
+ && pip install -c /wheels/pins.txt "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data]" \
  && rm -rf /wheels \
  && useradd --uid 1000 --create-home --shell /usr/sbin/nologin ddiloco
 USER 1000:1000

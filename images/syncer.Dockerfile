@@ -9,9 +9,10 @@ COPY pyproject.toml README.md ./
 COPY ddiloco ./ddiloco
 COPY components ./components
 COPY pipelines ./pipelines
+# The exact versions CI tests with (pyproject's dev extra), as pip constraints: the image installs those.
 RUN pip wheel --no-deps --wheel-dir /wheels . \
- && python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
-print(next(d.split('==')[1] for d in deps if d.startswith('torch==')))" > /wheels/torch-version
+ && python -c "import tomllib; dev = tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dev']; \
+print('\\n'.join(d for d in dev if '==' in d))" > /wheels/pins.txt
 
 FROM ${PYTHON}
 # PyTorch's CPU-only wheels (no CUDA libraries): ~10x smaller than the default Linux wheel.
@@ -19,10 +20,10 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
 COPY --from=build /wheels /wheels
-# The pinned torch version, CPU build, first; then ddiloco finds `torch==X` satisfied (X+cpu matches ==X).
+# The pinned torch version, CPU build, first; then the constraint `torch==X` is satisfied (X+cpu matches ==X).
 RUN python -m venv /opt/venv \
- && pip install --index-url "${TORCH_INDEX}" "torch==$(cat /wheels/torch-version)" \
- && pip install "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data]" \
+ && pip install --index-url "${TORCH_INDEX}" "$(grep '^torch==' /wheels/pins.txt)" \
+ && pip install -c /wheels/pins.txt "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data]" \
  && rm -rf /wheels \
  && useradd --uid 1000 --create-home --shell /usr/sbin/nologin ddiloco
 USER 1000:1000

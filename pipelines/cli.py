@@ -174,10 +174,17 @@ def _package(args: argparse.Namespace, tmp: str) -> Path:
 def _client(args: argparse.Namespace) -> Any:
     _require_kfp()
     import kfp
+    import urllib3
 
     if not args.host:
         raise PipelineCliError("no KFP host: pass --host URL or set KFP_HOST (e.g. http://localhost:8080)")
-    return kfp.Client(host=args.host, namespace=args.namespace, existing_token=args.token or None)
+    try:  # the client asks the API's healthz at once
+        return kfp.Client(host=args.host, namespace=args.namespace, existing_token=args.token or None)
+    except urllib3.exceptions.MaxRetryError as e:
+        raise PipelineCliError(
+            f"no KFP API answers at {args.host} ({e.reason}): check --host / KFP_HOST (e.g. "
+            "`kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80` and http://localhost:8080)"
+        ) from None
 
 
 def _experiment_id(client: Any, name: str, namespace: str | None) -> str:

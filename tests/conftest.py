@@ -8,6 +8,7 @@ import pytest
 # Every process a test starts (and this one) trains with one thread: the machine has 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from tests._cli import cli_run  # noqa: E402,F401
 from tests._kfp_profile import profile_s3  # noqa: E402,F401
 from tests._seaweed import s3_server  # noqa: E402,F401
 

@@ -21,11 +21,12 @@ from ddiloco.overrides import apply_override
 from ddiloco.recipes import RECIPES, load_config
 
 
-def emit(result: Any, line: str | None = None) -> int:
-    """A command's output: `line` for people on stderr, `result` as one JSON object on stdout; exit code 0."""
+def emit(result: Any, line: str | None = None, indent: int | None = None) -> int:
+    """A command's output: `line` for people on stderr, `result` as one JSON object on stdout (on one line,
+    or indented by `indent` for a result people read, like `summary`); exit code 0."""
     if line is not None:
         print(line, file=sys.stderr)
-    print(json.dumps(result, sort_keys=True))
+    print(json.dumps(result, sort_keys=True, indent=indent))
     return 0
 
 

@@ -11,7 +11,8 @@ Design choices:
   TimeoutError, ValueError) are one line on stderr with exit code 2; `--debug` shows the traceback. A CUDA
   out-of-memory error is one line that says what to change, exit code 1 (a crash: restarted like one).
 - The roles that run in a run's pods ship their log to the run root (`ddiloco.logship`).
-- `--version` is the installed distribution's (pyproject.toml), not a constant in the package.
+- `--version` is the installed distribution's (pyproject.toml) and the git commit of a checkout
+  (`ddiloco.cli.version`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from importlib.metadata import version
 from typing import NoReturn
 
 from ddiloco import logship
 from ddiloco.cli import baseline, chaos, corpus, keys, logs, posttrain, roles, run, simulate, tokenize
+from ddiloco.cli.version import VersionAction
 from ddiloco.errors import ConfigError
 from ddiloco.pipelines import cli as pipeline
 from ddiloco.store.base import StoreError
@@ -46,7 +47,7 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The whole `ddiloco` parser tree; each parsed command carries its handler in `args.func`."""
     parser = Parser(prog="ddiloco", description="Decoupled DiLoCo over object storage.")
-    parser.add_argument("--version", action="version", version=f"ddiloco {version('ddiloco')}")
+    parser.add_argument("--version", action=VersionAction, help="show the version and git commit and exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:

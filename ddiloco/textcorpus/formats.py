@@ -6,7 +6,7 @@ Design choices:
 - A `.jsonl` file is read line by line (one document per line, a string field, `text` by default); a line
   that is not a JSON object, lacks the field or holds a non-string is an error naming file:line, never
   skipped, so a corpus is never silently smaller than its files. `.jsonl.gz` streams through gzip,
-  `.jsonl.zst` through `zstandard` when it is installed.
+  `.jsonl.zst` through `zstandard` (the `data` extra) when it is installed.
 - Parquet streams record batches of the one column (pyarrow reads a row group's column chunk at a time,
   so that is the bound); the Arrow files of a `datasets.save_to_disk` directory are Arrow IPC streams
   (the file format is accepted too) read batch by batch with pyarrow. `datasets` itself is not used: its
@@ -104,7 +104,7 @@ def _zstd(stream: BinaryIO, where: str) -> Any:
         import zstandard
     except ImportError:
         raise CorpusError(
-            f"{where}: reading .jsonl.zst needs zstandard (pip install zstandard), or decompress it first"
+            f"{where}: reading .jsonl.zst needs zstandard: pip install 'ddiloco[data]', or decompress it first"
         ) from None
     import io
 
