@@ -21,7 +21,10 @@ from tests._harness import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 # Settings of the caller's shell that would point a command at another store or sign with another key.
-SCRUB = ("DDILOCO_S3_", "AWS_", "MINIO_", "S3_ENDPOINT", "DDILOCO_RUN_KEY", "DDILOCO_PUSHGATEWAY", "KFP_")
+SCRUB = (
+    "DDILOCO_S3_", "AWS_", "MINIO_", "S3_ENDPOINT", "DDILOCO_RUN_KEY", "DDILOCO_LEARNER_KEY",
+    "DDILOCO_SYNCER_PUBKEY", "DDILOCO_PUSHGATEWAY", "KFP_",
+)  # fmt: skip
 # A run of seconds: the harness's tiny model, 2 learners, a few thousand tokens.
 TINY_RUN_SETS = [arg for item in (*TINY, "diloco.token_budget=6000") for arg in ("--set", item)]
 

@@ -40,6 +40,7 @@ COVERED = {
     "simulate bandwidth": "test_simulate_from_the_run_summary",
     "corpus python-docs": "test_corpus_and_tokenize_write_their_outputs",
     "tokenize": "test_corpus_and_tokenize_write_their_outputs",
+    "keys": "test_keys_gives_a_learner_a_share_that_answers_but_cannot_publish",
     "pipeline compile": "test_pipeline_compile_writes_the_package",
     "pipeline submit": "test_pipeline_commands_without_a_kfp_api_fail_in_one_line",
     "pipeline schedule create": "test_pipeline_commands_without_a_kfp_api_fail_in_one_line",
@@ -122,6 +123,37 @@ def test_prepare_syncer_and_learner_make_a_run_by_hand(tmp_path: Path):
         syncer.communicate()
     summary = json.loads(ok(ddiloco("summary", "--store", url)))
     assert summary["status"] == "done" and summary["ledger_balanced"] and summary["tokens_merged"] >= 2000
+
+
+def test_keys_gives_a_learner_a_share_that_answers_but_cannot_publish(tmp_path: Path):
+    """`ddiloco keys` prints a learner's share of the master key: a learner process holding only that share
+    trains and is merged (the syncer holds the master key), and a syncer given only the share refuses to
+    start, in one line (issue 49: keys per role)."""
+    master = "ab" * 32
+    share = json.loads(ok(ddiloco("keys", env=cli_env(DDILOCO_RUN_KEY=master))))["env"]
+    assert set(share) == {"DDILOCO_LEARNER_KEY", "DDILOCO_SYNCER_PUBKEY"} and master not in share.values()
+    url = (tmp_path / "k").as_uri()
+    small = ("--set", "diloco.learners=1", "--set", "diloco.token_budget=2000")
+    ok(ddiloco("prepare", "--store", url, *TINY_RUN_SETS, *small, env=cli_env(DDILOCO_RUN_KEY=master)))
+    refused = ddiloco("syncer", "--store", url, env=cli_env(**share))
+    assert refused.returncode == 2 and "needs DDILOCO_RUN_KEY" in refused.stderr.strip().splitlines()[-1]
+    syncer = subprocess.Popen(
+        [*entry_point(), "syncer", "--store", url],
+        env=cli_env(DDILOCO_RUN_KEY=master),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        learner = ok(
+            ddiloco("learner", "--store", url, "--learner-id", "0", env=cli_env(**share), timeout=180)
+        )
+        assert syncer.wait(timeout=60) == 0, syncer.communicate()[1][-3000:]
+    finally:
+        syncer.kill()
+        syncer.communicate()
+    summary = json.loads(ok(ddiloco("summary", "--store", url)))
+    assert summary["status"] == "done" and summary["ledger_balanced"] and not summary["rejected_updates"]
+    del learner
 
 
 def test_evaluate_sft_export_and_report_on_the_run(cli_run: CliRun, tmp_path: Path):
