@@ -172,7 +172,12 @@ class Roster:
         cadence each reported, and when this syncer first heard of it (`steady`: the syncer's clock to the
         steady wall time the bounds use)."""
         live = self.live_names()
-        own = {c: t for c, t in self._fastest.items() if c in live}
+        by_learner: dict[str, float] = {}  # a new incarnation inherits its learner's fastest cadence
+        for c, t in self._fastest.items():
+            lid = c.split("-")[0]
+            by_learner[lid] = min(t, by_learner.get(lid, t))
+        own = {c: self._fastest.get(c, by_learner.get(c.split("-")[0])) for c in live}
+        own = {c: t for c, t in own.items() if t is not None}
         return Pace(own, {c: steady(t) for c, t in self._first_heard.items() if c in live})
 
     def mean_loss(self) -> float:

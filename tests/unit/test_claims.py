@@ -289,3 +289,19 @@ def test_the_credit_book_survives_a_syncer_restart():
     assert (
         frag0 and verdict(store, restarted, frag0[0], 1, steps=16, seconds=0.5, base_version=0) == "overlap"
     )
+
+
+def test_a_new_incarnation_inherits_its_learners_cadence():
+    """Learner 0 reported 1 s a step; its incarnation 1 joins and, before it reported a cadence of its own,
+    claims 100 steps on version 1: bounded by its learner's cadence (3 × ~11.5 s allowed since it was heard
+    of: 34 steps), `future_steps`; without the inheritance only the FLOPs floor would have bounded it."""
+    store, syncer, mono, wall = start("claims-inherit", cadences=(1.0, STEP_S, STEP_S))
+    publish_v1(store, syncer, mono, wall)
+    fresh = report(0, 1, wall(), inc=1) | {"incarnation": 1, "step_wall_ema": None, "step_time_ema": None}
+    put_report(store, syncer, keys.report_key(0, 1), fresh)
+    mono.t += 0.6
+    syncer.step()  # the roster reads incarnation 1's report
+    blob = update(syncer, 2, 0, steps=100, seconds=10.0, incarnation=1)
+    store.put(keys.update_key(0, 2, 0, 1), blob)
+    syncer.intake.collect(syncer.open[2])
+    assert syncer.open[2].rejected.get("000-0001.safetensors") == "future_steps"
