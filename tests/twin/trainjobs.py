@@ -18,6 +18,9 @@ Design choices:
   place. The keeper ends the incarnation on either (components/trainjob.py); the in-place restart is covered
   by its unit tests, not run here.
 - Time: the Job's pod replacement and the status follow on the twin's next tick.
+- Admission (kueue.py, admission.py): a TrainJob with a queue label is created suspended and starts its node
+  pods once its queue admits it; a node pod Pod Security refuses is not created (its message in `refused`)
+  and the Job controller tries again on the next tick, so the TrainJob never starts.
 
 Rules and their sources:
 - kubeflow/trainer pkg/runtime/framework/plugins/torch/torch.go EnforceMLPolicy: PET_NNODES = numNodes,

@@ -12,6 +12,11 @@ Design choices:
   the same extended resource there (kubernetes#130145).
 - Time: grace periods are cluster seconds, divided by the twin's time_scale like every other duration.
 
+- Admission at create (admission.py, kueue.py): Istio's injector and Kueue's pod webhook mutate the pod,
+  then Pod Security admission may refuse it (403 Forbidden, its message in `refused`); a gated pod stays
+  Pending until `_admit` ungates it; a pod with an injected regular `istio-proxy` stays Running after its
+  main container ended.
+
 Rules and their sources (Kubernetes):
 - Create: a pod whose name is taken is refused 409 AlreadyExists (apiserver registry/rest/create.go); the
   namespace of the body must match the URL's (400 BadRequest); a volumeMount must name a volume of the pod
