@@ -144,3 +144,34 @@ def test_kueue_queue_without_quota_waits_then_runs_when_quota_comes(compile_pipe
     assert outcome == "succeeded", (outcome, keeper.logs[-5:])
     waits = [line for line in keeper.logs if "waits" in line]
     assert waits and "waiting for Kueue to admit it (queue 'gpu-queue')" in waits[0], keeper.logs
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["regular", "native"])
+def test_istio_twin_proxy_outlives_main_only_as_a_regular_container(compile_pipeline, tmp_path, native):
+    """The twin's kubelet with an injected proxy (admission.py): a regular istio-proxy keeps a restartPolicy
+    Never pod Running after its main container ended (kubelet_pods.go getPhase: a container still runs); a
+    native sidecar (init container, restartPolicy Always) is stopped and the pod Succeeds."""
+    from kubernetes import client
+
+    twin = _twin(compile_pipeline, tmp_path, namespace_labels=ISTIO, istio_native_sidecars=native)
+    with twin.start() as ex:
+        ex.wait_until(lambda r: r.task("hold").attempts and r.task("hold").attempts[0].phase == "Running")
+        conf = client.Configuration()
+        conf.host = ex.api.url
+        api = client.CoreV1Api(client.ApiClient(conf))
+        body = {"metadata": {"name": "bare"}, "spec": {"restartPolicy": "Never", "containers": [
+            {"name": "main", "image": "img", "command": ["python3", "-c", "print('done')"]}]}}  # fmt: skip
+        api.create_namespaced_pod(NAMESPACE, body)
+
+        def main_ended(r):
+            w = ex.workers.pods.get("bare")
+            return w is not None and w.terminated is not None
+
+        ex.wait_until(main_ended, 30)
+        time.sleep(1)  # a few ticks: the phase does not move on
+        pod = api.read_namespaced_pod("bare", NAMESPACE)
+        ex.terminate()
+        ex.wait()
+    names = [c.name for c in pod.spec.containers] + [c.name for c in pod.spec.init_containers or []]
+    assert "istio-proxy" in names
+    assert pod.status.phase == ("Succeeded" if native else "Running")
