@@ -20,7 +20,8 @@ Design choices:
 Rules and their sources:
 - Istio (pkg/kube/inject/webhook.go, inject.go injectRequired): the webhook sees pods of namespaces labelled
   `istio-injection=enabled`; a pod whose label, else annotation, `sidecar.istio.io/inject` is "false" is
-  not injected; hostNetwork pods are not injected.
+  not injected ("The label is the new API; if both are present we prefer the label"); hostNetwork pods
+  are not injected.
 - Pod Security (k8s.io/pod-security-admission policy/check_*.go; admission/admission.go for the message):
   namespace label `pod-security.kubernetes.io/enforce` = privileged | baseline | restricted, version
   `pod-security.kubernetes.io/enforce-version` (default latest). baseline: no host namespaces, no privileged
@@ -58,7 +59,7 @@ def wants_sidecar(namespace_labels: dict[str, str], body: dict[str, Any]) -> boo
     if spec.get("hostNetwork"):
         return False
     value = (meta.get("labels") or {}).get(ISTIO_INJECT, (meta.get("annotations") or {}).get(ISTIO_INJECT))
-    return str(value).lower() not in ("false", "no", "n", "0", "f", "off")
+    return value != "false"  # recent Istio: "true", "false", else the namespace's default (here: inject)
 
 
 def inject(namespace_labels: dict[str, str], body: dict[str, Any], native: bool) -> dict[str, Any]:
