@@ -51,6 +51,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddiloco.components.podsettings import QUEUE_LABEL, PodSettings, container_security_context
+
 ROLE_LABEL = "ddiloco.io/role"  # ddiloco.chaos.k8s.ROLE_LABEL (kept in sync by tests/unit/test_keeper.py)
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
 KEEPER_LABEL = "ddiloco.io/keeper"
@@ -121,6 +123,8 @@ class WorkerSpec:
     service_account: str = ""
     shm: str = ""
     """Size limit of a memory-backed /dev/shm (`shm_volume`); empty: the container runtime's 64 MiB."""
+    settings: PodSettings = field(default_factory=PodSettings)
+    """The run's Kueue queue, priority class, affinity, pull secrets, extra labels and annotations."""
 
 
 def owner_references(keeper_pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -170,10 +174,12 @@ def shm_volume(spec: WorkerSpec) -> tuple[list[dict[str, Any]], list[dict[str, A
 def worker_manifest(
     slot: Slot, incarnation: int, spec: WorkerSpec, keeper_pod: dict[str, Any]
 ) -> dict[str, Any]:
-    """The worker pod: restartPolicy Never, the keeper's namespace, owners, the downward-API pod name."""
+    """The worker pod: restartPolicy Never, the keeper's namespace, owners, the downward-API pod name, the
+    Istio opt-out, a `restricted` securityContext and the run's scheduling settings (`podsettings`)."""
     meta = keeper_pod["metadata"]
     workflow = (meta.get("labels") or {}).get(WORKFLOW_LABEL, "")
     container: dict[str, Any] = {"name": "main", "image": spec.image, "command": list(spec.command)}
+    container["securityContext"] = container_security_context()
     if spec.env:
         container["env"] = [dict(e) for e in spec.env]
     resources = resources_of(spec)
@@ -183,6 +189,7 @@ def worker_manifest(
     if mounts:
         container["volumeMounts"] = mounts
     pod_spec = {"restartPolicy": "Never", "containers": [container], **placement(spec, keeper_pod)}
+    pod_spec.update(spec.settings.pod_spec(priority=True))
     if volumes:
         pod_spec["volumes"] = volumes
     return {
@@ -191,8 +198,8 @@ def worker_manifest(
         "metadata": {
             "name": slot.name(incarnation),
             "namespace": meta["namespace"],
-            "labels": slot.labels(incarnation, workflow),
-            "annotations": {"ddiloco.io/keeper-pod": meta["name"]},
+            "labels": spec.settings.pod_labels(slot.labels(incarnation, workflow), queue=True),
+            "annotations": spec.settings.pod_annotations({"ddiloco.io/keeper-pod": meta["name"]}),
             "ownerReferences": owner_references(keeper_pod),
         },
         "spec": pod_spec,
@@ -216,6 +223,22 @@ def disruption(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def waiting(pod: dict[str, Any]) -> str:
+    """Why a Pending pod waits, as far as its object says: scheduling gates (Kueue's
+    `kueue.x-k8s.io/admission` until its queue admits it: kueue pkg/controller/jobs/pod SchedulingGateName),
+    the scheduler's PodScheduled condition, or the status message; "" when it says nothing."""
+    gates = [g.get("name", "") for g in (pod.get("spec") or {}).get("schedulingGates") or []]
+    if gates:
+        queue = ((pod.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL, "")
+        kueue = f", waiting for Kueue to admit it (queue {queue!r})" if queue else ""
+        return f"held by scheduling gates {gates}{kueue}"
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return f"{cond.get('reason', '')}: {cond.get('message', '')}".strip(": ")
+    return str(status.get("message") or "")
+
+
 def classify(pod: dict[str, Any] | None) -> Ending:
     """How a worker pod stands or ended (module docstring). None = the pod object is gone."""
     if pod is None:
@@ -230,7 +253,9 @@ def classify(pod: dict[str, Any] | None) -> Ending:
         return Ending(SUCCEEDED, "succeeded")
     disrupted = disruption(pod)
     if phase != "Failed":
-        return Ending(RUNNING, f"{phase}" + (f", being taken away: {disrupted}" if disrupted else ""))
+        held = waiting(pod) if phase == "Pending" else ""
+        extra = f", being taken away: {disrupted}" if disrupted else (f": {held}" if held else "")
+        return Ending(RUNNING, f"{phase}{extra}")
     term = _main_terminated(pod)
     code = term.get("exitCode") if term else None
     detail = f"{reason}: {message}".strip(": ") if reason or message else ""

@@ -51,6 +51,7 @@ from ddiloco.components.keeper import (
     worker_manifest,
     workflow_stopped,
 )
+from ddiloco.components.podsettings import PodSettings
 
 log = logging.getLogger("ddiloco.keeper")
 
@@ -267,11 +268,15 @@ class Keeper:
 
     def _watch(self) -> Any:
         assert self.worker is not None
+        said = ""
         while True:
             pod = self.workers.get(self.worker)
             ending = classify(pod)
             if ending.state != RUNNING:
                 return ending
+            if ending.why != said and ending.why.startswith("Pending: "):  # e.g. a Kueue queue without quota
+                log.info("worker %s waits: %s", self.worker, ending.why.removeprefix("Pending: "))
+            said = ending.why
             self.sleep(self.poll_s)
 
     def _wait_for_terminating(self) -> None:
@@ -366,6 +371,8 @@ def keep_role(
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict[str, Any]] | None = None,
     crash_restarts: int = 0,
+    kueue_queue: str = "",
+    pod_settings: dict[str, Any] | None = None,
 ) -> None:
     """A keeper task's body: keep `ddiloco ROLE --store ROOT [--learner-id N] FLAGS` running in a worker pod, or
     in a TrainJob of `worker["nodes"]` pods of `worker["procs_per_node"]` ranks each when nodes > 1.
@@ -385,6 +392,7 @@ def keep_role(
         node_selector=dict(node_selector or {}),
         tolerations=list(tolerations or []),
         shm=worker.get("shm", ""),
+        settings=PodSettings.of(kueue_queue, pod_settings),
     )
     own, namespace = os.environ.get(POD_NAME_ENV, ""), os.environ.get(NAMESPACE_ENV, "")
     if not own or not namespace:
@@ -395,6 +403,12 @@ def keep_role(
     workers: dict[str, Any] = {}
     if nodes > 1:  # one learner over several pods: a TrainJob (`trainjob`)
         procs = int(worker["procs_per_node"])
+        if spec.settings.priority_class:
+            log.warning(
+                "pod_settings.priority_class %r does not reach a TrainJob's node pods (the runtime sets "
+                "theirs; docs/cluster.md, Your cluster)",
+                spec.settings.priority_class,
+            )
         workers["workers"] = KubeTrainJobs(pods)
         workers["manifest"] = partial(trainjob.trainjob_manifest, nodes=nodes, procs_per_node=procs)
     keeper = Keeper(

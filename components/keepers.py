@@ -16,6 +16,8 @@ def learner(
     store_secret: str = "",
     node_selector: dict = {},  # noqa: B006 (a KFP default, never mutated)
     tolerations: list = [],  # noqa: B006 (a KFP default, never mutated)
+    kueue_queue: str = "",
+    pod_settings: dict = {},  # noqa: B006 (a KFP default, never mutated)
 ):
     """Keep one learner running in a worker pod of its own (`ddiloco.components.keeper_loop`): a new
     incarnation when the cluster takes it away, up to `restarts` more after a crash; `worker["ranks"]` > 1
@@ -38,6 +40,8 @@ def learner(
         node_selector=node_selector,
         tolerations=tolerations,
         crash_restarts=restarts,
+        kueue_queue=kueue_queue,
+        pod_settings=pod_settings,
     )
 
 
@@ -51,6 +55,8 @@ def syncer(
     restarts: int = 0,
     store_secret: str = "",
     node_selector: dict = {},  # noqa: B006 (a KFP default, never mutated)
+    kueue_queue: str = "",
+    pod_settings: dict = {},  # noqa: B006 (a KFP default, never mutated)
 ):
     """Keep the syncer running in a worker pod of its own (see `learner`); the Model artifact points at
     the final model in the store once the worker succeeded."""
@@ -68,5 +74,7 @@ def syncer(
         store_secret=store_secret,
         node_selector=node_selector,
         crash_restarts=restarts,
+        kueue_queue=kueue_queue,
+        pod_settings=pod_settings,
     )
     store_model(final_model, root, "final", s3_endpoint)

@@ -60,6 +60,16 @@ Design choices:
     ranks start together and rejoin from the learner's checkpoint. Crash and infrastructure restarts count
     against the same limits as a worker pod's; a retried keeper cannot count its predecessor's (their
     TrainJobs are deleted, where ended worker pods stay), so its budgets start again.
+- Cluster settings (`podsettings`): the node pods opt out of Istio injection (pod template labels and
+  annotations), run with the `restricted` securityContext (PodSpecPatch.securityContext for the pod,
+  ContainerPatch.securityContext for `node`), and get the run's affinity and imagePullSecrets
+  (PodSpecPatch.affinity, .imagePullSecrets). The Kueue queue label goes on the TrainJob itself: Kueue's
+  TrainJob integration suspends it (`spec.suspend`) until its queue admits the whole of it. PodSpecPatch has
+  no priorityClassName (trainjob_types.go): a TrainJob's node pods take the runtime's; under Kueue the
+  workload's priority is the label `kueue.x-k8s.io/priority-class` (a WorkloadPriorityClass), which
+  `pod_settings.labels` can carry.
+- A suspended TrainJob (`spec.suspend: true`, condition Suspended) reads as a Pending worker whose message
+  says it waits for admission: the keeper logs it and waits, it does not fail.
 - The node pods are listed by the JobSet's `jobset.sigs.k8s.io/jobset-name` label (jobset api
   jobset_types.go JobSetNameKey, set on every pod by jobset_controller.go labelAndAnnotateObject) and told
   apart by `batch.kubernetes.io/job-completion-index` (the Indexed Job's annotation, also the source of
@@ -85,6 +95,7 @@ from ddiloco.components.keeper import (
     resources_of,
     shm_volume,
 )
+from ddiloco.components.podsettings import QUEUE_LABEL, container_security_context
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 RUNTIME = "torch-distributed"
@@ -122,7 +133,7 @@ def trainjob_manifest(
     reserved = sorted({e["name"] for e in spec.env} & set(TORCHRUN_ENV))
     if reserved:
         raise ValueError(f"the torch runtime sets {reserved} itself: leave them out of the worker's env")
-    labels = slot.labels(incarnation, workflow)
+    settings, labels = spec.settings, slot.labels(incarnation, workflow)
     trainer: dict[str, Any] = {
         "image": spec.image,
         "command": trainjob_command(spec.command),
@@ -134,13 +145,18 @@ def trainjob_manifest(
     resources = resources_of(spec)
     if resources:
         trainer["resourcesPerNode"] = resources
-    pod_spec = placement(spec, keeper_pod)
+    pod_spec = {**placement(spec, keeper_pod), **settings.pod_spec(priority=False)}
+    node: dict[str, Any] = {"name": NODE, "securityContext": container_security_context()}
     volumes, mounts = shm_volume(spec)
     if volumes:  # PodSpecPatch.volumes and ContainerPatch.volumeMounts (trainjob_types.go)
-        pod_spec.update(volumes=volumes, containers=[{"name": NODE, "volumeMounts": mounts}])
-    pod_template: dict[str, Any] = {"metadata": {"labels": dict(labels)}}
-    if pod_spec:
-        pod_template["spec"] = pod_spec
+        pod_spec["volumes"] = volumes
+        node["volumeMounts"] = mounts
+    pod_spec["containers"] = [node]  # ContainerPatch: securityContext, volumeMounts
+    pod_meta = {
+        "labels": settings.pod_labels(labels, queue=False),
+        "annotations": settings.pod_annotations({}),
+    }
+    pod_template: dict[str, Any] = {"metadata": pod_meta, "spec": pod_spec}
     node_job = {"name": NODE, "template": {"spec": {"template": pod_template}}}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -148,8 +164,12 @@ def trainjob_manifest(
         "metadata": {
             "name": slot.name(incarnation),
             "namespace": meta["namespace"],
-            "labels": labels,
-            "annotations": {"ddiloco.io/keeper-pod": meta["name"]},
+            "labels": {
+                **settings.labels,
+                **labels,
+                **({QUEUE_LABEL: settings.queue} if settings.queue else {}),
+            },
+            "annotations": {**settings.annotations, "ddiloco.io/keeper-pod": meta["name"]},
             "ownerReferences": owner_references(keeper_pod),
         },
         "spec": {
@@ -225,6 +245,10 @@ def as_worker(trainjob: dict[str, Any], pods: list[dict[str, Any]], seen: dict[s
         return {"metadata": meta, "status": {"phase": "Running"}}
     if _condition(trainjob, "Complete"):
         return {"metadata": meta, "status": {"phase": "Succeeded"}}
+    if (trainjob.get("spec") or {}).get("suspend"):
+        queue = (meta.get("labels") or {}).get(QUEUE_LABEL, "")
+        why = f"suspended: waiting for Kueue to admit it (queue {queue!r})" if queue else "suspended"
+        return {"metadata": meta, "status": {"phase": "Pending", "message": why}}
     ending, why = lost_node(pods, seen)
     failed = _condition(trainjob, "Failed")
     if ending is None and failed is None:

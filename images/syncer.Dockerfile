@@ -27,6 +27,9 @@ RUN python -m venv /opt/venv \
  && rm -rf /wheels \
  && useradd --uid 1000 --create-home --shell /usr/sbin/nologin ddiloco
 USER 1000:1000
+# Pods run as 1000 (components/podsettings.py RUN_AS, Pod Security `restricted`): HOME and the caches the code
+# and its libraries write (Hugging Face, torch/triton kernels) are this user's; tempfile uses /tmp (1777).
+ENV HOME=/home/ddiloco XDG_CACHE_HOME=/home/ddiloco/.cache HF_HOME=/home/ddiloco/.cache/huggingface
 WORKDIR /home/ddiloco
 # KFP runs `python3 -m kfp.dsl.executor_main ...`; python3 is the venv's (first on PATH).
 RUN python3 -c "import ddiloco, kfp, torch; print('ddiloco', ddiloco.__version__, 'torch', torch.__version__)"

@@ -186,9 +186,13 @@ DEFAULTS: dict[str, Any] = {
     "gpu_node_selector": {},
     "gpu_tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     "cpu_node_selector": {},
+    "kueue_queue": "",
+    "pod_settings": {},
 }
 """Run-time parameters and their defaults (KFP ≥ 2.16 ships SeaweedFS at seaweedfs.kubeflow:9000; older
-releases MinIO at minio-service.kubeflow:9000). `{namespace}` in store_prefix is the run's namespace."""
+releases MinIO at minio-service.kubeflow:9000). `{namespace}` in store_prefix is the run's namespace.
+`kueue_queue` and `pod_settings` (priority_class, affinity, image_pull_secrets, labels, annotations) reach
+the pods the keepers create (`ddiloco.components.podsettings`; docs/cluster.md, "Your cluster")."""
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 """Always passed as a parameter's whole value: the only form the KFP 2.17 driver replaces."""
 
@@ -243,6 +247,8 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         gpu_node_selector: dict = d["gpu_node_selector"],
         gpu_tolerations: list = d["gpu_tolerations"],
         cpu_node_selector: dict = d["cpu_node_selector"],
+        kueue_queue: str = d["kueue_queue"],
+        pod_settings: dict = d["pod_settings"],
     ):
         store = f"s3://{store_bucket}/{store_prefix}"
         k8s = _Wiring(opts, store_secret, gpu_node_selector, gpu_tolerations, cpu_node_selector)
@@ -282,6 +288,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
             k8s.cpu_step(prep, "prepare")
             roles = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
             roles.update(metrics_port=opts.metrics_port, restarts=opts.crash_restarts)
+            cluster = {"kueue_queue": kueue_queue, "pod_settings": pod_settings} if opts.keeper else {}
             with dsl.ParallelFor(items=prep.output, parallelism=opts.max_learners, name="learners") as lid:
                 if opts.keeper:
                     learner = c.learner_keeper(
@@ -291,6 +298,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
                         node_selector=gpu_node_selector if opts.gpu else cpu_node_selector,
                         tolerations=gpu_tolerations if opts.gpu else [],
                         **roles,
+                        **cluster,
                     )
                     k8s.keeper(learner.after(prep), "learner", opts.learner_retries)
                 else:
@@ -302,6 +310,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
                     store_secret=store_secret,
                     node_selector=cpu_node_selector,
                     **roles,
+                    **cluster,
                 )
                 sync = k8s.keeper(sync.after(prep), "syncer", opts.syncer_retries)
             else:

@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import certifi
 import urllib3
@@ -43,6 +43,7 @@ from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreConfigError
 from ddiloco.store.blob import Data, Lend, reader_of
 from ddiloco.store.retry import RetryPolicy, call_with_retry
 from ddiloco.store.s3_create import CreateSupport, S3CreateMixin
+from ddiloco.store.s3_credentials import ChainProvider
 from ddiloco.store.s3_io import Client, body_of, read_into
 from ddiloco.store.s3_settings import AUTO_REGION, S3Settings, bad_endpoint
 
@@ -135,14 +136,20 @@ class S3Store(S3CreateMixin, Store):
             retries=False,
         )
         try:
+            keys: dict[str, Any] = {
+                "access_key": settings.access_key,
+                "secret_key": settings.secret_key,
+                "session_token": settings.session_token,
+            }
+            if settings.chain_env is not None:  # no static keys: the AWS chain (s3_credentials)
+                source = settings.credentials_from.removeprefix("the AWS credential chain: ")
+                keys = {"credentials": ChainProvider(settings.chain_env, source)}
             client = Client(
                 settings.endpoint,
-                access_key=settings.access_key,
-                secret_key=settings.secret_key,
-                session_token=settings.session_token,
                 secure=settings.secure,
                 region=settings.client_region,
                 http_client=http,
+                **keys,
             )
         except ValueError as exc:
             raise bad_endpoint(settings.endpoint, str(exc)) from exc

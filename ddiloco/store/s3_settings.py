@@ -1,5 +1,7 @@
 """Where and how to reach an S3 endpoint (`S3Settings`): endpoint, credentials, region and TLS, from the
-environment; `ddiloco.store.s3` uses it (its module docstring says why the region is always set)."""
+environment; `ddiloco.store.s3` uses it (its module docstring says why the region is always set). Credentials:
+static keys (`CREDENTIAL_VARS`, first pair set), else the rest of the AWS chain (`s3_credentials`: web
+identity, container credentials, instance role), else one error naming everything tried."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from ddiloco.store.base import StoreConfigError
+from ddiloco.store.s3_credentials import chain_source, nothing_found
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,8 @@ class S3Settings:
     read_timeout: float = 30.0
     credentials_from: str = "arguments"
     """Which variable the credentials came from, for error messages."""
+    chain_env: Mapping[str, str] | None = dataclasses.field(default=None, repr=False)
+    """Set (the environment) when no static keys are: the AWS credential chain (`s3_credentials`)."""
 
     @property
     def endpoint_url(self) -> str:
@@ -76,6 +81,7 @@ class S3Settings:
                 "AWS_ENDPOINT_URL and S3_ENDPOINT are also read)"
             )
         endpoint, secure = _parse_endpoint(raw, _truthy(env.get("DDILOCO_S3_SECURE")))
+        chain_env: Mapping[str, str] | None = None
         for access_var, secret_var in CREDENTIAL_VARS:
             access = env.get(access_var, "").strip()
             if not access:
@@ -84,11 +90,11 @@ class S3Settings:
             if not secret:
                 raise StoreConfigError(f"{access_var} is set but {secret_var} is not: set both")
             break
-        else:
-            raise StoreConfigError(
-                "no S3 credentials configured: set DDILOCO_S3_ACCESS_KEY and DDILOCO_S3_SECRET_KEY "
-                "(or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
-            )
+        else:  # no static keys: the rest of the standard chain, if any link of it applies
+            source = chain_source(env, endpoint)
+            if not source:
+                raise nothing_found([f"{a} / {s}" for a, s in CREDENTIAL_VARS], env, endpoint)
+            access, secret, access_var, chain_env = "", "", f"the AWS credential chain: {source}", dict(env)
         ca_bundle = env.get("DDILOCO_S3_CA_BUNDLE") or None
         if ca_bundle is not None and not os.path.isfile(ca_bundle):
             raise StoreConfigError(
@@ -103,6 +109,7 @@ class S3Settings:
             region=next((env[v].strip() for v in REGION_VARS if env.get(v, "").strip()), None),
             ca_bundle=ca_bundle,
             credentials_from=access_var,
+            chain_env=chain_env,
         )
 
 

@@ -190,6 +190,17 @@ def test_defaults_need_no_vendor_labels_and_write_where_a_profile_may(compiled, 
     assert defaults["store_bucket"] == "mlpipeline"
 
 
+def test_cluster_settings_are_empty_by_default_and_reach_both_keepers(pretrain):
+    """`kueue_queue` and `pod_settings` (components/podsettings.py): run-time parameters, empty by default,
+    passed to the learner and syncer keepers, which put them on the pods they create."""
+    params = pretrain.ir["root"]["inputDefinitions"]["parameters"]
+    assert params["kueue_queue"]["defaultValue"] == "" and params["pod_settings"]["defaultValue"] == {}
+    for name in ("learner", "syncer"):
+        _, task = _worker(pretrain, name)
+        for key in ("kueue_queue", "pod_settings"):
+            assert task[key]["componentInputParameter"].endswith(key), (name, key)
+
+
 @pytest.fixture(scope="module")
 def direct(tmp_path_factory):
     """pretrain with `keeper=False`: the roles in their task pods (`ddiloco pipeline compile --no-keeper`)."""

@@ -12,7 +12,9 @@ failures, retries, names and deadlines happen, as far as those rules reach.
 Layout (each module's docstring has its "Design choices" and "Rules and their sources"): gofmt (Go/protobuf
 value formatting), ir (loading, what is refused), resolve (the driver's input resolution), launcher (executor
 input, command line, outputs), platform (KFP's pod spec patch), cluster (Kubernetes: nodes, secrets, env,
-names), argo (retry strategies and decisions, names), dag (DAGs, loops, exit handlers), dagretry (the
+names), admission (Istio's sidecar injector and Pod Security admission for created pods), kueue (Kueue's
+quota admission of created pods and TrainJobs), argo (retry strategies and decisions, names), dag (DAGs,
+loops, exit handlers), dagretry (the
 retry nodes above DAG templates, DAG phases), attempts (a container task's pods), failures (how the cluster
 ends a pod: preemption, eviction, OOM kill, admission, drain), pods (processes), kubeapi (the API
 stand-in), workers (pods a step creates through it: the keepers' workers), apiview (what the API stand-in

@@ -93,6 +93,13 @@ class Cluster:
     nodes: list[Node] = field(default_factory=default_nodes)
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)
     service_account: str = "pipeline-runner"
+    namespace_labels: dict[str, str] = field(default_factory=dict)
+    """The run namespace's labels: `istio-injection: enabled`, `pod-security.kubernetes.io/enforce`
+    (admission.py) act on the pods a step creates."""
+    istio_native_sidecars: bool = False
+    """Istio injects its proxy as a native sidecar (an init container with restartPolicy Always)."""
+    queues: dict[str, dict[str, str]] | None = None
+    """Kueue's LocalQueues and their quota (kueue.py); None: no Kueue in the cluster."""
 
 
 class PodPending(Exception):

@@ -18,6 +18,9 @@ Design choices:
   place. The keeper ends the incarnation on either (components/trainjob.py); the in-place restart is covered
   by its unit tests, not run here.
 - Time: the Job's pod replacement and the status follow on the twin's next tick.
+- Admission (kueue.py, admission.py): a TrainJob with a queue label is created suspended and starts its node
+  pods once its queue admits it; a node pod Pod Security refuses is not created (its message in `refused`)
+  and the Job controller tries again on the next tick, so the TrainJob never starts.
 
 Rules and their sources:
 - kubeflow/trainer pkg/runtime/framework/plugins/torch/torch.go EnforceMLPolicy: PET_NNODES = numNodes,
@@ -51,6 +54,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from tests.twin import kueue
+
 GROUP_VERSION = "trainer.kubeflow.org/v1alpha1"
 RUNTIME = "torch-distributed"
 RESERVED = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
@@ -81,6 +86,8 @@ class TrainJob:
     failures: int = 0
     conditions: list[dict[str, Any]] = field(default_factory=list)
     deleting: float | None = None
+    refused: list[str] = field(default_factory=list)
+    """Why the Job controller could not create a node pod (FailedCreate: Pod Security's message)."""
 
     @property
     def name(self) -> str:
@@ -89,6 +96,10 @@ class TrainJob:
     @property
     def trainer(self) -> dict[str, Any]:
         return self.body["spec"].get("trainer") or {}
+
+    @property
+    def suspended(self) -> bool:
+        return bool(self.body["spec"].get("suspend"))
 
     @property
     def done(self) -> bool:
@@ -114,6 +125,9 @@ def _node_patch(body: dict[str, Any]) -> dict[str, Any]:
                 continue
             tmpl = ((rjob.get("template") or {}).get("spec") or {}).get("template") or {}
             out["metadata"]["labels"].update((tmpl.get("metadata") or {}).get("labels") or {})
+            out["metadata"].setdefault("annotations", {}).update(
+                (tmpl.get("metadata") or {}).get("annotations") or {}
+            )
             pod = dict(tmpl.get("spec") or {})
             out["containers"] += pod.pop("containers", None) or []  # ContainerPatch: merged by name
             out["spec"].update(pod)
@@ -128,6 +142,8 @@ def _merge_containers(base: dict[str, Any], patches: list[dict[str, Any]]) -> li
     for cp in patches:
         if cp.get("name") == base["name"]:
             base["volumeMounts"] = [*(base.get("volumeMounts") or []), *(cp.get("volumeMounts") or [])]
+            if cp.get("securityContext"):  # ContainerPatch.securityContext
+                base["securityContext"] = {**(base.get("securityContext") or {}), **cp["securityContext"]}
         else:
             containers.append(dict(cp))
     return containers
@@ -153,12 +169,18 @@ class TrainJobs:
         invalid = self._invalid(body)
         if invalid:
             return 422, {"reason": "Invalid", "message": f'TrainJob.trainer.kubeflow.org "{name}" is invalid: {invalid}'}  # fmt: skip
-        body = {**body, "metadata": {**meta, "namespace": namespace}}
+        body = kueue.suspend(self.ex.cluster.queues, {**body, "metadata": {**meta, "namespace": namespace}})
         job = TrainJob(body, str(uuid.uuid4()), time.time(), _free_port())
         self.jobs[name] = job
+        if job.suspended:
+            job.conditions.append(self._cond("Suspended", "Suspended", "TrainJob is suspended"))
+        else:
+            self._start_nodes(job)
+        return 201, job.json()
+
+    def _start_nodes(self, job: TrainJob) -> None:
         for k in range(int(job.trainer.get("numNodes", 1))):
             self._start_node(job, k)
-        return 201, job.json()
 
     def _invalid(self, body: dict[str, Any]) -> str:
         name, spec = body["metadata"]["name"], body.get("spec") or {}
@@ -223,8 +245,27 @@ class TrainJobs:
             elif job.deleting is not None:
                 if not self._node_pods(job):
                     self._gone(job)
+            elif job.suspended:
+                self._admit(job)
             elif not job.done:
                 self._reconcile(job)
+
+    def _admit(self, job: TrainJob) -> None:
+        """Kueue (kueue.py): unsuspend a queued TrainJob once its queue's quota fits all of its nodes."""
+        queues, queue = self.ex.cluster.queues or {}, kueue.queue_of(job.body)
+        used: dict[str, float] = {}
+        for other in self.jobs.values():
+            if (
+                other is not job
+                and kueue.queue_of(other.body) == queue
+                and not other.suspended
+                and not other.done
+            ):
+                kueue.add(used, kueue.trainjob_usage(other.body["spec"]))
+        if kueue.fits(queues.get(queue), used, kueue.trainjob_usage(job.body["spec"])):
+            job.body = {**job.body, "spec": {**job.body["spec"], "suspend": False}}
+            job.conditions = [c for c in job.conditions if c["type"] != "Suspended"]
+            self._start_nodes(job)
 
     def _node_pods(self, job: TrainJob) -> list[str]:
         return [w.name for w in self.ex.workers.pods.values() if w.body["metadata"]["labels"].get(JOBSET_NAME) == job.name]  # fmt: skip
@@ -235,6 +276,9 @@ class TrainJobs:
 
     def _reconcile(self, job: TrainJob) -> None:
         pods = self.ex.workers.pods
+        for k in range(int(job.trainer.get("numNodes", 1))):
+            if k not in job.pods:  # refused at admission before: the Job controller tries again
+                self._start_node(job, k)
         phases = {k: pods[name].phase if name in pods else "Gone" for k, name in job.pods.items()}
         for k, phase in sorted(phases.items()):
             if phase in ("Failed", "Gone"):
@@ -286,13 +330,16 @@ class TrainJobs:
             "metadata": {
                 "name": f"{job.name}-node-0-{k}-{uuid.uuid4().hex[:5]}",
                 "labels": labels,
-                "annotations": {INDEX: str(k)},
+                "annotations": {**patch["metadata"].get("annotations", {}), INDEX: str(k)},
                 "ownerReferences": [owner],
             },
             "spec": {"restartPolicy": "OnFailure", "hostname": f"{job.name}-node-0-{k}", "subdomain": job.name,
                      "containers": _merge_containers(container, patch["containers"]), **patch["spec"]},
         }  # fmt: skip
         code, out = self.ex.workers.create(self.ex.cluster.namespace, body)
+        if code == 403:  # Pod Security: the Job controller records FailedCreate and tries again later
+            job.refused.append(out["message"])
+            return
         if code != 201:
             raise RuntimeError(f"twin: node pod {k} of TrainJob {job.name} refused: {out}")
         job.pods[k] = body["metadata"]["name"]

@@ -12,6 +12,11 @@ Design choices:
   the same extended resource there (kubernetes#130145).
 - Time: grace periods are cluster seconds, divided by the twin's time_scale like every other duration.
 
+- Admission at create (admission.py, kueue.py): Istio's injector and Kueue's pod webhook mutate the pod,
+  then Pod Security admission may refuse it (403 Forbidden, its message in `refused`); a gated pod stays
+  Pending until `_admit` ungates it; a pod with an injected regular `istio-proxy` stays Running after its
+  main container ended.
+
 Rules and their sources (Kubernetes):
 - Create: a pod whose name is taken is refused 409 AlreadyExists (apiserver registry/rest/create.go); the
   namespace of the body must match the URL's (400 BadRequest); a volumeMount must name a volume of the pod
@@ -42,6 +47,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tests.twin import kueue
+from tests.twin.admission import PROXY, inject, pod_security
 from tests.twin.cluster import PodPending, container_env, expand, schedule
 from tests.twin.failures import FailureKind, failure_kind, signal_exit_code
 from tests.twin.platform import EnvVar, PodSpec, quantity
@@ -70,10 +77,10 @@ def _env(container: dict[str, Any]) -> list[EnvVar]:
 
 
 def pod_spec(body: dict[str, Any]) -> PodSpec:
-    """What the twin acts on of a created pod (one container)."""
+    """What the twin acts on of a created pod (one container, besides an injected `istio-proxy`)."""
     spec = body.get("spec") or {}
-    containers = spec.get("containers") or []
-    if len(containers) != 1:
+    containers = [c for c in spec.get("containers") or [] if c.get("name") != PROXY]
+    if len(containers) != 1 or [c for c in spec.get("initContainers") or [] if c.get("name") != PROXY]:
         raise ValueError("the twin runs created pods with exactly one container")
     c, res = containers[0], containers[0].get("resources") or {}
     volumes, mounts = list(spec.get("volumes") or []), list(c.get("volumeMounts") or [])
@@ -113,10 +120,16 @@ class Worker:
     deleting: float | None = None
     failure: FailureKind | None = None
     started: float | None = None
+    proxy: str = ""
+    """"regular" or "native": an injected istio-proxy (admission.py), which never exits."""
 
     @property
     def name(self) -> str:
         return self.body["metadata"]["name"]
+
+    @property
+    def gated(self) -> bool:
+        return bool((self.body.get("spec") or {}).get("schedulingGates"))
 
     def json(self) -> dict[str, Any]:
         meta = {**self.body["metadata"], "uid": self.uid, "creationTimestamp": _rfc3339(self.created)}
@@ -135,6 +148,11 @@ class Worker:
             status["containerStatuses"] = [{**cs, "state": {"terminated": dict(self.terminated)}}]
         elif self.proc is not None:
             status["containerStatuses"] = [{**cs, "ready": True, "state": {"running": {}}}]
+        if self.proxy == "regular" and self.phase == "Running":  # it outlives the main container
+            proxy = {**cs, "name": PROXY, "image": "istio/proxyv2", "ready": True, "state": {"running": {}}}
+            status["containerStatuses"] = [*status.get("containerStatuses", []), proxy]
+        if self.gated:
+            status["conditions"] = [*status.get("conditions", []), {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "Scheduling is blocked due to non-empty scheduling gates"}]  # fmt: skip
         return {
             **self.body,
             "metadata": meta,
@@ -153,6 +171,8 @@ class WorkerPods:
         """name -> the pod's JSON when it ended (kept for tests after the object is gone)."""
         self.reject_on: dict[str, str] = {}
         """node -> extended resource its device manager refuses once (kubernetes#130145)."""
+        self.refused: list[str] = []
+        """Pod Security admission's messages, in order (admission.py)."""
 
     # --- the API ---
     def create(self, namespace: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -162,12 +182,24 @@ class WorkerPods:
             return 400, {"reason": "BadRequest", "message": "the namespace of the object does not match"}
         if name in self.pods or name in self.ex.pods:
             return 409, {"reason": "AlreadyExists", "message": f'pods "{name}" already exists'}
+        cluster = self.ex.cluster
+        body = kueue.gate(
+            cluster.queues, inject(cluster.namespace_labels, body, cluster.istio_native_sidecars)
+        )
+        forbidden = pod_security(cluster.namespace_labels, body)  # after the mutating webhooks
+        if forbidden:
+            self.refused.append(forbidden)
+            return 403, {"reason": "Forbidden", "message": forbidden}
         try:
             spec = pod_spec(body)
         except (ValueError, KeyError) as e:
             return 422, {"reason": "Invalid", "message": f'Pod "{name}" is invalid: {e}'}
         body = {**body, "metadata": {**meta, "namespace": namespace}}
         w = Worker(body, spec, str(uuid.uuid4()), time.time())
+        if any(c.get("name") == PROXY for c in body["spec"].get("containers") or []):
+            w.proxy = "regular"
+        elif any(c.get("name") == PROXY for c in body["spec"].get("initContainers") or []):
+            w.proxy = "native"
         self.pods[name] = w
         return 201, w.json()
 
@@ -216,12 +248,30 @@ class WorkerPods:
 
     # --- the kubelet and the garbage collector, once per tick ---
     def poll(self) -> None:
+        self._admit()
         for w in list(self.pods.values()):
-            if w.phase == "Pending":
+            if w.phase == "Pending" and not w.gated:
                 self._start(w)
-            elif w.phase == "Running" and w.proc is not None and w.proc.poll() is not None:
+            elif w.phase == "Running" and w.terminated is None and w.proc is not None and w.proc.poll() is not None:  # fmt: skip
                 self._ended(w, w.proc.returncode)
         self._collect()
+
+    def _admit(self) -> None:
+        """Kueue (kueue.py): ungate the queued pods that fit their queue's quota, oldest first."""
+        queues = self.ex.cluster.queues
+        if queues is None:
+            return
+        used: dict[str, dict[str, float]] = {}
+        for w in self.pods.values():
+            if kueue.queue_of(w.body) and not w.gated and w.phase in ("Pending", "Running"):
+                kueue.add(used.setdefault(kueue.queue_of(w.body), {}), kueue.pod_usage(w.body["spec"]))
+        for w in sorted(self.pods.values(), key=lambda w: w.created):
+            queue = kueue.queue_of(w.body)
+            want = kueue.pod_usage(w.body["spec"])
+            if w.gated and kueue.fits(queues.get(queue), used.get(queue, {}), want):
+                gates = [g for g in w.body["spec"]["schedulingGates"] if g.get("name") != kueue.GATE]
+                w.body = {**w.body, "spec": {**w.body["spec"], "schedulingGates": gates}}
+                kueue.add(used.setdefault(queue, {}), want)
 
     def gpus(self) -> dict[str, dict[str, float]]:
         used: dict[str, dict[str, float]] = {}
@@ -283,6 +333,8 @@ class WorkerPods:
         else:
             reason = "Completed" if code == 0 else "Error"
         w.terminated = {"exitCode": code, "reason": reason}
+        if w.proxy == "regular" and k is None and w.deleting is None:
+            return  # the main container ended, istio-proxy runs on: the pod stays Running (admission.py)
         w.phase = "Succeeded" if code == 0 and k is None else "Failed"
         self.ended[w.name] = w.json()
         if w.deleting is not None:

@@ -163,6 +163,22 @@ def test_overlay_builds_and_every_object_validates_strictly(overlay):
         assert obj["metadata"].get("namespace"), f"{obj['kind']}/{obj['metadata']['name']} has no namespace"
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_every_pod_template_opts_out_of_istio_and_passes_pod_security_restricted(overlay):
+    """Jobs and Deployments of the manifests: the opt-out KFP 2.17 puts on its own pods (annotation
+    `sidecar.istio.io/inject: "false"`), and the twin's Pod Security `restricted` check (tests/twin/
+    admission.py, the rules of k8s.io/pod-security-admission) on their pod templates."""
+    from tests.twin.admission import pod_security
+
+    templates = [o for o in kustomize(overlay) if o["kind"] in ("Job", "Deployment", "StatefulSet")]
+    for obj in templates:
+        tmpl = obj["spec"]["template"]
+        name = f"{overlay.name}: {obj['kind']}/{obj['metadata']['name']}"
+        assert tmpl["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false", name
+        pod = {"metadata": {"name": obj["metadata"]["name"]}, "spec": tmpl["spec"]}
+        assert pod_security({"pod-security.kubernetes.io/enforce": "restricted"}, pod) == "", name
+
+
 def test_strict_validation_catches_a_typo():
     (pm,) = [o for o in kustomize(MANIFESTS / "monitoring") if o["kind"] == "PodMonitor"]
     pm["spec"]["podMetricsEndpoints"][0]["intervall"] = "15s"

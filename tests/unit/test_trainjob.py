@@ -13,6 +13,7 @@ import pytest
 from ddiloco.components import trainjob as tj
 from ddiloco.components.keeper import CRASH, INFRA, RUNNING, SUCCEEDED, Slot, classify, pick, worker_manifest
 from ddiloco.components.keeper_loop import Keeper
+from ddiloco.components.podsettings import container_security_context, pod_security_context
 
 from tests.unit.test_keeper import KEEPER_POD, SPEC, term
 
@@ -38,8 +39,11 @@ def test_the_trainjob_names_the_torch_runtime_and_carries_the_workers_fields():
     name = m["metadata"]["name"]
     assert name == pod["metadata"]["name"] and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
     assert len(name) <= 63
-    for key in ("labels", "ownerReferences", "namespace"):  # collected with the Workflow, like a worker
+    for key in ("ownerReferences", "namespace"):  # collected with the Workflow, like a worker
         assert m["metadata"][key] == pod["metadata"][key]
+    assert m["metadata"]["labels"] == {  # the Istio opt-out is the node pods' (a TrainJob is no pod)
+        k: v for k, v in pod["metadata"]["labels"].items() if k != "sidecar.istio.io/inject"
+    }
     trainer = m["spec"]["trainer"]
     assert (trainer["numNodes"], trainer["numProcPerNode"], trainer["image"]) == (2, 4, SPEC.image)
     assert trainer["resourcesPerNode"] == {"requests": {"cpu": "4"}, "limits": {"nvidia.com/gpu": "1"}}
@@ -56,11 +60,17 @@ def test_node_pods_get_the_worker_labels_pool_and_account_through_a_runtime_patc
     (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     assert rjob["name"] == "node"
     template = rjob["template"]["spec"]["template"]
-    assert template["metadata"]["labels"] == manifest()["metadata"]["labels"]  # the chaos step's selector
+    assert template["metadata"]["labels"] == {  # the chaos step's selector, and the Istio opt-out
+        **manifest()["metadata"]["labels"],
+        "sidecar.istio.io/inject": "false",
+    }
+    assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
     assert template["spec"] == {
         "nodeSelector": {"pool": "gpu"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
         "serviceAccountName": "default-editor",
+        "securityContext": pod_security_context(),  # PodSpecPatch.securityContext
+        "containers": [{"name": "node", "securityContext": container_security_context()}],
     }
     assert "env" not in str(patch)  # jobset.go Validate: no env for the `node` container in a patch
 
@@ -267,7 +277,11 @@ def test_node_pods_get_the_memory_backed_dev_shm_through_the_runtime_patch():
     pod = rjob["template"]["spec"]["template"]["spec"]
     assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}]
     assert pod["containers"] == [
-        {"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+        {
+            "name": "node",
+            "securityContext": container_security_context(),
+            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        }
     ]
     assert TrainJobs._invalid(None, m) == ""
     node = _node_patch(m)

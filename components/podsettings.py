@@ -1,0 +1,114 @@
+"""What every pod this package creates itself (keeper workers, TrainJob node pods) carries for a platform team's
+cluster: the Istio opt-out, a Pod Security `restricted` securityContext, and the run's scheduling settings
+(Kueue queue, priority class, affinity, image pull secrets, extra labels and annotations).
+
+Design choices:
+- Istio: the pods opt out of sidecar injection, as KFP 2.17 opts out its own workflow pods: the API server
+  sets the annotation `sidecar.istio.io/inject: "false"` on every template (backend/src/apiserver/template/
+  v2_template.go, `SetAnnotationsToAllTemplatesIfKeyNotExist(util.AnnotationKeyIstioSidecarInject, ...)`).
+  The package sets the annotation *and* the label of that name: Istio's injector reads both (pkg/kube/inject/
+  inject.go injectRequired: the label wins over the annotation), and since Istio 1.x's revision-based
+  webhooks match the label in their objectSelector. Without it, in a namespace labelled
+  `istio-injection=enabled` a worker gets an `istio-proxy` container that never exits, so a finished worker
+  stays Running (docs/cluster.md, "Your cluster").
+- Pod Security: the Pod Security Standards' `restricted` profile (k8s.io/pod-security-admission policy/
+  check_*.go): runAsNonRoot, a non-zero runAsUser, seccompProfile RuntimeDefault on the pod; on every
+  container allowPrivilegeEscalation false and capabilities drop ALL. The uid is the images' user
+  (images/*.Dockerfile `useradd --uid 1000`); fsGroup the same, so mounted volumes are writable by it.
+- Scheduling: `PodSettings` is the run-time parameter `pod_settings` (a JSON object) plus `kueue_queue`,
+  applied by `worker_manifest` and `trainjob_manifest`. A worker pod gets the Kueue queue label itself
+  (Kueue's plain-pod integration gates it, kueue pkg/controller/jobs/pod); a TrainJob gets it on the
+  TrainJob (Kueue's TrainJob integration suspends and admits the TrainJob, not its pods).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ISTIO_INJECT = "sidecar.istio.io/inject"
+ISTIO_OPT_OUT = {ISTIO_INJECT: "false"}
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+RUN_AS = 1000
+"""The images' user and group (images/learner.Dockerfile, images/syncer.Dockerfile: `USER 1000:1000`)."""
+KEYS = ("priority_class", "affinity", "image_pull_secrets", "labels", "annotations")
+"""What `pod_settings` may hold (anything else is a usage error)."""
+
+
+def pod_security_context() -> dict[str, Any]:
+    """The pod-level part of `restricted`: who runs, and the seccomp profile."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """The container-level part of `restricted` (also valid under `baseline`)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """A run's scheduling settings for the pods the package creates; all empty by default."""
+
+    queue: str = ""
+    """Kueue LocalQueue (`kueue.x-k8s.io/queue-name`): the workload waits until the queue admits it."""
+    priority_class: str = ""
+    """priorityClassName of worker pods (a TrainJob's node pods take theirs from the runtime, see
+    `trainjob`)."""
+    affinity: dict[str, Any] = field(default_factory=dict)
+    image_pull_secrets: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, queue: str = "", settings: dict[str, Any] | None = None) -> PodSettings:
+        """From the run-time parameters `kueue_queue` and `pod_settings`; ValueError names what is wrong."""
+        settings = dict(settings or {})
+        unknown = sorted(set(settings) - set(KEYS))
+        if unknown:
+            raise ValueError(f"pod_settings: unknown keys {unknown}; allowed: {list(KEYS)}")
+        secrets = settings.get("image_pull_secrets") or []
+        if not isinstance(secrets, list) or not all(isinstance(s, str) for s in secrets):
+            raise ValueError(f"pod_settings.image_pull_secrets: a list of Secret names, got {secrets!r}")
+        for key in ("affinity", "labels", "annotations"):
+            if not isinstance(settings.get(key) or {}, dict):
+                raise ValueError(f"pod_settings.{key}: a JSON object, got {settings[key]!r}")
+        return cls(
+            queue=str(queue or ""),
+            priority_class=str(settings.get("priority_class") or ""),
+            affinity=dict(settings.get("affinity") or {}),
+            image_pull_secrets=list(secrets),
+            labels={str(k): str(v) for k, v in (settings.get("labels") or {}).items()},
+            annotations={str(k): str(v) for k, v in (settings.get("annotations") or {}).items()},
+        )
+
+    def pod_labels(self, own: dict[str, str], *, queue: bool) -> dict[str, str]:
+        """Extra labels, the package's own (which win), the Istio opt-out and, with `queue`, the queue."""
+        out = {**self.labels, **own, **ISTIO_OPT_OUT}
+        if queue and self.queue:
+            out[QUEUE_LABEL] = self.queue
+        return out
+
+    def pod_annotations(self, own: dict[str, str]) -> dict[str, str]:
+        return {**self.annotations, **own, **ISTIO_OPT_OUT}
+
+    def pod_spec(self, *, priority: bool) -> dict[str, Any]:
+        """Pod spec fields: securityContext always; affinity, imagePullSecrets, priorityClassName if set."""
+        out: dict[str, Any] = {"securityContext": pod_security_context()}
+        if self.affinity:
+            out["affinity"] = dict(self.affinity)
+        if self.image_pull_secrets:
+            out["imagePullSecrets"] = [{"name": s} for s in self.image_pull_secrets]
+        if priority and self.priority_class:
+            out["priorityClassName"] = self.priority_class
+        return out
