@@ -347,7 +347,11 @@ class _Wiring:
         assert self.opts.run_key_secret is not None
         return self.opts.run_key_secret, {"key": RUN_KEY_ENV}
 
-    def _common(self, task: Any, name: str, retries: int, role: str | None = None) -> Any:
+    def _common(
+        self, task: Any, name: str, retries: int, role: str | None = None, run_key: bool = True
+    ) -> Any:
+        """What every task gets; `run_key`: the role's share of the run key (`_run_key`; a keeper, which
+        signs and reads nothing, gets none)."""
         o = self.opts
         task.set_display_name(name).set_caching_options(False)
         task.set_retry(
@@ -359,9 +363,9 @@ class _Wiring:
         kubernetes.use_secret_as_env(task, secret_name=self.secret, secret_key_to_env=SECRET_KEYS)
         kubernetes.use_field_path_as_env(task, NAMESPACE_ENV, "metadata.namespace")
         kubernetes.use_field_path_as_env(task, POD_NAME_ENV, "metadata.name")
-        if o.run_key_secret:
-            name, entries = self._run_key(role)
-            kubernetes.use_secret_as_env(task, secret_name=name, secret_key_to_env=entries, optional=True)
+        if o.run_key_secret and run_key:
+            secret, entries = self._run_key(role)
+            kubernetes.use_secret_as_env(task, secret_name=secret, secret_key_to_env=entries, optional=True)
         kubernetes.add_pod_label(task, "app.kubernetes.io/part-of", "ddiloco")
         if role is not None:
             kubernetes.add_pod_label(task, ROLE_LABEL, role)
@@ -376,9 +380,11 @@ class _Wiring:
             kubernetes.add_node_selector_json(task, self.cpu_selector)
         return task
 
-    def cpu_step(self, task: Any, name: str, retries: int | None = None, role: str | None = None) -> Any:
+    def cpu_step(
+        self, task: Any, name: str, retries: int | None = None, role: str | None = None, run_key: bool = True
+    ) -> Any:
         kubernetes.add_node_selector_json(task, self.cpu_selector)
-        return self._common(task, name, self.opts.step_retries if retries is None else retries, role)
+        return self._common(task, name, self.opts.step_retries if retries is None else retries, role, run_key)
 
     def gpu_step(self, task: Any, name: str) -> Any:
         return self._on_gpus(self._common(task, name, self.opts.step_retries), 1)
@@ -406,7 +412,7 @@ class _Wiring:
         """A keeper task: tiny, requests == limits, CPU nodes, labelled as the keeper of `role` (not with the
         role label: the chaos step kills workers)."""
         o = self.opts
-        self.cpu_step(task, role, retries)
+        self.cpu_step(task, role, retries, run_key=False)  # its workers get the key, not the keeper
         kubernetes.add_pod_label(task, KEEPER_LABEL, role)
         task.set_cpu_request(o.keeper_cpu).set_cpu_limit(o.keeper_cpu)
         task.set_memory_request(o.keeper_memory).set_memory_limit(o.keeper_memory)

@@ -288,13 +288,16 @@ def test_store_credentials_come_from_the_secret_as_env(pretrain):
         assert params["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}", name
     for name in ("prepare", "learner", "syncer", "chaos", "evaluate-final", "sft", "evaluate-sft", "report"):
         _, k8s = pretrain.executor(name)
-        secret, run_key = k8s["secretAsEnv"]
+        secret, *run_key = k8s["secretAsEnv"]
         assert secret["secretNameParameter"]["componentInputParameter"].endswith("store_secret"), name
         assert {kv["secretKey"]: kv["envVar"] for kv in secret["keyToEnv"]} == SECRET_KEYS
         assert not secret.get("optional")
-        # The run key signs updates and globals; an optional Secret, so a cluster without it runs unsigned.
-        assert run_key["secretName"] == "ddiloco-run-key" and run_key["optional"] is True, name
-        assert run_key["keyToEnv"] == [{"envVar": "DDILOCO_RUN_KEY", "secretKey": "key"}]
+        if name in ("learner", "syncer"):  # keepers: they sign and read nothing, their workers hold the key
+            assert run_key == [], name
+            continue
+        # The master key signs globals; an optional Secret, so a cluster without it runs unsigned.
+        assert run_key[0]["secretName"] == "ddiloco-run-key" and run_key[0]["optional"] is True, name
+        assert run_key[0]["keyToEnv"] == [{"envVar": "DDILOCO_RUN_KEY", "secretKey": "key"}]
     defaults = {
         k: v.get("defaultValue") for k, v in pretrain.ir["root"]["inputDefinitions"]["parameters"].items()
     }
@@ -417,3 +420,19 @@ def test_gpu_learner_pods_get_a_memory_backed_dev_shm(tmp_path, pretrain, direct
     assert "emptyDirMounts" not in none.executor("learner")[1]
     with pytest.raises(ValueError, match="learner_shm '4 GB': write a Kubernetes quantity like 4Gi"):
         compile_pipeline("pretrain", tmp_path / "bad.yaml", learner_shm="4 GB")  # the driver would panic
+
+
+def test_learner_pods_get_a_learners_share_of_the_run_key_never_the_master_key(pretrain, direct):
+    """Keys per role (issue 49): a learner's worker (and, with `--no-keeper`, its task pod) maps the learner
+    Secret's `learner` and `syncer_pub` entries; the syncer's the master key; keepers nothing."""
+    share = {"learner": "DDILOCO_LEARNER_KEY", "syncer_pub": "DDILOCO_SYNCER_PUBKEY"}
+    worker, _ = _worker(pretrain, "learner")
+    assert worker["run_key"] == {"secret": "ddiloco-learner-key", "entries": share}
+    worker, _ = _worker(pretrain, "syncer")
+    assert worker["run_key"] == {"secret": "ddiloco-run-key", "entries": {"key": "DDILOCO_RUN_KEY"}}
+    _, k8s = direct.executor("learner")
+    (run_key,) = [s for s in k8s["secretAsEnv"] if s.get("secretName") == "ddiloco-learner-key"]
+    assert {kv["secretKey"]: kv["envVar"] for kv in run_key["keyToEnv"]} == share
+    assert not any(s.get("secretName") == "ddiloco-run-key" for s in k8s["secretAsEnv"])
+    _, k8s = direct.executor("syncer")
+    assert any(s.get("secretName") == "ddiloco-run-key" for s in k8s["secretAsEnv"])

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from ddiloco.pipelines.compile import compile_pipeline
 
+from ddiloco.protocol.signing import learner_env
 from ddiloco.store.url import open_store
 from tests.twin import KFP_2_17, Cluster, Twin, stragglers
 
@@ -37,6 +38,14 @@ TINY = [
     "data.synthetic_docs=600", "data.synthetic_entities=8", "diloco.fragments=2", "eval.val_batches=2",
     "train.checkpoint_every_s=1", "train.threads=1", "sft.steps=20",
 ]  # fmt: skip
+MASTER_KEY = "5c" * 32
+RUN_KEY_SECRETS = {  # keys per role: the master key for prepare, syncer and post-training, a share for learners
+    "ddiloco-run-key": {"key": MASTER_KEY},
+    "ddiloco-learner-key": {
+        "learner": learner_env(bytes.fromhex(MASTER_KEY))["DDILOCO_LEARNER_KEY"],
+        "syncer_pub": learner_env(bytes.fromhex(MASTER_KEY))["DDILOCO_SYNCER_PUBKEY"],
+    },
+}
 KILLS_AT_S = (8.0, 12.0)  # real seconds after prepare: 480 s and 720 s of cluster time, past 300 s
 
 
@@ -44,7 +53,10 @@ def twin_and_args(yaml_path: Path, s3, work: Path, token_budget: int) -> tuple[T
     chaos = {"events": [{"kind": "kill_learner", "learner": i, "at_s": t} for i, t in enumerate(KILLS_AT_S)]}
     cluster = Cluster(
         namespace=NAMESPACE,
-        secrets={"mlpipeline-minio-artifact": {"accesskey": s3.access_key, "secretkey": s3.secret_key}},
+        secrets={
+            "mlpipeline-minio-artifact": {"accesskey": s3.access_key, "secretkey": s3.secret_key},
+            **RUN_KEY_SECRETS,
+        },
     )
     twin = Twin(
         yaml_path, work, cluster=cluster, workflow_defaults=KFP_2_17, time_scale=TIME_SCALE, timeout_s=420,
@@ -136,6 +148,15 @@ def test_the_pipeline_runs_end_to_end_under_the_profile_identity(pretrain_run):
         and store.exists("sft/meta.json")
     )
     assert stragglers(run.run_id) == []
+    # Keys per role: the syncer signed what learners act on with its own key, the learners' answers (signed
+    # with their share) were all accepted.
+    from ddiloco.protocol import signing
+
+    keys_ = signing.for_run(bytes.fromhex(MASTER_KEY), run.run_id)
+    for doc in ("done.json", "syncer/status.json"):
+        assert signing.check_doc(store.get_json(doc), keys_, signing.SYNCER) is None, doc
+    state = store.get_json("syncer/state.json")
+    assert sum(state["ledger"][0].values()) > 0 and not state["rejected"], state["rejected"]
 
 
 def test_kills_find_the_learners_worker_pods_and_their_keepers_bring_them_back_with_the_same_learner_id(
