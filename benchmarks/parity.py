@@ -287,6 +287,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], l
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the JSON result here")
     ap.add_argument(
+        "--record", default=None, metavar="CLAIM", help="also write docs/results/CLAIM.json (_record.py)"
+    )
+    ap.add_argument(
         "--resume", default=None, metavar="PATH.runs.jsonl", help="reuse runs an earlier --json recorded"
     )
     args = ap.parse_args(argv)
@@ -477,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(out, sort_keys=True, default=str)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")
+    if args.record:
+        from _record import record
+
+        record(args.record, {"aggregate": out["aggregate"]}, out)
     print(text)
     return 0
 

@@ -358,6 +358,9 @@ def main() -> None:
     ap.add_argument(
         "--one-after-the-other", action="store_true", help="run the two runs in turn (default: side by side)"
     )
+    ap.add_argument(
+        "--record", default=None, metavar="CLAIM", help="also write docs/results/CLAIM.json (_record.py)"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.rate < 100:
@@ -405,6 +408,13 @@ def main() -> None:
         - (faulty["tokens_outstanding"] or 0),
         "final_loss_ratio": faulty["final_val_loss"] / clean["final_val_loss"],
     }
+    if args.record:
+        from _record import record
+
+        figures = {
+            k: result[k] for k in ("minutes", "rate_per_hour", "merged_tokens_lost", "final_loss_ratio")
+        }
+        record(args.record, figures | {"goodput": faulty.get("goodput")}, result)
     print(json.dumps(result))
 
 

@@ -485,6 +485,9 @@ def main() -> None:
         action="store_false",
         help="do not hold the other fragments' Θ and momentum (peak RSS then counts one fragment's round)",
     )
+    ap.add_argument(
+        "--record", default=None, metavar="CLAIM", help="also write docs/results/CLAIM.json (_record.py)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(split_threads(args.threads)[1])  # as the syncer splits its threads
     vocab, block = PRESET_DEFAULTS[args.preset]
@@ -614,6 +617,11 @@ def main() -> None:
         "yardstick_bytes": yardstick.nbytes,
         "per_round": [{k: (_sig(v) if isinstance(v, float) else v) for k, v in r.items()} for r in rounds],
     }
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _record import record
+
+        record(args.record, {k: v for k, v in out.items() if k != "per_round"}, out)
     print(json.dumps(out))
 
 
