@@ -112,13 +112,21 @@ def first_round(r: Run) -> int:
 
 
 def run(
-    name: str, *overrides: str, before: Hook | None = None, after: Hook | None = None, robust=None
+    name: str,
+    *overrides: str,
+    before: Hook | None = None,
+    after: Hook | None = None,
+    robust=None,
+    learners: int = 2,
+    steps: tuple[int, ...] | None = None,
+    passes: int = 5000,
 ) -> Run:
     """A deterministic in-process run; `before` sees each round right after the syncer opened it (before
-    the learners answer), `after` sees the store after the learners' ticks."""
-    r = start(name, *overrides, robust=robust)
+    the learners answer), `after` sees the store after the learners' ticks; `steps`: ticks of each learner
+    per pass of the syncer (one each by default: a learner with 10 is 10× faster on the syncer's clock)."""
+    r = start(name, *overrides, robust=robust, learners=learners)
     opened: set[int] = set()
-    for _ in range(5000):
+    for _ in range(passes):
         r.now[0] += 1.0
         if r.syncer.step():
             for learner in r.learners:
@@ -130,7 +138,10 @@ def run(
             opened.add(rnd)
             if before is not None:
                 before(r, rnd)
-        tick(r)
+        for learner, n in zip(r.learners, steps or (1,) * len(r.learners), strict=True):
+            for _ in range(n):
+                learner.poller.poll_once()
+                learner.tick()
         if after is not None:
             after(r, max(opened, default=-1))
     else:

@@ -20,7 +20,8 @@ from ddiloco.globalmodel import read_layout
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.protocol import wire
 from ddiloco.run import RunRoot
-from tests.integration.test_bad_inputs import Run, put, start, tick
+from tests.integration import test_bad_inputs as bad_inputs
+from tests.integration.test_bad_inputs import Run, put
 
 SETTINGS = ("diloco.token_budget=40000", "diloco.learners=3", "diloco.quorum=3")
 HOSTILE_ID = 90
@@ -59,19 +60,7 @@ def _norm(tensors) -> float:
 
 def run(name: str, *overrides: str, after=None) -> Run:
     """`test_bad_inputs.run` with three learners: a deterministic in-process run to its end."""
-    r = start(name, *SETTINGS, *overrides, learners=3)
-    for _ in range(20000):
-        r.now[0] += 1.0
-        if r.syncer.step():
-            for learner in r.learners:
-                learner.poller.poll_once()
-                learner.tick()
-                learner.close("done")
-            return r
-        tick(r)
-        if after is not None:
-            after(r, 0)
-    raise AssertionError("the run did not finish")
+    return bad_inputs.run(name, *SETTINGS, *overrides, after=after, learners=3, passes=20000)
 
 
 def final_loss(r: Run) -> float:
