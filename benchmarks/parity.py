@@ -232,22 +232,14 @@ def analytic_dp(spec: Spec, tokens: int, params: int) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("model name"):
-                cpu = ln.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
+    """`_record.machine()` (cores, CPU model, load) and the software the run used."""
+    from _record import machine as cores_and_load
+
+    return cores_and_load() | {
         "platform": platform.platform(),
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.cuda.is_available(),
-        "loadavg": os.getloadavg(),
     }
 
 
