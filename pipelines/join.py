@@ -13,8 +13,8 @@ Design choices:
 - `site` labels the learners' reports and metrics; the owner's summary and report break merged tokens down by
   site. `link_bandwidth` / `link_latency` (empty: none) emulate a slower link for this site's learners.
 - The store Secret is this cluster's own (keys accesskey / secretkey, as in `pretrain`); `s3_endpoint` is how
-  this cluster reaches the owner's store (e.g. its external S3 URL). The run key Secret, when the owner signs
-  its run, must hold the same key here (`ClusterOptions.run_key_secret`, mounted like in `pretrain`).
+  this cluster reaches the owner's store (e.g. its external S3 URL). When the owner signs its run, the
+  learner Secret here must hold the owner's learner share (`ClusterOptions.learner_key_secret`, `ddiloco keys`).
 - The images (learner, checker) are compile-time, like in every pipeline: `ddiloco pipeline compile
   --pipeline join --registry REGISTRY`.
 """
