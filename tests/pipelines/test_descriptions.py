@@ -9,12 +9,16 @@ copies them into `inputDefinitions` / `outputDefinitions`, for the pipeline's ro
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 from ddiloco.components.descriptions import DESCRIPTIONS, describe, docstring
 from ddiloco.pipelines.compile import PIPELINES, compile_pipeline, golden_path
+from ddiloco.pipelines.params_doc import TABLES, current, render, rendered
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
 
 
 def undescribed(path: Path) -> tuple[int, list[str]]:
@@ -66,3 +70,13 @@ def test_a_name_without_a_description_fails_the_build_naming_it():
     with pytest.raises(ValueError, match="step's 'mystery'"):
         docstring(step)
     assert describe("join_check", "store") == DESCRIPTIONS["join_check.store"]  # the qualified key wins
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_the_docs_parameter_tables_are_the_rendered_descriptions(table):
+    text = DOCS.read_text()
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        DOCS.write_text(text := rendered(text))
+    assert current(text, table) == render(table), (
+        f"docs/cluster.md's {table} parameter table is stale: UPDATE_GOLDEN=1 pytest {__file__}"
+    )
