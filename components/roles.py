@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ddiloco.components import keepers
+from ddiloco.components.descriptions import described
 from ddiloco.components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
 from kfp import dsl
 from kfp.dsl import HTML, Markdown, Metrics, Model, Output
@@ -295,7 +296,7 @@ def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
     cpu_image, gpu_image = image(SYNCER, registry), image(LEARNER if gpu else SYNCER, registry)
 
     def on(img: str, func: Any) -> Any:
-        return dsl.component(func, base_image=img, install_kfp_package=False)
+        return dsl.component(described(func), base_image=img, install_kfp_package=False)
 
     return Components(
         tokenize_plan=on(cpu_image, tokenize_plan),

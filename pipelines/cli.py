@@ -147,11 +147,37 @@ def _compile_changes(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _checked_defaults(args: argparse.Namespace, changes: dict[str, Any]) -> dict[str, Any]:
+    """The compile changes with `--param` as the run-time defaults of the package, checked before anything
+    is written: each value against its parameter, and the run config prepare would build from them."""
+    from ddiloco.pipelines.compile import BUILDERS, options
+    from ddiloco.pipelines.pretrain import pipeline_function
+    from ddiloco.pipelines.validate import check_run, check_types, kind_of
+
+    opts = options(args.pipeline, **changes)
+    inputs = BUILDERS.get(args.pipeline, pipeline_function)(opts).component_spec.inputs or {}
+    known = {name: spec.default for name, spec in inputs.items()}
+    params = parse_params(args.param, known)
+    check_types(params, {name: kind_of(default) for name, default in known.items()})
+    check_run(known | params, opts.max_learners, opts.learner_ranks)
+    return {**changes, "defaults": {**opts.defaults, **params}} if params else changes
+
+
+def _checked_params(args: argparse.Namespace, package: Path) -> dict[str, Any]:
+    """`--param` of submit / schedule create, checked against the package before anything is sent."""
+    from ddiloco.pipelines.validate import check_package
+
+    params = parse_params(args.param, package_parameters(package))
+    check_package(next(yaml.safe_load_all(package.read_text())) or {}, params)
+    return params
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     _require_kfp()
     from ddiloco.pipelines.compile import compile_pipeline
 
-    out = compile_pipeline(args.pipeline, args.out or f"{args.pipeline}.yaml", **_compile_changes(args))
+    changes = _checked_defaults(args, _compile_changes(args))
+    out = compile_pipeline(args.pipeline, args.out or f"{args.pipeline}.yaml", **changes)
     print(out)
     return 0
 
@@ -197,7 +223,7 @@ def _experiment_id(client: Any, name: str, namespace: str | None) -> str:
 def cmd_submit(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         package = _package(args, tmp)
-        params = parse_params(args.param, package_parameters(package))
+        params = _checked_params(args, package)
         client = _client(args)
         result = client.create_run_from_pipeline_package(
             str(package),
@@ -221,7 +247,7 @@ def cmd_schedule_create(args: argparse.Namespace) -> int:
         raise PipelineCliError(f"give exactly one of --cron or --interval-seconds. {_CRON_HELP}")
     with tempfile.TemporaryDirectory() as tmp:
         package = _package(args, tmp)
-        params = parse_params(args.param, package_parameters(package))
+        params = _checked_params(args, package)
         client = _client(args)
         rr = client.create_recurring_run(
             experiment_id=_experiment_id(client, args.experiment, args.namespace),
@@ -331,7 +357,8 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="pipeline parameter, YAML value (repeatable): --param learners=8 --param 'overrides=[diloco.codec=int4]'",
+        help="pipeline parameter, YAML value (repeatable), checked before anything is sent (an unknown override "
+        "key gets a did-you-mean): --param learners=8 --param 'overrides=[diloco.codec=int4]'",
     )
 
 
@@ -342,6 +369,14 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("compile", help="compile a pipeline to KFP YAML (upload it in the KFP UI)")
     _compile_flags(p)
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="run-time parameter default of the package, YAML value (repeatable), checked like at submit: "
+        "--param learners=8 --param 'overrides=[diloco.codec=int4]'",
+    )
     p.add_argument("--out", help="output file (default PIPELINE.yaml)")
     p.set_defaults(func=cmd_compile)
 

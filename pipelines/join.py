@@ -23,6 +23,7 @@ Design choices:
 from collections.abc import Callable
 from typing import Any
 
+from ddiloco.components.descriptions import described
 from ddiloco.components.roles import build
 from ddiloco.pipelines.pretrain import DEFAULTS, ClusterOptions, _Wiring, run_defaults
 from kfp import dsl
@@ -46,6 +47,7 @@ def pipeline_function(opts: ClusterOptions = OPTIONS) -> Callable[..., Any]:
     c = build(opts.registry, gpu=opts.gpu)
 
     @dsl.pipeline(name=opts.name, description=opts.description)
+    @described
     def join(
         run_root: str = d["run_root"],
         site: str = d["site"],

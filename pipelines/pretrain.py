@@ -62,6 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddiloco.components.descriptions import described
 from ddiloco.components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
 from ddiloco.components.keeper import KEEPER_LABEL, SHM_MEDIUM, SHM_PATH, SHM_VOLUME
 from ddiloco.components.roles import build
@@ -229,6 +230,7 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
     c = build(opts.registry, gpu=opts.gpu)
 
     @dsl.pipeline(name=opts.name, description=opts.description)
+    @described
     def pretrain(
         recipe: str = d["recipe"],
         overrides: list = d["overrides"],

@@ -253,3 +253,24 @@ def test_pipeline_commands_without_a_kfp_api_fail_in_one_line(tmp_path: Path):
         assert line.startswith("error: no KFP API answers at http://127.0.0.1:9") and "KFP_HOST" in line, args
     line = _one_error_line(ddiloco("pipeline", "schedule", "enable", "rr-1", cwd=tmp_path))
     assert "no KFP host: pass --host URL or set KFP_HOST" in line
+
+
+def test_pipeline_commands_refuse_a_misspelt_override_before_writing_or_sending_anything(tmp_path: Path):
+    """Issue 52: `diloco.sync_evry=8` fails at compile / submit / schedule time with the prepare step's own
+    did-you-mean, exit 2: no package is written, no KFP API is asked (nothing listens at the host)."""
+    pytest.importorskip("kfp")
+    bad = ("--param", "overrides=[diloco.sync_evry=8]")
+    no_api = ("--host", "http://127.0.0.1:9")
+    for args in (
+        ("compile", "--pipeline", "smoke", "--out", "s.yaml", *bad),
+        ("submit", "--package", str(ROOT / "pipelines" / "smoke.yaml"), *bad, *no_api),
+        ("schedule", "create", "--name", "n", "--cron", "0 0 2 * * *", "--pipeline", "smoke", *bad, *no_api),
+    ):
+        line = _one_error_line(ddiloco("pipeline", *args, cwd=tmp_path))
+        assert "unknown config key 'diloco.sync_evry'; did you mean 'diloco.sync_every'?" in line, args
+        assert "KFP API" not in line
+    assert not list(tmp_path.iterdir())
+    good = ("--param", "overrides=[diloco.sync_every=8]", "--param", "learners=3")
+    ok(ddiloco("pipeline", "compile", "--pipeline", "smoke", "--out", "s.yaml", *good, cwd=tmp_path))
+    header = (tmp_path / "s.yaml").read_text().split("components:")[0]
+    assert "learners: int [Default: 3.0]" in header and "'diloco.sync_every=8'" in header
