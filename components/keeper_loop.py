@@ -334,14 +334,15 @@ def keep(keeper: Keeper) -> None:
 def worker_env(
     secret_env: dict[str, str], store_secret: str, s3_endpoint: str, run_key: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
-    """The worker's env as the task pod has it today: store credentials from the store Secret, the optional
-    run key, the namespace and the pod's own name from the downward API, the S3 endpoint."""
+    """The worker's env as the task pod has it today: store credentials from the store Secret (optional: without
+    it the store takes the AWS credential chain, e.g. the web identity of `pod_settings.service_account`), the
+    optional run key, the namespace and the pod's own name from the downward API, the S3 endpoint."""
     from ddiloco.components.runtime import NAMESPACE_ENV
 
     from ddiloco.hostname import POD_NAME_ENV
 
     env: list[dict[str, Any]] = [
-        {"name": var, "valueFrom": {"secretKeyRef": {"name": store_secret, "key": key}}}
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": store_secret, "key": key, "optional": True}}}
         for key, var in secret_env.items()
     ]
     if run_key:  # {"secret", "entries": {secret key: variable}} (a learner's share, or the master key)
