@@ -144,13 +144,14 @@ def resources_of(spec: WorkerSpec) -> dict[str, Any]:
 
 def placement(spec: WorkerSpec, keeper_pod: dict[str, Any]) -> dict[str, Any]:
     """Where a worker's pods go and as whom: nodeSelector, tolerations and the service account (the
-    worker's, else the keeper pod's), those that are set."""
+    worker's, else the run's `pod_settings.service_account`, else the keeper pod's), those that are set."""
     out: dict[str, Any] = {}
     if spec.node_selector:
         out["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         out["tolerations"] = [dict(t) for t in spec.tolerations]
-    sa = spec.service_account or (keeper_pod.get("spec") or {}).get("serviceAccountName", "")
+    sa = spec.service_account or spec.settings.service_account
+    sa = sa or (keeper_pod.get("spec") or {}).get("serviceAccountName", "")
     if sa:
         out["serviceAccountName"] = sa
     return out

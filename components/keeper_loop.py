@@ -51,6 +51,7 @@ from ddiloco.components.keeper import (
     worker_manifest,
     workflow_stopped,
 )
+from ddiloco.components.keeper_note import WaitNote, slot_name
 from ddiloco.components.podsettings import PodSettings
 
 log = logging.getLogger("ddiloco.keeper")
@@ -196,15 +197,18 @@ class Keeper:
         sleep: Callable[[float], None] = time.sleep,
         workers: Any = None,
         manifest: Callable[[Slot, int, WorkerSpec, dict[str, Any]], dict[str, Any]] = worker_manifest,
+        note: Any = None,
     ) -> None:
         """`pods` reads the keeper's own pod and its Workflow; `workers` (default `pods`) creates, reads, lists and
-        deletes the workers `manifest` describes: worker pods, or TrainJobs (`KubeTrainJobs`, `trainjob`)."""
+        deletes the workers `manifest` describes: worker pods, or TrainJobs (`KubeTrainJobs`, `trainjob`).
+        `note` (a `keeper_note.WaitNote`) tells the run's store while a worker waits to be scheduled."""
         self.pods, self.slot, self.spec, self.own_name = pods, slot, spec, own_name
         self.workers, self.manifest = pods if workers is None else workers, manifest
         self.crash_restarts, self.infra_restarts = crash_restarts, infra_restarts
         self.backoff_s, self.poll_s, self.stuck_s, self.sleep = backoff_s, poll_s, stuck_s, sleep
         self.worker: str | None = None
         self.own: dict[str, Any] | None = None
+        self.note = note
 
     def run(self) -> None:
         """Keep the slot's worker until it succeeds (return) or fails for good (KeeperFailed)."""
@@ -272,10 +276,15 @@ class Keeper:
         while True:
             pod = self.workers.get(self.worker)
             ending = classify(pod)
+            waits = ending.why.removeprefix("Pending: ") if ending.why.startswith("Pending: ") else ""
+            if self.note is not None and (ending.state != RUNNING or (ending.why != said and not waits)):
+                self.note.clear()  # writes only after a note said it waits
             if ending.state != RUNNING:
                 return ending
-            if ending.why != said and ending.why.startswith("Pending: "):  # e.g. a Kueue queue without quota
-                log.info("worker %s waits: %s", self.worker, ending.why.removeprefix("Pending: "))
+            if ending.why != said and waits:  # e.g. a Kueue queue without quota
+                log.info("worker %s waits: %s", self.worker, waits)
+                if self.note is not None:
+                    self.note.waiting(self.worker, waits)
             said = ending.why
             self.sleep(self.poll_s)
 
@@ -334,14 +343,15 @@ def keep(keeper: Keeper) -> None:
 def worker_env(
     secret_env: dict[str, str], store_secret: str, s3_endpoint: str, run_key: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
-    """The worker's env as the task pod has it today: store credentials from the store Secret, the optional
-    run key, the namespace and the pod's own name from the downward API, the S3 endpoint."""
+    """The worker's env as the task pod has it today: store credentials from the store Secret (optional: without
+    it the store takes the AWS credential chain, e.g. the web identity of `pod_settings.service_account`), the
+    optional run key, the namespace and the pod's own name from the downward API, the S3 endpoint."""
     from ddiloco.components.runtime import NAMESPACE_ENV
 
     from ddiloco.hostname import POD_NAME_ENV
 
     env: list[dict[str, Any]] = [
-        {"name": var, "valueFrom": {"secretKeyRef": {"name": store_secret, "key": key}}}
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": store_secret, "key": key, "optional": True}}}
         for key, var in secret_env.items()
     ]
     if run_key:  # {"secret", "entries": {secret key: variable}} (a learner's share, or the master key)
@@ -377,7 +387,7 @@ def keep_role(
     """A keeper task's body: keep `ddiloco ROLE --store ROOT [--learner-id N] FLAGS` running in a worker pod, or
     in a TrainJob of `worker["nodes"]` pods of `worker["procs_per_node"]` ranks each when nodes > 1.
     `worker` is the compile-time part (image, resources, limits, backoff), the rest comes from the run."""
-    from ddiloco.components.runtime import NAMESPACE_ENV, command
+    from ddiloco.components.runtime import NAMESPACE_ENV, command, open_run_store
 
     from ddiloco.hostname import POD_NAME_ENV
 
@@ -420,6 +430,7 @@ def keep_role(
         infra_restarts=int(worker["infra_restarts"]),
         backoff_s=float(worker["backoff_s"]),
         poll_s=float(worker.get("poll_s", 2.0)),
+        note=WaitNote(partial(open_run_store, store_root, s3_endpoint), slot_name(role, learner_id)),
         **workers,
     )
     keep(keeper)

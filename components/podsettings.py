@@ -1,6 +1,6 @@
 """What every pod this package creates itself (keeper workers, TrainJob node pods) carries for a platform team's
 cluster: the Istio opt-out, a Pod Security `restricted` securityContext, and the run's scheduling settings
-(Kueue queue, priority class, affinity, image pull secrets, extra labels and annotations).
+(Kueue queue, priority class, affinity, image pull secrets, extra labels and annotations, service account).
 
 Design choices:
 - Istio: the pods opt out of sidecar injection, as KFP 2.17 opts out its own workflow pods: the API server
@@ -31,7 +31,7 @@ ISTIO_OPT_OUT = {ISTIO_INJECT: "false"}
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RUN_AS = 1000
 """The images' user and group (images/learner.Dockerfile, images/syncer.Dockerfile: `USER 1000:1000`)."""
-KEYS = ("priority_class", "affinity", "image_pull_secrets", "labels", "annotations")
+KEYS = ("priority_class", "affinity", "image_pull_secrets", "labels", "annotations", "service_account")
 """What `pod_settings` may hold (anything else is a usage error)."""
 
 
@@ -69,6 +69,9 @@ class PodSettings:
     image_pull_secrets: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    service_account: str = ""
+    """serviceAccountName of worker pods and TrainJob node pods (`keeper.placement`); empty: the keeper pod's.
+    The account a cluster's identity webhook (EKS IRSA / Pod Identity) binds the store's role to."""
 
     @classmethod
     def of(cls, queue: str = "", settings: dict[str, Any] | None = None) -> PodSettings:
@@ -90,6 +93,7 @@ class PodSettings:
             image_pull_secrets=list(secrets),
             labels={str(k): str(v) for k, v in (settings.get("labels") or {}).items()},
             annotations={str(k): str(v) for k, v in (settings.get("annotations") or {}).items()},
+            service_account=str(settings.get("service_account") or ""),
         )
 
     def pod_labels(self, own: dict[str, str], *, queue: bool) -> dict[str, str]:

@@ -37,6 +37,14 @@ LEARNERS = "learners/"
 ROUNDS = "syncer/rounds/"
 CHAOS = "chaos/"
 """Chaos event records (`ddiloco.chaos`): `chaos/fired/...` locally, `chaos/{backend}/...` on a cluster."""
+KEEPER = "keeper/"
+"""Keepers' notes on a worker waiting to be scheduled (`ddiloco.components.keeper_note`)."""
+
+
+def keeper_note_key(name: str) -> str:
+    """`keeper/<role>[-<learner id>].json`."""
+    return f"{KEEPER}{name}.json"
+
 
 # Post-training (ddiloco.posttrain): evaluation results, the fine-tuned model and the report.
 EVAL = "eval/"

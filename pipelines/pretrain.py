@@ -192,8 +192,8 @@ DEFAULTS: dict[str, Any] = {
 }
 """Run-time parameters and their defaults (KFP ≥ 2.16 ships SeaweedFS at seaweedfs.kubeflow:9000; older
 releases MinIO at minio-service.kubeflow:9000). `{namespace}` in store_prefix is the run's namespace.
-`kueue_queue` and `pod_settings` (priority_class, affinity, image_pull_secrets, labels, annotations) reach
-the pods the keepers create (`ddiloco.components.podsettings`; docs/cluster.md, "Your cluster")."""
+`kueue_queue` and `pod_settings` (priority_class, affinity, image_pull_secrets, labels, annotations,
+service_account) reach the pods the keepers create (`ddiloco.components.podsettings`; docs/cluster.md, "Your cluster")."""
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 """Always passed as a parameter's whole value: the only form the KFP 2.17 driver replaces."""
 
@@ -362,7 +362,11 @@ class _Wiring:
             backoff_factor=1.0,
             backoff_max_duration=f"{o.run_timeout_s}s",
         )
-        kubernetes.use_secret_as_env(task, secret_name=self.secret, secret_key_to_env=SECRET_KEYS)
+        # Optional: without the Secret (a cluster with web identity, no static keys) the store takes the AWS
+        # credential chain (ddiloco/store/s3_credentials.py), or fails in one line naming what it tried.
+        kubernetes.use_secret_as_env(
+            task, secret_name=self.secret, secret_key_to_env=SECRET_KEYS, optional=True
+        )
         kubernetes.use_field_path_as_env(task, NAMESPACE_ENV, "metadata.namespace")
         kubernetes.use_field_path_as_env(task, POD_NAME_ENV, "metadata.name")
         if o.run_key_secret and run_key:

@@ -56,6 +56,17 @@ def read_round_records(store: Store) -> list[dict[str, Any]]:
     return [store.get_json(k) for k in store.list(keys.ROUNDS)]
 
 
+def keeper_waits(store: Store) -> dict[str, dict[str, Any]]:
+    """Workers waiting to be scheduled, by keeper (`learner-0`, `syncer`): what their keepers last noted
+    (`ddiloco.components.keeper_note`: why, e.g. a Kueue queue without quota, and since when)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in store.list(keys.KEEPER):
+        doc = store.get_json_or_none(key, max_bytes=1 << 16)
+        if isinstance(doc, dict) and doc.get("waiting"):
+            out[key.removeprefix(keys.KEEPER).removesuffix(".json")] = doc
+    return out
+
+
 def learner_reports(store: Store) -> list[LearnerReport]:
     """Every learner report that reads, typed; one that does not (a learner pod can write any JSON under
     its prefix) is left out with a warning naming it and the field, as the syncer leaves it out."""
@@ -173,6 +184,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
     summary: dict[str, Any] = {
         "run_id": cfg["run_id"],
         "status": "done" if done else "running",
+        "waiting": keeper_waits(store),
         "finished_by": done.get("reason", "budget") if done else None,
         "closing": {k: done[k] for k in CLOSING_FIELDS if k in done} if done else None,
         "wall_seconds": wall,

@@ -35,7 +35,9 @@ class KeeperThread:
     """`Keeper.run` on a daemon thread: `outcome` is "succeeded", "failed: ..." or None while it runs; `logs`
     holds the keeper's log lines."""
 
-    def __init__(self, ex, run_id: str, *, trainjobs: bool = False, settings: PodSettings | None = None):
+    def __init__(
+        self, ex, run_id: str, *, trainjobs: bool = False, settings: PodSettings | None = None, note=None
+    ):
         task = ex.record.task("hold").attempts[0]
         pods = KubePods(ex.cluster.namespace, host=ex.api.url)
         extra = {}
@@ -46,7 +48,7 @@ class KeeperThread:
                           settings=settings or PodSettings())  # fmt: skip
         slot = Slot("learner", run_id, 0)
         self.keeper = Keeper(pods, slot, spec, task.pod_name, crash_restarts=0, infra_restarts=0,
-                             backoff_s=0.0, poll_s=0.1, **extra)  # fmt: skip
+                             backoff_s=0.0, poll_s=0.1, note=note, **extra)  # fmt: skip
         self.outcome: str | None = None
         self.logs: list[str] = []
         self._thread = threading.Thread(target=self._run, daemon=True)

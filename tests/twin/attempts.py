@@ -45,6 +45,7 @@ from tests.twin.argo import (
 from tests.twin.cluster import PodPending, container_env, expand, pod_hostname, schedule
 from tests.twin.dag import DEADLINE_MSG, TaskNode
 from tests.twin.failures import FAILED, KINDS, FailureKind, failure_kind, signal_exit_code
+from tests.twin.identity import identity_env
 from tests.twin.ir import TwinUnsupported
 from tests.twin.launcher import (
     LauncherError,
@@ -191,7 +192,8 @@ class ContainerMixin:
         }
         try:
             meta["node"] = schedule(pod, self.cluster.nodes, self._gpus_in_use()).name
-            pod_env = container_env(pod.env, meta, self.cluster.secrets)
+            pod_env = identity_env(self.cluster.web_identities, self.cluster.service_account)
+            pod_env.update(container_env(pod.env, meta, self.cluster.secrets))
         except PodPending as p:
             a.message, a.reason = p.message, p.reason
             waited = self.now_real() - node.state["pending_since"]

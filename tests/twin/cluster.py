@@ -100,6 +100,8 @@ class Cluster:
     """Istio injects its proxy as a native sidecar (an init container with restartPolicy Always)."""
     queues: dict[str, dict[str, str]] | None = None
     """Kueue's LocalQueues and their quota (kueue.py); None: no Kueue in the cluster."""
+    web_identities: dict[str, Any] = field(default_factory=dict)
+    """Service account -> its `identity.WebIdentity` (EKS IRSA): env its pods get from the identity webhook."""
 
 
 class PodPending(Exception):

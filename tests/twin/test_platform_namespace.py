@@ -9,8 +9,11 @@ import time
 
 import pytest
 from ddiloco.components.keeper import Slot, WorkerSpec, worker_manifest
+from ddiloco.components.keeper_note import WaitNote
 from ddiloco.components.podsettings import PodSettings
 
+from ddiloco.posttrain.summary import keeper_waits
+from ddiloco.store.url import open_store
 from tests.twin import KFP_2_17, Cluster, Twin
 from tests.twin._keeper_harness import KeeperThread, owner
 from tests.twin.admission import pod_security
@@ -31,13 +34,14 @@ def _twin(compile_pipeline, tmp_path, **cluster) -> Twin:
     )  # fmt: skip
 
 
-def _keep(twin: Twin, kind: str, settings: PodSettings | None = None, during=None):
-    """Start the twin, run a keeper of `kind` ("pod" or "trainjob"); `during(ex, keeper)` runs while it
-    keeps. Returns (outcome, keeper, created pods' JSON, TrainJob refusals, Pod Security refusals)."""
+def _keep(twin: Twin, kind: str, settings: PodSettings | None = None, during=None, note=None):
+    """Start the twin, run a keeper of `kind` ("pod" or "trainjob") with `note` (keeper_note.WaitNote);
+    `during(ex, keeper)` runs while it keeps. Returns (outcome, keeper, created pods' JSON, TrainJob
+    refusals, Pod Security refusals)."""
     with twin.start() as ex:
         ex.wait_until(lambda r: r.task("hold").attempts and r.task("hold").attempts[0].phase == "Running")
         keeper = KeeperThread(
-            ex, ex.record.run_id, trainjobs=kind == "trainjob", settings=settings or PodSettings()
+            ex, ex.record.run_id, trainjobs=kind == "trainjob", settings=settings or PodSettings(), note=note
         ).start()
         if during is not None:
             during(ex, keeper)
@@ -123,9 +127,10 @@ def test_pod_security_refuses_a_pod_without_the_security_context_with_the_api_se
 @pytest.mark.parametrize("kind", ["pod", "trainjob"])
 def test_kueue_queue_without_quota_waits_then_runs_when_quota_comes(compile_pipeline, tmp_path, kind):
     """A run whose Kueue queue has no quota waits: the worker pod stays gated (the TrainJob suspended), the
-    keeper logs that it waits and does not fail; once the queue gets quota the workload is admitted and
-    finishes. Without the queue label (`kueue_queue` not passed through, podsettings.QUEUE_LABEL) Kueue never
-    sees the workload: it runs outside the queue's quota at once."""
+    keeper logs that it waits, notes it in the run's store (what `ddiloco summary` shows under `waiting`) and
+    does not fail; once the queue gets quota the workload is admitted and finishes, and the note is emptied.
+    Without the queue label (`kueue_queue` not passed through, podsettings.QUEUE_LABEL) Kueue never sees the
+    workload: it runs outside the queue's quota at once."""
     queues = {"gpu-queue": {}}  # the queue exists; its ClusterQueue has no quota yet
 
     def during(ex, keeper):
@@ -136,14 +141,19 @@ def test_kueue_queue_without_quota_waits_then_runs_when_quota_comes(compile_pipe
         with ex.lock:
             started = [w.name for w in ex.workers.pods.values() if w.proc is not None]
         assert keeper.outcome is None and started == [], (keeper.outcome, started, keeper.logs[-3:])
+        said.update(keeper_waits(store))
         with ex.lock:
             ex.cluster.queues["gpu-queue"] = {"cpu": "1"}  # the platform team gives the queue quota
 
+    store, said = open_store(f"memory://kueue-note-{kind}"), {}
+    note = WaitNote(lambda: store, "learner-0")
     twin = _twin(compile_pipeline, tmp_path, queues=queues)
-    outcome, keeper, pods, _, _ = _keep(twin, kind, PodSettings(queue="gpu-queue"), during)
+    outcome, keeper, pods, _, _ = _keep(twin, kind, PodSettings(queue="gpu-queue"), during, note)
     assert outcome == "succeeded", (outcome, keeper.logs[-5:])
     waits = [line for line in keeper.logs if "waits" in line]
     assert waits and "waiting for Kueue to admit it (queue 'gpu-queue')" in waits[0], keeper.logs
+    assert "waiting for Kueue to admit it (queue 'gpu-queue')" in said["learner-0"]["waiting"], said
+    assert keeper_waits(store) == {}  # admitted and finished: the note no longer says it waits
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["regular", "native"])

@@ -51,6 +51,7 @@ from tests.twin import kueue
 from tests.twin.admission import PROXY, inject, pod_security
 from tests.twin.cluster import PodPending, container_env, expand, schedule
 from tests.twin.failures import FailureKind, failure_kind, signal_exit_code
+from tests.twin.identity import identity_env
 from tests.twin.platform import EnvVar, PodSpec, quantity
 from tests.twin.pods import SITE_DIR, PodProcess, base_env
 
@@ -293,7 +294,8 @@ class WorkerPods:
                 "service_account": w.body["spec"].get("serviceAccountName", ex.cluster.service_account)}  # fmt: skip
         try:
             info["node"] = schedule(w.spec, ex.cluster.nodes, used).name
-            pod_env = container_env(w.spec.env, info, ex.cluster.secrets)
+            pod_env = identity_env(ex.cluster.web_identities, info["service_account"])
+            pod_env.update(container_env(w.spec.env, info, ex.cluster.secrets))
         except PodPending as p:
             w.reason, w.message = "", p.message  # stays Pending (Unschedulable / CreateContainerConfigError)
             return

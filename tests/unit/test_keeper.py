@@ -154,7 +154,9 @@ def test_worker_manifest_names_labels_owners_and_env():
     assert spec["restartPolicy"] == "Never" and spec["serviceAccountName"] == "default-editor"
     assert spec["nodeSelector"] == {"pool": "gpu"} and spec["tolerations"][0]["key"] == "nvidia.com/gpu"
     env = {e["name"]: e for e in spec["containers"][0]["env"]}
-    assert env["AK"]["valueFrom"]["secretKeyRef"] == {"name": "store-secret", "key": "accesskey"}
+    # Optional: a cluster with web identity has no store Secret, the worker takes the AWS credential chain.
+    ak = {"name": "store-secret", "key": "accesskey", "optional": True}
+    assert env["AK"]["valueFrom"]["secretKeyRef"] == ak
     assert env["RK"]["valueFrom"]["secretKeyRef"]["optional"] is True
     assert env["DDILOCO_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert spec["containers"][0]["resources"] == {"requests": {"cpu": "4"}, "limits": {"nvidia.com/gpu": "1"}}

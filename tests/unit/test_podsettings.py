@@ -27,6 +27,7 @@ SETTINGS = PodSettings.of(
         "image_pull_secrets": ["regcred"],
         "labels": {"team": "a", "ddiloco.io/role": "not-mine"},
         "annotations": {"cost-center": "42"},
+        "service_account": "ddiloco-store",
     },
 )
 SLOT = Slot("learner", "r", 0)
@@ -51,6 +52,7 @@ def test_a_worker_pod_carries_the_queue_priority_affinity_pull_secrets_and_extra
     assert meta["annotations"]["sidecar.istio.io/inject"] == "false"
     assert spec["priorityClassName"] == "training-high" and spec["affinity"] == AFFINITY
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["serviceAccountName"] == "ddiloco-store"  # the identity the store's role is bound to
     assert spec["securityContext"]["runAsUser"] == RUN_AS and spec["securityContext"]["runAsNonRoot"]
 
 
@@ -76,6 +78,7 @@ def test_a_trainjob_carries_the_queue_itself_and_the_rest_on_its_node_pods():
     assert template["metadata"]["annotations"]["cost-center"] == "42"
     assert template["spec"]["affinity"] == AFFINITY
     assert template["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert template["spec"]["serviceAccountName"] == "ddiloco-store"  # PodSpecPatch.serviceAccountName
     assert "priorityClassName" not in template["spec"]
 
 
