@@ -11,28 +11,63 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from ddiloco import keys
 from ddiloco.cli.args import add_config_args, config_from_args
 
+RATE_WINDOW_S = 60.0
+"""Merged tokens per second are measured over the last minute of progress (a run's rate drifts)."""
+
+
+def rate_and_eta(
+    samples: deque[tuple[float, float]], elapsed: float, merged: float, budget: float
+) -> tuple[float | None, float | None]:
+    """(merged tokens per second over the last `RATE_WINDOW_S`, seconds left to the budget at that rate);
+    None until two samples a second apart exist or while nothing merges. `samples` is updated."""
+    samples.append((elapsed, merged))
+    while len(samples) > 2 and elapsed - samples[1][0] >= RATE_WINDOW_S:
+        samples.popleft()
+    (t0, m0), (t1, m1) = samples[0], samples[-1]
+    if t1 - t0 < 1.0 or m1 <= m0:
+        return None, None
+    rate = (m1 - m0) / (t1 - t0)
+    return rate, max(0.0, budget - merged) / rate
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = round(seconds)
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
+
 
 def progress_printer(token_budget: int, tty: bool) -> Callable[[dict[str, Any]], None]:
-    """A `LocalRun.run(on_progress=...)` callback printing merged tokens, live learners, rounds and loss."""
+    """A `LocalRun.run(on_progress=...)` callback printing merged tokens, their rate and the time left, live
+    learners, rounds and loss."""
     last = [0.0]
+    samples: deque[tuple[float, float]] = deque()
 
     def progress(s: dict[str, Any]) -> None:
+        merged, budget = s.get("tokens_merged", 0), s.get("token_budget", token_budget)
+        rate, eta = rate_and_eta(samples, s["elapsed"], merged, budget)
         now = time.monotonic()
         if not tty and now - last[0] < 10:
             return
         last[0] = now
-        merged, budget = s.get("tokens_merged", 0), s.get("token_budget", token_budget)
         loss = s.get("loss")
+        speed = "?" if rate is None else f"{rate / 1e3:.1f}k"
         line = (
             f"[{s['elapsed']:6.0f}s] merged {merged / 1e6:7.2f}M/{budget / 1e6:.2f}M tokens "
-            f"({100 * merged / budget:5.1f}%) | live learners {s.get('live_learners', 0)} | "
-            f"rounds {s.get('rounds_merged', 0)} | loss {loss if loss is None else f'{loss:.3f}'}"
+            f"({100 * merged / budget:5.1f}%) {speed} tok/s, ETA {_duration(eta)} | live learners "
+            f"{s.get('live_learners', 0)} | rounds {s.get('rounds_merged', 0)} | "
+            f"loss {loss if loss is None else f'{loss:.3f}'}"
         )
         print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 

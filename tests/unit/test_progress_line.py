@@ -1,0 +1,25 @@
+"""`ddiloco run`'s progress line says how fast tokens merge and when the budget will be reached (issue 52)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ddiloco.cli.run import progress_printer, rate_and_eta
+
+
+def test_rate_over_the_last_minute_and_the_time_left():
+    samples: deque = deque()
+    assert rate_and_eta(samples, 0.0, 0, 1e6) == (None, None)  # one sample: no rate yet
+    for t in range(1, 121):  # 1,000 tokens a second for the first minute, then 4,000
+        merged = 1000 * min(t, 60) + 4000 * max(0, t - 60)
+        rate, eta = rate_and_eta(samples, float(t), merged, 1e6)
+    assert rate == 4000.0 and eta == (1e6 - 300_000) / 4000.0  # the last minute only
+    assert len(samples) <= 62
+
+
+def test_the_line_shows_tokens_per_second_and_eta(capsys):
+    progress = progress_printer(1_000_000, tty=True)
+    for t, merged in ((0.0, 0), (10.0, 50_000), (20.0, 100_000)):
+        progress({"elapsed": t, "tokens_merged": merged, "token_budget": 1_000_000, "live_learners": 4})
+    line = capsys.readouterr().err.split("\r")[-1]
+    assert "5.0k tok/s, ETA 3m00s" in line and "live learners 4" in line
