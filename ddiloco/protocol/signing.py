@@ -170,22 +170,19 @@ def role_of(kind: Any) -> str:
     return LEARNER if kind in LEARNER_KINDS else SYNCER
 
 
+_PAYLOAD = b"ddiloco-payload\0"
+
+
 def sign_payload(meta: dict[str, Any], keys: RunKeys) -> None:
     """Add `key_id` and the signature of the role `meta["kind"]` belongs to (`role_of`) to `meta`."""
     role = role_of(meta.get("kind"))
-    if role == LEARNER:
-        meta[KEY_ID_FIELD] = key_id(keys.learner)
-        meta[MAC_FIELD] = _mac(keys.learner, b"ddiloco-payload\0", canonical(meta))
-        return
-    meta[KEY_ID_FIELD] = key_id(keys.public)
-    meta[SIG_FIELD] = rolekeys.sign(keys.seed_for(meta.get("kind")), b"ddiloco-payload\0" + canonical(meta))
+    meta[KEY_ID_FIELD] = _key_id_of(keys, role)  # covered by the signature
+    meta.update(_sign(keys, role, _PAYLOAD + canonical(meta), meta.get("kind")))
 
 
 def check_payload(meta: Mapping[str, Any], keys: RunKeys, role: str) -> str | None:
     """None if `meta` carries a valid signature of `role` under `keys`; else 'reason: why'."""
-    if role == LEARNER:
-        return _check_mac(meta, keys.learner, b"ddiloco-payload\0" + canonical(meta), MAC_FIELD)
-    return _check_sig(meta, keys.public, b"ddiloco-payload\0" + canonical(meta), SIG_FIELD)
+    return _verify(meta, keys, role, _PAYLOAD + canonical(meta))
 
 
 # --- signed JSON documents (status, done, round records, learner reports) ----------------------------------
@@ -201,18 +198,9 @@ def _doc_bytes(doc: Mapping[str, Any], run_id: str) -> bytes:
 def sign_doc(doc: Mapping[str, Any], keys: RunKeys | None, role: str) -> dict[str, Any]:
     """`doc` with the signature of `role` (bound to the run id) under `DOC_SIGNATURE`; as it is unsigned."""
     out = {k: v for k, v in doc.items() if k != DOC_SIGNATURE}
-    if keys is None:
-        return out
-    data = _doc_bytes(out, keys.run_id)
-    if role == LEARNER:
-        sig = {"role": role, KEY_ID_FIELD: key_id(keys.learner), MAC_FIELD: _mac(keys.learner, b"", data)}
-    else:
-        sig = {
-            "role": role,
-            KEY_ID_FIELD: key_id(keys.public),
-            SIG_FIELD: rolekeys.sign(keys.seed_for(None), data),
-        }
-    out[DOC_SIGNATURE] = sig
+    if keys is not None:
+        signed = _sign(keys, role, _doc_bytes(out, keys.run_id), "a document")
+        out[DOC_SIGNATURE] = {"role": role, KEY_ID_FIELD: _key_id_of(keys, role), **signed}
     return out
 
 
@@ -225,45 +213,46 @@ def check_doc(doc: Any, keys: RunKeys | None, role: str) -> str | None:
     sig = doc.get(DOC_SIGNATURE)
     if not isinstance(sig, Mapping):
         return f"unsigned: it carries no signature (the {role}'s is required)"
-    data = _doc_bytes(doc, keys.run_id)
+    return _verify(sig, keys, role, _doc_bytes(doc, keys.run_id))
+
+
+# --- one role's signature: an HMAC for learners, Ed25519 for the syncer --------------------------------------
+def _key_id_of(keys: RunKeys, role: str) -> str:
+    return key_id(keys.learner if role == LEARNER else keys.public)
+
+
+def _sign(keys: RunKeys, role: str, data: bytes, what: Any) -> dict[str, str]:
+    """The signature field of `role` over `data` (`what`: named when a learner's keys cannot sign it)."""
     if role == LEARNER:
-        return _check_mac(sig, keys.learner, data, MAC_FIELD)
-    return _check_sig(sig, keys.public, data, SIG_FIELD)
+        return {MAC_FIELD: _mac(keys.learner, data)}
+    return {SIG_FIELD: rolekeys.sign(keys.seed_for(what), data)}
 
 
-def _mac(key: bytes, domain: bytes, data: bytes) -> str:
-    return hmac.new(key, domain + data, hashlib.sha256).hexdigest()
-
-
-def _check_mac(meta: Mapping[str, Any], key: bytes, data: bytes, field: str) -> str | None:
-    mac = meta.get(field)
-    if mac is None:
-        return (
-            "unsigned: it carries no signature (a learner's is required)"
-            if meta.get(SIG_FIELD) is None
-            else ("bad_signature: signed by the syncer's key where a learner's is expected")
-        )
-    if not isinstance(mac, str) or not hmac.compare_digest(mac.encode(), _mac(key, b"", data).encode()):
-        return _which(meta, key_id(key))
-    return None
-
-
-def _check_sig(meta: Mapping[str, Any], public: bytes, data: bytes, field: str) -> str | None:
-    sig = meta.get(field)
-    if sig is None:
-        if meta.get(MAC_FIELD) is not None:
-            return "bad_signature: signed with a learner's key where the syncer's signature is required"
-        return "unsigned: it carries no signature (the syncer's is required)"
-    if not isinstance(sig, str) or not rolekeys.verify(public, data, sig):
-        return _which(meta, key_id(public))
-    return None
-
-
-def _which(meta: Mapping[str, Any], ours: str) -> str:
-    theirs = meta.get(KEY_ID_FIELD)
+def _verify(fields: Mapping[str, Any], keys: RunKeys, role: str, data: bytes) -> str | None:
+    """None if `fields` hold `role`'s valid signature over `data`; else 'reason: why'."""
+    mac, sig = fields.get(MAC_FIELD), fields.get(SIG_FIELD)
+    if role == LEARNER:
+        if mac is None:
+            if sig is not None:
+                return "bad_signature: signed by the syncer's key where a learner's is expected"
+            return "unsigned: it carries no signature (a learner's is required)"
+        ok = isinstance(mac, str) and hmac.compare_digest(mac.encode(), _mac(keys.learner, data).encode())
+    else:
+        if sig is None:
+            if mac is not None:
+                return "bad_signature: signed with a learner's key where the syncer's signature is required"
+            return "unsigned: it carries no signature (the syncer's is required)"
+        ok = isinstance(sig, str) and rolekeys.verify(keys.public, data, sig)
+    if ok:
+        return None
+    theirs, ours = fields.get(KEY_ID_FIELD), _key_id_of(keys, role)
     if theirs != ours:
         return f"bad_signature: signed with another key (key id {str(theirs)[:16]!r}, this run's is {ours!r})"
     return "bad_signature: the signature does not match the content (altered after signing)"
+
+
+def _mac(key: bytes, data: bytes) -> str:
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
 def warn_master_in_learner(role: str) -> None:

@@ -100,7 +100,7 @@ def pack_blob(
     tensors: Mapping[str, torch.Tensor],
     meta: Mapping[str, Any],
     *,
-    key: signing.RunKeys | bytes | None = None,
+    key: signing.RunKeys | None = None,
     data_sha256: str | None = None,
 ) -> Blob:
     """Serialise tensors + JSON header as a safetensors file, as a `Blob` whose data parts are the tensors'
@@ -135,9 +135,8 @@ def pack_blob(
     full_meta["format"] = FORMAT_VERSION
     full_meta["sha256"] = data_sha256
     full_meta["tensors_sha256"] = hashlib.sha256(_canonical(entries)).hexdigest()
-    keys = _keys(key, full_meta.get("run_id"))
-    if keys is not None:
-        signing.sign_payload(full_meta, keys)
+    if key is not None:
+        signing.sign_payload(full_meta, key)
     header = dict(entries)
     header["__metadata__"] = {"ddiloco": json.dumps(full_meta, sort_keys=True)}
     hbytes = json.dumps(header, separators=(",", ":")).encode()
@@ -198,7 +197,7 @@ def unpack(
     blob: bytes | memoryview,
     *,
     expect: Mapping[str, Any] | None = None,
-    key: signing.RunKeys | bytes | None = None,
+    key: signing.RunKeys | None = None,
     borrow: bool = False,
 ) -> Payload:
     """Parse and verify a payload; raises only `PayloadError(reason)` for bad input.
@@ -241,9 +240,8 @@ def unpack(
         raise PayloadError(
             "foreign_run", f"payload of run {str(meta.get('run_id'))[:80]!r}, expected {expect['run_id']!r}"
         )
-    keys = _keys(key, meta.get("run_id"))
-    if keys is not None:
-        problem = signing.check_payload(meta, keys, signing.role_of(expect.get("kind")))
+    if key is not None:
+        problem = signing.check_payload(meta, key, signing.role_of(expect.get("kind")))
         if problem is not None:
             reason, why = problem.split(": ", 1)
             raise PayloadError(reason, why)
@@ -268,13 +266,6 @@ def unpack(
     ):
         raise PayloadError("malformed", "safetensors read a different tensor table than the header shows")
     return Payload(meta=meta, tensors=tensors)
-
-
-def _keys(key: signing.RunKeys | bytes | None, run_id: Any) -> signing.RunKeys | None:
-    """A run's keys; raw bytes are a master key (of the payload's run)."""
-    if isinstance(key, bytes | bytearray):
-        return signing.for_run(bytes(key), str(run_id))
-    return key
 
 
 def _views(entries: dict[str, Any], data: memoryview) -> dict[str, torch.Tensor]:

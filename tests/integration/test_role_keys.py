@@ -42,7 +42,7 @@ def learner_signed_global(r: Run, p: int, version: int, epoch: int) -> bytes:
         blob,
         lambda h, m: m.update(
             key_id=signing.key_id(mine.learner),
-            mac=signing._mac(mine.learner, b"ddiloco-payload\0", signing.canonical(m)),
+            mac=signing._mac(mine.learner, b"ddiloco-payload\0" + signing.canonical(m)),
         ),
     )
 

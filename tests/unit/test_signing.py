@@ -159,7 +159,7 @@ def test_a_global_version_a_learner_signed_is_refused_by_every_reader():
     )
     forged = _rewrite_header(
         forged,
-        lambda h, m: m.update(key_id=signing.key_id(KEY.learner), mac=signing._mac(KEY.learner, b"", b"")),
+        lambda h, m: m.update(key_id=signing.key_id(KEY.learner), mac=signing._mac(KEY.learner, b"")),
     )
     for reader in (KEY, LEARNER):
         with pytest.raises(wire.PayloadError) as e:
