@@ -104,9 +104,7 @@ def _signed_done(store: Store, secret: Any) -> bool:
     """Whether the run's syncer marked it done (a marker it did not sign is logged and not believed)."""
     from ddiloco.run import RunRoot
 
-    if not store.exists(keys.DONE):
-        return False
-    return RunRoot.keyed(store, RunRoot.read_config(store).run_id, secret, role="learner").is_done()
+    return store.exists(keys.DONE) and RunRoot.open(store, secret, role="learner").is_done()
 
 
 def run_learner(args: argparse.Namespace, group: Any) -> int:
