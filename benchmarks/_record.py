@@ -14,29 +14,16 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from ddiloco.cli.version import commit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 KEPT = ("headline", "order", "section", "title", "figure")
 """What the renderer reads that a measurement does not make: kept from the claim file it replaces."""
-
-
-def commit() -> str:
-    """The checkout's commit (12 hex digits, `-dirty` with uncommitted changes), or "unknown"."""
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip()[:12] + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def machine() -> dict[str, Any]:
@@ -59,7 +46,7 @@ def record(claim: str, figures: dict[str, Any], output: Any = None, *, folder: P
     doc |= {
         "claim": claim,
         "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        "commit": commit(),
+        "commit": commit(ROOT),
         "measured_at": dt.date.today().isoformat(),
         "machine": machine(),
         "figures": figures,
