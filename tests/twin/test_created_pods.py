@@ -6,24 +6,12 @@ with their owners."""
 import time
 
 import pytest
-from kfp import dsl
 from kubernetes import client
 
 from tests.twin import KFP_2_17, Cluster, Twin, stragglers
+from tests.twin._keeper_harness import owner  # the keeper's stand-in: a task that holds
 
 pytestmark = pytest.mark.twin
-
-
-@dsl.component(base_image="python:3.11", install_kfp_package=False)
-def hold():
-    import time
-
-    time.sleep(60)
-
-
-@dsl.pipeline(name="owner")
-def owner():
-    hold().set_caching_options(False)
 
 
 def _pod(name, argv, owners, gpu=False, tolerate=True):

@@ -7,26 +7,14 @@ pods, Complete when every node succeeded, and everything gone with its owner."""
 import time
 
 import pytest
-from kfp import dsl
 from kubernetes import client
 
 from tests.twin import KFP_2_17, Cluster, Twin, stragglers
+from tests.twin._keeper_harness import owner  # the keeper's stand-in: a task that holds
 
 pytestmark = [pytest.mark.twin, pytest.mark.slow]
 ARGS = ("trainer.kubeflow.org", "v1alpha1", "ns", "trainjobs")
 SAY = "import os, signal, time; print('PET', *(os.environ[k] for k in sorted(os.environ) if k.startswith('PET_')), flush=True)"
-
-
-@dsl.component(base_image="python:3.11", install_kfp_package=False)
-def hold():
-    import time
-
-    time.sleep(60)
-
-
-@dsl.pipeline(name="owner")
-def owner():
-    hold().set_caching_options(False)
 
 
 def _job(name, code, owners, env=(), runtime="torch-distributed"):
