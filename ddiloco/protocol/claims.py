@@ -62,22 +62,17 @@ class Pace:
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The run's constants behind the bounds: tokens per step of one rank by learner (`batch_for` ×
-    seq_len), the most ranks, the largest tokens per step, the FLOPs floor of one step, and H."""
+    seq_len), the most ranks and the FLOPs floor of one step."""
 
     seq_len: int
     batch_sizes: tuple[int, ...]
     default_batch: int
     ranks: int
     params: int
-    sync_every: int
 
     def per_rank(self, learner_id: int) -> int:
         b = self.batch_sizes[learner_id] if learner_id < len(self.batch_sizes) else self.default_batch
         return b * self.seq_len
-
-    @property
-    def max_tokens_per_step(self) -> int:
-        return max([self.default_batch, *self.batch_sizes]) * self.seq_len * self.ranks
 
     def flops_floor(self, tokens_per_step: int) -> float:
         """Seconds a step of `tokens_per_step` tokens needs at least, on as many ranks as it may have."""

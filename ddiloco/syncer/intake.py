@@ -110,9 +110,7 @@ class UpdateValidator:
             t.batch_size,
             t.ranks,
             sum(f.numel for f in layout.fragments),
-            cfg.diloco.sync_every,
         )
-        self.token_weighting = cfg.diloco.token_weighting
         self.signer, self.wall = signer, wall
         self.run_start = (wall() if run_start is None else run_start) - claims.CLOCK_SKEW_S
         self.earlier: dict[tuple[int, int], float] = {}
