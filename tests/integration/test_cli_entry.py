@@ -144,16 +144,13 @@ def test_keys_gives_a_learner_a_share_that_answers_but_cannot_publish(tmp_path: 
         stderr=subprocess.PIPE,
     )
     try:
-        learner = ok(
-            ddiloco("learner", "--store", url, "--learner-id", "0", env=cli_env(**share), timeout=180)
-        )
+        ok(ddiloco("learner", "--store", url, "--learner-id", "0", env=cli_env(**share), timeout=180))
         assert syncer.wait(timeout=60) == 0, syncer.communicate()[1][-3000:]
     finally:
         syncer.kill()
         syncer.communicate()
     summary = json.loads(ok(ddiloco("summary", "--store", url)))
     assert summary["status"] == "done" and summary["ledger_balanced"] and not summary["rejected_updates"]
-    del learner
 
 
 def test_evaluate_sft_export_and_report_on_the_run(cli_run: CliRun, tmp_path: Path):
