@@ -5,7 +5,9 @@ import torch
 
 from ddiloco.bufferpool import BufferPool, Loan, carve
 from ddiloco.merge import OuterNesterov
-from ddiloco.protocol import wire
+from ddiloco.protocol import signing, wire
+
+KEY = signing.for_run(b"k" * 32, "r")  # the run "r"'s keys
 
 SHAPES = {"a.weight": torch.Size([3, 70]), "b.bias": torch.Size([5]), "c": torch.Size([300, 2])}
 
@@ -34,12 +36,12 @@ def test_step_to_writes_what_step_on_copies_computes_bit_for_bit_and_leaves_its_
 def test_a_payload_read_into_lent_memory_verifies_and_its_tensors_are_views_of_that_memory():
     g = torch.Generator().manual_seed(1)
     tensors = {n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
-    blob = wire.pack(tensors, {"run_id": "r", "kind": "global"}, key=b"k" * 32)
+    blob = wire.pack(tensors, {"run_id": "r", "kind": "global"}, key=KEY)
     loan = Loan(BufferPool())
     lent = loan(len(blob))[: len(blob)]
     lent[:] = blob
-    got = wire.unpack(lent, expect={"run_id": "r"}, key=b"k" * 32, borrow=True)
-    copied = wire.unpack(blob, expect={"run_id": "r"}, key=b"k" * 32)
+    got = wire.unpack(lent, expect={"run_id": "r"}, key=KEY, borrow=True)
+    copied = wire.unpack(blob, expect={"run_id": "r"}, key=KEY)
     base = loan.taken[0]
     lo, hi = base.data_ptr(), base.data_ptr() + base.numel() * 4
     for n in SHAPES:
@@ -47,7 +49,7 @@ def test_a_payload_read_into_lent_memory_verifies_and_its_tensors_are_views_of_t
         assert lo <= got.tensors[n].data_ptr() < hi  # no copy
     lent[-1] ^= 1  # the same checks as ever: a flipped bit is refused
     try:
-        wire.unpack(lent, key=b"k" * 32, borrow=True)
+        wire.unpack(lent, key=KEY, borrow=True)
     except wire.PayloadError as e:
         assert e.reason == "checksum"
     else:
