@@ -64,6 +64,7 @@ from ddiloco.learner.accel import (
 )
 from ddiloco.learner.checkpoint import checkpoint_every_s, restore_learner
 from ddiloco.learner.ddp import Group, lead_handshake_loader, rank_seed
+from ddiloco.learner.efficiency import Efficiency
 from ddiloco.learner.exchange import Exchange
 from ddiloco.learner.health import Heartbeats, IoErrors, MergeBound
 from ddiloco.learner.io import (
@@ -227,6 +228,8 @@ class Learner:
         self.joined_at: float | None = None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
+        how = {"precision": self.precision, "peak_flops": t.peak_flops, "devices": self.world_size}
+        self.efficiency = Efficiency.of(self.metrics, self.model, seq_len, self.device, **how)  # MFU, memory
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation), self.root.key)
         self.errors = IoErrors(self.metrics, learner_id)  # what the I/O threads raise: logged and counted
         self.bound = MergeBound(learner_id, t.max_unmerged_s, cfg.diloco, clock)  # ends it if never merged
@@ -322,6 +325,7 @@ class Learner:
         the device never waits for the host; None on the first step)."""
         t0 = time.perf_counter()
         x, y = self.loader.next_batch()
+        self.efficiency.waited(time.perf_counter() - t0)
         x, y = to_device(x, self.device), to_device(y, self.device)
         lr, clip = self.schedule.lr(self.inner_step), self.cfg.train.grad_clip
         loss_t = train_step(
@@ -353,7 +357,7 @@ class Learner:
         m = self.metrics
         m.inner_steps.inc()
         m.tokens.inc(n)
-        m.tokens_per_second.set(n / self.step_time_ema)
+        self.efficiency.stepped(n, dt, self.cadence.ema or self.step_time_ema)
         m.learning_rate.set(self.schedule.last_lr or 0.0)
         if loss is not None:
             self.loss = loss
@@ -479,4 +483,5 @@ def report_of(learner: Learner, final: bool, reason: str | None) -> LearnerRepor
         data=learner.shard.read(learner.loader.epochs_read, learner._started_epochs, learner._by_source()),
         cursor=learner.cursor,
         peak_rss_bytes=peak_rss_bytes(),
+        **learner.efficiency.figures(),
     )

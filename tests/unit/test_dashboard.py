@@ -71,6 +71,9 @@ def test_every_exported_metric_name_is_real():
     syncer.rejected.labels(reason="checksum").inc()
     syncer.clipped.labels(reason="norm_outlier").inc()
     learner.rejected.labels(learner_id="0", kind="global", reason="bad_signature").inc()
+    learner.mfu.labels(learner_id="0").set(0.4)  # only where the peak is known
+    learner.peak_flops.labels(learner_id="0").set(1e12)
+    learner.peak_memory.labels(learner_id="0", kind="peak_rss").set(1)
     syncer.rounds.labels(outcome="merged").inc()
     exposed = {s.name for m in reg.collect() for s in m.samples}
     assert METRIC_NAMES - {"up"} <= exposed, sorted(METRIC_NAMES - {"up"} - exposed)
