@@ -79,6 +79,7 @@ from ddiloco.learner.io import (
 from ddiloco.learner.ledger import FragmentLedger
 from ddiloco.learner.resume import resume_from_reports
 from ddiloco.learner.sharded import LiveMembers, ShardedMembers
+from ddiloco.learner.trainer_status import TrainerStatus
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer
@@ -230,6 +231,7 @@ class Learner:
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         how = {"precision": self.precision, "peak_flops": t.peak_flops, "devices": self.world_size}
         self.efficiency = Efficiency.of(self.metrics, self.model, seq_len, self.device, **how)  # MFU, memory
+        self.trainer_status = TrainerStatus.from_env(os.environ)  # a Kubeflow TrainJob's progress, if one
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation), self.root.key)
         self.errors = IoErrors(self.metrics, learner_id)  # what the I/O threads raise: logged and counted
         self.bound = MergeBound(learner_id, t.max_unmerged_s, cfg.diloco, clock)  # ends it if never merged
@@ -306,6 +308,7 @@ class Learner:
     def _report_async(self) -> None:
         self.metrics.store_retries.set(self.store.stats.retries)
         self.heartbeats.beat(lambda: self._report().to_json())
+        self.trainer_status.update(self.poller.latest, self.loss, self.efficiency)
 
     def _checkpoint_async(self) -> None:
         """Snapshot at this step boundary into host buffers (asynchronous on CUDA); an I/O thread writes it."""
@@ -438,6 +441,7 @@ class Learner:
         self.loader.close()  # a streamed loader's read-ahead thread
         self.cadence.finish()
         self._put_report(final=True, reason=reason)
+        self.trainer_status.close(self.poller.latest, self.loss, self.efficiency)
         books = (self.inner_step, self.ledger.tokens_processed, dict(self.feed.fetched))
         msg = "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens; downloads %s"
         log.info(msg, self.learner_id, self.incarnation, reason, *books)
