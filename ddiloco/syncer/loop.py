@@ -222,7 +222,6 @@ class Syncer:
         """Write the signed status (again each heartbeat: one a learner pod overwrote is soon replaced)."""
         self._status_due = self.clock() + self.cfg.train.heartbeat_every_s
         b = self.books
-        tokens_per_s, mfu = self.roster.throughput()
         status = Status(
             run_id=self.run_id,
             time=self.wall(),
@@ -245,8 +244,7 @@ class Syncer:
             epoch=self.lease.epoch,
             standbys=self.lease.standbys(),
             closing=self.closing is not None,
-            tokens_per_s=tokens_per_s,
-            mfu=mfu,
+            **self.roster.throughput(),
         )
         self.lease.raise_if_fenced()
         self.files.put_status(status)

@@ -4,6 +4,7 @@ the override, the one log line for an unknown device, and the summary's per-lear
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from ddiloco.learner.efficiency import Efficiency, device_peak, matmul_precision
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import GPTConfig, flops_per_token, init_model
 from ddiloco.posttrain.efficiency import fleet_efficiency, learner_efficiency
+from ddiloco.store.url import open_store
+from ddiloco.syncer.roster import Roster
 from tests._harness import learner_report
 
 CPU = torch.device("cpu")
@@ -133,3 +136,15 @@ def test_the_summary_weighs_mfu_and_wait_by_time_and_keeps_the_largest_memory():
     assert learner_efficiency([old])["mfu"] is None  # a report from before the fields: unknown, not 0
     fleet = fleet_efficiency([fast, restarted, old], wall_seconds=50.0)
     assert fleet["processed_tokens_per_s"] == 2500 / 50 and fleet["mfu"] == one["mfu"]
+
+
+def test_the_fleet_mfu_in_the_syncer_status_weighs_each_learner_by_its_peak():
+    roster = Roster(open_store("memory://fleet-mfu"), clock=lambda: 0.0, wall=lambda: 0.0, heartbeat_s=1.0)
+    roster.live = lambda: [  # what the checked reports of three live learners say
+        SimpleNamespace(tokens_per_s=100.0, mfu=0.5, peak_flops=1e12),
+        SimpleNamespace(tokens_per_s=50.0, mfu=0.2, peak_flops=3e12),
+        SimpleNamespace(tokens_per_s=10.0, mfu=None, peak_flops=None),  # a CPU learner: no peak
+    ]
+    assert roster.throughput() == {"tokens_per_s": 160.0, "mfu": pytest.approx((0.5e12 + 0.6e12) / 4e12)}
+    roster.live = lambda: []
+    assert roster.throughput() == {"tokens_per_s": None, "mfu": None}
