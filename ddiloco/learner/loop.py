@@ -229,7 +229,8 @@ class Learner:
         self.joined_at: float | None = None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
-        how = {"precision": self.precision, "peak_flops": t.peak_flops, "devices": self.world_size}
+        matmul = self.precision if group is None else group.shard_precision  # FSDP casts to bf16 itself
+        how = {"precision": matmul, "peak_flops": t.peak_flops, "devices": self.world_size}
         self.efficiency = Efficiency.of(self.metrics, self.model, seq_len, self.device, **how)  # MFU, memory
         self.trainer_status = TrainerStatus.from_env(os.environ)  # a Kubeflow TrainJob's progress, if one
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation), self.root.key)
