@@ -62,8 +62,19 @@ def progress_printer(token_budget: int, tty: bool) -> Callable[[dict[str, Any]],
     return progress
 
 
+def _efficiency(summary: dict[str, Any]) -> str:
+    """Processed tokens/s, MFU and peak memory of the fleet, as summary.json has them."""
+    mfu, memory = summary.get("mfu"), summary.get("peak_memory_bytes")
+    parts = [f"processed {_rate(summary.get('processed_tokens_per_s'))} tok/s"]
+    if mfu is not None:
+        parts.append(f"MFU {100 * mfu:.1f}%")
+    if memory is not None:
+        parts.append(f"peak memory {memory / 2**30:.2f} GiB ({summary['peak_memory_kind']})")
+    return ", ".join(parts)
+
+
 def print_outcome(summary: dict[str, Any], report_root: str) -> None:
-    """The run's result in two or three lines on stderr."""
+    """The run's result in three or four lines on stderr."""
     print(
         f"run {summary['run_id']}: {summary['status']} in {summary['wall_seconds']:.0f}s, "
         f"val loss {summary['initial_val_loss']:.3f} -> {summary['final_val_loss']:.3f}, "
@@ -71,6 +82,7 @@ def print_outcome(summary: dict[str, Any], report_root: str) -> None:
         f"ledger {'balanced' if summary['ledger_balanced'] else 'UNBALANCED'}",
         file=sys.stderr,
     )
+    print(f"learners {_efficiency(summary)}", file=sys.stderr)
     before, after = summary.get("instruction_accuracy_before"), summary.get("instruction_accuracy_after")
     if before and after:
         print(
