@@ -28,6 +28,8 @@ Design choices:
 - Devices (`ddiloco.learner.accel`, `ddiloco.learner.ddp`): on CUDA, bf16 autocast, fused AdamW, answers and
   checkpoints copied to pinned host buffers on a side stream, each loss read a step late; with torchrun
   ranks this process is rank 0, the only one on the store, and broadcasts every fragment it overwrites.
+- Efficiency (`ddiloco.learner.efficiency`: processed tokens/s, MFU, data wait, peak memory) is in every report;
+  in a Kubeflow TrainJob the run's progress also goes to its status (`ddiloco.learner.trainer_status`).
 """
 
 from __future__ import annotations
