@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from ddiloco.components.runtime import check_run
 from ddiloco.pipelines.compile import golden_path
-from ddiloco.pipelines.validate import check_package, check_run, check_types, kind_of
+from ddiloco.pipelines.validate import check_package, check_types, kind_of
 
 from ddiloco.errors import ConfigError
 
