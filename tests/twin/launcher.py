@@ -38,7 +38,9 @@ Rules and their sources (KFP 2.17.0):
   objectstore.Config.KeyFromURI refuses a URI outside the pipeline root's bucket and prefix ("URI %q does
   not have expected bucket prefix %q"), which fails the task. So a component cannot point its output
   artifact at an object elsewhere in the store; what it writes to `.path` is what the URI holds. The
-  artifact is recorded in MLMD with its type's schema title (getArtifactSchema: `system.Model`, ...).
+  artifact is recorded in MLMD with its type's schema title (getArtifactSchema: `system.Model`, ...) and its
+  metadata fields as custom properties (metadata/converter.go toMLMDArtifact -> StructValueToMLMDValue), where
+  a null field is an error ("unknown/unsupported value type", a TODO there) that fails the task.
 """
 
 from __future__ import annotations
@@ -253,6 +255,12 @@ def collect_outputs(
             raise LauncherError(
                 f"failed to upload output artifact {name!r}: URI {art['uri']!r} does not have expected "
                 f"bucket prefix {prefix!r}"
+            )
+        nulls = sorted(k for k, v in (art.get("metadata") or {}).items() if v is None)
+        if nulls:
+            raise LauncherError(
+                f"unable to produce MLMD artifact for output {name!r}: failed to convert RuntimeArtifact to "
+                f"MLMD artifact: unknown/unsupported value type *structpb.Value_NullValue (field {nulls[0]!r})"
             )
         artifacts[name] = art
     return params, artifacts

@@ -164,8 +164,9 @@ def test_driver_resolves_container_args_without_defaults():
 def test_an_output_artifact_takes_the_reported_metadata_but_no_uri_outside_the_pipeline_root(tmp_path):
     """launcher_v2.go uploadOutputArtifacts + mergeRuntimeArtifacts, objectstore.Config.KeyFromURI: the
     metadata a component reports is merged into its Model artifact (type kept: MLMD records the schema
-    title), and a URI it points elsewhere (an object of the run root) fails the step instead of being
-    recorded: the artifact's URI always holds what the component wrote to its path."""
+    title), a null field fails the step (metadata/converter.go StructValueToMLMDValue), and a URI it points
+    elsewhere (an object of the run root) fails it too instead of being recorded: the artifact's URI always
+    holds what the component wrote to its path."""
     root = tmp_path / "artifacts"
     comp = {
         "outputDefinitions": {"artifacts": {"final_model": {"artifactType": {"schemaTitle": "system.Model"}}}}
@@ -184,6 +185,11 @@ def test_an_output_artifact_takes_the_reported_metadata_but_no_uri_outside_the_p
     art = arts["final_model"]
     assert art["type"]["schemaTitle"] == "system.Model" and art["uri"] == provisioned["uri"]
     assert art["metadata"] == {"architecture": "GPT2LMHeadModel"}
+    reported["metadata"]["val_loss"] = None  # MLMD has no null custom property: the step fails
+    out.write_text(json.dumps({"artifacts": {"final_model": {"artifacts": [reported]}}}))
+    with pytest.raises(LauncherError, match="unable to produce MLMD artifact .*'val_loss'"):
+        collect_outputs(ex, comp, root)
+    reported["metadata"].pop("val_loss")
     reported["uri"] = "s3://mlpipeline/private/team-a/ddiloco/run/final"
     out.write_text(json.dumps({"artifacts": {"final_model": {"artifacts": [reported]}}}))
     with pytest.raises(LauncherError, match="does not have expected bucket prefix"):
