@@ -66,9 +66,15 @@ def tokenize_plan(
     chaos: str = "",
     max_learners: int = 64,
     learner_ranks: int = 1,
+    gpu_node_selector: dict = {},  # noqa: B006 (a KFP default, never mutated)
+    gpu_tolerations: list = [],  # noqa: B006 (a KFP default, never mutated)
+    cpu_node_selector: dict = {},  # noqa: B006 (a KFP default, never mutated)
+    kueue_queue: str = "",
+    pod_settings: dict = {},  # noqa: B006 (a KFP default, never mutated)
 ) -> NamedTuple("Plan", [("units", list[int]), ("corpus", str), ("tokenized", bool)]):  # noqa: F821
-    """The run's first step. It checks the run parameters as prepare will use them (a misspelt override
-    fails the run here with a did-you-mean, in seconds; empty recipe: no check); then the data of the run,
+    """The run's first step. It checks the run parameters as prepare, the drivers and the keepers will use
+    them (a misspelt override fails the run here with a did-you-mean, in seconds; empty recipe: no check);
+    then the data of the run,
     step 1: `text_corpus` (a store prefix of .txt/.jsonl/.parquet/datasets files) planned for tokenizing under
     `{store}/corpora/corpus-KEY` (content-addressed: a rerun or a schedule on the same text reuses it, and
     has no units), with the tokenizer of `model_hf` if it has one, else bytes; or `corpus` (a pre-tokenized
@@ -79,7 +85,13 @@ def tokenize_plan(
 
     knobs = {"learners": learners, "quorum": quorum, "token_budget": token_budget, "chaos": chaos}
     limits = {"max_learners": max_learners, "learner_ranks": learner_ranks}
-    run = {"recipe": recipe, "overrides": overrides, **knobs, **limits} if recipe else None
+    placement = {"gpu_node_selector": gpu_node_selector, "gpu_tolerations": gpu_tolerations}
+    placement |= {
+        "cpu_node_selector": cpu_node_selector,
+        "kueue_queue": kueue_queue,
+        "pod_settings": pod_settings,
+    }
+    run = {"recipe": recipe, "overrides": overrides, **knobs, **limits, **placement} if recipe else None
     return namedtuple("Plan", ["units", "corpus", "tokenized"])(
         *plan(store, text_corpus, corpus, model_hf, s3_endpoint, run)
     )

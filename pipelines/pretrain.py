@@ -277,6 +277,11 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
                 overrides=overrides,
                 **knobs,
                 **limits,
+                gpu_node_selector=gpu_node_selector,
+                gpu_tolerations=gpu_tolerations,
+                cpu_node_selector=cpu_node_selector,
+                kueue_queue=kueue_queue,
+                pod_settings=pod_settings,
             )
             k8s.cpu_step(plan, "tokenize-plan")
             units = plan.outputs["units"]
