@@ -240,25 +240,6 @@ def test_the_yaml_ddiloco_0_1_0_compiled_fails_at_its_first_step(s3_server, tmp_
     assert stragglers(run.run_id) == []
 
 
-def test_a_run_started_from_the_ui_with_a_misspelt_override_fails_at_its_first_step(
-    s3_server, compiled, tmp_path
-):
-    """The KFP UI submits parameters no `ddiloco pipeline` command checked: the first step (tokenize-plan)
-    checks them as prepare would and fails with the did-you-mean of `ddiloco pipeline submit`, before any
-    data is read or any learner starts; KFP 2.17 does not retry it; the report says how far the run got."""
-    twin, args = twin_and_args(compiled, s3_server, tmp_path, 600_000)
-    args["overrides"] = [*TINY, "diloco.sync_evry=8"]
-    run = twin.run(args)
-    assert run.phase == "Failed"
-    plan = run.task("tokenize-plan")
-    [attempt] = plan.attempts
-    assert attempt.phase == "Failed" and "did you mean 'diloco.sync_every'" in attempt.log.read_text()
-    assert attempt.finished_real - attempt.started_real < 60, "seconds, not minutes"
-    assert {t.phase for t in run.find("prepare") + run.find("learner") + run.find("syncer")} <= {"Omitted"}
-    assert run.task("report").phase == "Succeeded"
-    assert stragglers(run.run_id) == []
-
-
 @pytest.mark.long  # a defect of the old YAML, on the --no-keeper path
 def test_with_the_old_300s_max_duration_kills_after_five_minutes_are_not_retried(s3_server, direct, tmp_path):
     """Argo counts maxDuration from the first attempt's start (operator.go, processNodeRetries): the task
@@ -304,11 +285,21 @@ def test_with_hostnames_instead_of_pod_names_the_kills_find_no_pod(s3_server, di
 
 
 # --- the exit handler: failed and terminated runs get their report, and nothing is left running -----------
-def test_a_failed_run_still_gets_its_report(s3_server, compiled, tmp_path):
+def test_a_run_started_from_the_ui_with_a_misspelt_override_fails_at_its_first_step_and_still_reports(
+    s3_server, compiled, tmp_path
+):
+    """The KFP UI submits parameters no `ddiloco pipeline` command checked: the first step (tokenize-plan)
+    checks them as prepare would and fails with the did-you-mean of `ddiloco pipeline submit` (a Failed pod,
+    which KFP 2.17's OnError does not retry), before any data is read or any learner starts; the report says
+    how far it got."""
     twin, args = twin_and_args(compiled, s3_server, tmp_path, 600_000)
-    args["recipe"] = "no-such-recipe"  # prepare fails with a one-line error (exit 2, not retried)
+    args["overrides"] = [*TINY, "diloco.sync_evry=8"]
     run = twin.run(args)
-    assert run.phase == "Failed" and run.task("prepare").phase == "Failed", run.explain()
+    assert run.phase == "Failed", run.explain()
+    [attempt] = run.task("tokenize-plan").attempts
+    assert attempt.phase == "Failed" and "did you mean 'diloco.sync_every'" in attempt.log.read_text()
+    assert attempt.finished_real - attempt.started_real < 60, "seconds, not minutes"
+    assert {t.phase for t in run.find("prepare") + run.find("learner") + run.find("syncer")} <= {"Omitted"}
     report = run.task("report")
     assert report.phase == "Succeeded", run.explain()
     text = Path(report.artifacts["markdown"]["uri"]).read_text()
