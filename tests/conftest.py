@@ -14,17 +14,30 @@ from tests._seaweed import s3_server  # noqa: E402,F401
 
 _PRINT = builtins.print
 
-# Session fixtures that cost a run (tens of seconds): every test that uses one goes to the same pytest-xdist
-# worker, so the run happens once; every other test goes with its module (module fixtures run once too).
-SHARED_RUNS = ("posttrained_runs", "cli_run")
+# pytest-xdist (`-n auto`, pyproject): a test file's tests go to one worker, so its module fixtures run once;
+# files that share a session fixture costing a run (tens of seconds) go to one worker together, so that run
+# happens once too. (A scheduler of our own: xdist 3.8's `loadgroup` renames `item._nodeid`, which pytest 9.2
+# no longer reads, and `loadfile` cannot put two files together.)
+SHARED_RUN_FILES = {
+    "tests/integration/test_report_browser.py": "tests/integration/test_posttrain.py",  # posttrained_runs
+    "tests/integration/test_docs_commands.py": "tests/integration/test_cli_entry.py",  # cli_run
+}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (`--dist loadgroup`, pyproject)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            shared = [name for name in SHARED_RUNS if name in getattr(item, "fixturenames", ())]
-            item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::")[0]))
+def scheduling_unit(nodeid: str) -> str:
+    """The scheduling unit of a test: its file, or the file whose session run it shares."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_RUN_FILES.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileAndSharedRun(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scheduling_unit(nodeid)
+
+    return ByFileAndSharedRun(config, log)
 
 
 @pytest.fixture(autouse=True)
