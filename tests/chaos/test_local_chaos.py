@@ -150,19 +150,28 @@ def disrupted(tmp_path_factory):
     )
     store = open_store(run.url)
     fired = {e["action"]: e["fired_at"] for e in s["chaos_events"]}
-    return s, store, fired
+    return s, store, fired, run.logdir
+
+
+def why_restarted(logdir) -> str:
+    """The lines of the learners' logs that say why one exited (for an assertion's message)."""
+    said = []
+    for log in sorted(logdir.glob("learner-*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        said += [f"{log.name}: {line}" for line in lines if "error" in line.lower() or "Traceback" in line]
+    return "\n".join(said[-20:])
 
 
 def test_the_run_survives_a_stall_an_outage_and_a_killed_syncer_with_its_books_balanced(disrupted):
-    s, store, _ = disrupted
+    s, store, _, logdir = disrupted
     assert s["status"] == "done" and s["finished_by"] == "deadline" and s["ledger_balanced"]
     assert s["global_versions_contiguous"]
     assert_no_lost_or_double_merges(store, s)
-    assert sum(s["incarnations"].values()) == 4, "no learner crashed or was restarted"
+    assert sum(s["incarnations"].values()) == 4, f"a learner was restarted: {why_restarted(logdir)}"
 
 
 def test_a_stalled_learner_does_not_hold_back_the_others(disrupted):
-    s, store, fired = disrupted
+    s, store, fired, logdir = disrupted
     assert [e["action"] for e in s["chaos_events"] if e["action"].startswith("SIG")][:2] == [
         "SIGSTOP",
         "SIGCONT",
@@ -171,11 +180,11 @@ def test_a_stalled_learner_does_not_hold_back_the_others(disrupted):
     during = [r for r in round_records(store) if start + 1 < r["merged_at"] < start + STALL_S - 1]
     assert len(during) >= STALL_S - 2, f"only {len(during)} merges while learner 2 was stopped"
     assert all("2-0" not in r["contributors"] for r in during[5:]), "the stalled learner cannot answer"
-    assert s["incarnations"]["2"] == 1
+    assert s["incarnations"]["2"] == 1, why_restarted(logdir)
 
 
 def test_a_store_outage_is_ridden_out(disrupted):
-    s, store, _ = disrupted
+    s, store, _, _ = disrupted
     start = next(e["fired_at"] for e in s["chaos_events"] if e["kind"] == "store_outage")
     merged_at = [r["merged_at"] for r in round_records(store)]
     assert not [t for t in merged_at if start + 0.5 < t < start + OUTAGE_S - 0.5], (
@@ -195,7 +204,7 @@ def test_a_store_outage_is_ridden_out(disrupted):
 
 
 def test_killing_the_syncer(disrupted):
-    s, store, fired = disrupted
+    s, store, fired, _ = disrupted
     assert "SIGKILL" in fired and fired["SIGKILL"] > fired["SIGCONT"]
     assert store.get_json(keys.SYNCER_STATE)["incarnation"] == 1, "the syncer restarted once and resumed"
     assert [t for t in (r["merged_at"] for r in round_records(store)) if t > fired["SIGKILL"]], (
