@@ -78,6 +78,7 @@ from ddiloco.learner.io import (
 from ddiloco.learner.ledger import FragmentLedger
 from ddiloco.learner.resume import resume_from_reports
 from ddiloco.learner.sharded import LiveMembers, ShardedMembers
+from ddiloco.learner.tracked import track_report, track_step
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer
@@ -91,6 +92,7 @@ from ddiloco.store.base import Store, StoreError
 from ddiloco.streamed import open_loader, read_corpus_doc
 from ddiloco.tokens.mixture import MixtureLoader
 from ddiloco.tokens.stream import StreamLoader
+from ddiloco.tracking.tracker import OFF, Tracker
 
 __all__ = ["Learner", "Opened"]
 
@@ -227,6 +229,7 @@ class Learner:
         self.joined_at: float | None = None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
+        self.tracker: Tracker = OFF  # `ddiloco learner` sets the role's (`ddiloco.learner.tracked`)
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation), self.root.key)
         self.errors = IoErrors(self.metrics, learner_id)  # what the I/O threads raise: logged and counted
         self.bound = MergeBound(learner_id, t.max_unmerged_s, cfg.diloco, clock)  # ends it if never merged
@@ -303,6 +306,7 @@ class Learner:
     def _report_async(self) -> None:
         self.metrics.store_retries.set(self.store.stats.retries)
         self.heartbeats.beat(lambda: self._report().to_json())
+        track_report(self)
 
     def _checkpoint_async(self) -> None:
         """Snapshot at this step boundary into host buffers (asynchronous on CUDA); an I/O thread writes it."""
@@ -359,6 +363,7 @@ class Learner:
             self.loss = loss
             self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
             m.loss.set(loss)
+        track_step(self, n, loss)
 
     def tick(self) -> bool:
         """One iteration of the loop at a step boundary; False once the syncer says the run is done."""

@@ -92,6 +92,7 @@ from ddiloco.syncer.rounds import (
     grace_window,
 )
 from ddiloco.syncer.state import SyncerFiles
+from ddiloco.tracking.tracker import OFF, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ class Syncer:
         self.roster = Roster(store, clock=clock, wall=wall, heartbeat_s=hb, keys_=self.root.key)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
+        self.tracker: Tracker = OFF  # `ddiloco syncer` sets the role's (`ddiloco.syncer.commit.track_merge`)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
         run_start = self.root.prepared_at()
