@@ -20,7 +20,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
 COPY --from=build /wheels /wheels
 RUN python -m venv /opt/venv \
- && pip install -c /wheels/pins.txt "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data]" \
+ && pip install -c /wheels/pins.txt "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data,mlflow]" \
  && rm -rf /wheels \
  && useradd --uid 1000 --create-home --shell /usr/sbin/nologin ddiloco
 USER 1000:1000

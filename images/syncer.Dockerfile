@@ -23,7 +23,7 @@ COPY --from=build /wheels /wheels
 # The pinned torch version, CPU build, first; then the constraint `torch==X` is satisfied (X+cpu matches ==X).
 RUN python -m venv /opt/venv \
  && pip install --index-url "${TORCH_INDEX}" "$(grep '^torch==' /wheels/pins.txt)" \
- && pip install -c /wheels/pins.txt "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data]" \
+ && pip install -c /wheels/pins.txt "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data,mlflow]" \
  && rm -rf /wheels \
  && useradd --uid 1000 --create-home --shell /usr/sbin/nologin ddiloco
 USER 1000:1000

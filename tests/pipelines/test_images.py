@@ -31,8 +31,11 @@ def test_dockerfile_runs_as_non_root_from_the_repository_without_secrets(name):
     users = re.findall(r"^USER (\S+)", text, re.M)
     assert users and not users[-1].startswith(("0", "root")), "the image must run as a non-root user"
     assert re.search(
-        r'pip install (?:-c \S+ )?"\$\(ls /wheels/ddiloco-\*\.whl\)\[kfp,lm-eval,data\]"', text
-    ), "installs this repo + kfp + lm-evaluation-harness (evaluate --harness lm-eval) + pyarrow (tokenize)"
+        r'pip install (?:-c \S+ )?"\$\(ls /wheels/ddiloco-\*\.whl\)\[kfp,lm-eval,data,mlflow\]"', text
+    ), (
+        "installs this repo + kfp + lm-evaluation-harness (evaluate --harness lm-eval) + pyarrow (tokenize) "
+        "+ mlflow-skinny (tracking.mlflow_uri)"
+    )
     assert not re.search(r"(?i)(secret|password|token|access_?key)\s*=", text)
     lines = (IMAGES / f"{name}.Dockerfile.dockerignore").read_text().splitlines()
     ignore = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
