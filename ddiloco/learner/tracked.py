@@ -15,6 +15,8 @@ from typing import Any
 
 def track_step(learner: Any, tokens: int, loss: float | None) -> None:
     """After a step of `tokens` tokens (`learner`: `ddiloco.learner.loop.Learner`, which imports this)."""
+    if not learner.tracker.enabled:
+        return
     ema = learner.step_time_ema
     values = {
         "train/loss": loss,
@@ -27,6 +29,8 @@ def track_step(learner: Any, tokens: int, loss: float | None) -> None:
 
 def track_report(learner: Any) -> None:
     """At a heartbeat: traffic and token books so far."""
+    if not learner.tracker.enabled:
+        return
     up, down, _ = learner.exchange.traffic()
     books = list(learner.ledger)
     values = {

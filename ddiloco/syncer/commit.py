@@ -185,6 +185,8 @@ def track_merge(syncer: Any, record: RoundRecord, seconds: float) -> None:
     `tb/syncer/` and the MLflow run), at step = tokens merged: the run's progress and the learners' mean
     loss (`global/`), the round (`round/`: quorum, staleness of its answers, grace, time to quorum, merge and
     publish seconds, outer-gradient norm) and the books (`syncer/`). Only queued: never waits."""
+    if not syncer.tracker.enabled:
+        return
     state = syncer.metrics_state()
     stale = [c.staleness for c in record.contributors.values()]
     values = {

@@ -153,3 +153,30 @@ def test_an_mlflow_file_store_holds_the_runs_params_metrics_and_final_model(tmp_
     assert files == {"final_model/model.safetensors", "final_model/meta.json"}
     assert len(client.search_runs([doc["experiment_id"]])) == 1
     assert tracking_info(store)["mlflow_link"].startswith(uri)
+
+
+def test_an_mlflow_uri_that_does_not_answer_warns_once_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    """The real MLflow client against a port nothing listens on (its retries off, so it fails at once rather
+    than after minutes): every event counted as dropped, one warning, and TensorBoard unaffected."""
+    pytest.importorskip("mlflow")
+    import socket
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends: nothing answers there
+    store, registry = open_store((tmp_path / "run").as_uri()), CollectorRegistry()
+    cfg = TrackingConfig(mlflow_uri=f"http://127.0.0.1:{port}")
+    caplog.set_level(logging.WARNING, "ddiloco.tracking")
+    tracker = open_tracker(store, cfg, "syncer", run_id="r", mlflow=True, registry=registry)
+    t0 = time.perf_counter()
+    for step in range(20):
+        tracker.scalars({"round/quorum": 1}, step)
+    assert time.perf_counter() - t0 < 0.1
+    tracker.close(timeout=20)
+    assert registry.get_sample_value("ddiloco_tracking_dropped_events_total", {"backend": "mlflow"}) == 20
+    assert registry.get_sample_value("ddiloco_tracking_dropped_events_total", {"backend": "tensorboard"}) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and f"tracking.mlflow_uri=http://127.0.0.1:{port}" in warnings[0], warnings
+    assert tracking_info(store)["dropped_events"] == {"syncer": 20}
+    assert len(scalars_read_by_tensorboard(tmp_path / "run" / "tb" / "syncer")["round/quorum"]) == 20
