@@ -54,10 +54,15 @@ class Tracker:
     def scalars(
         self, values: Mapping[str, float | int | None], step: float, wall_time: float | None = None
     ) -> None:
-        """Log `values` (name -> number; None, NaN and inf left out) at `step` (an int ≥ 0)."""
+        """Log `values` (name -> number; None, NaN, inf and anything not a number left out) at `step` (an
+        int ≥ 0)."""
         if not self.channels:
             return
-        clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(v)}
+        clean = {
+            k: float(v)
+            for k, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        }
         if clean:
             event = Scalars(clean, max(0, int(step)), time.time() if wall_time is None else wall_time)
             for ch in self.channels:
