@@ -9,9 +9,9 @@ slices, and overhead = 1 − learner / plain.
 
 MFU = flops_per_token × tokens/s / peak, flops_per_token = 6·N + 12·L·C·T (`ddiloco.model.flops_per_token`:
 N counts the parameters in matmuls; PaLM appendix B). Peak: dense tensor throughput from the vendor's data
-sheet for known GPUs at the run's precision (bf16: H100 SXM / H200 989 TFLOP/s; fp32 without TF32: 67),
-and on CPU an fp32 matmul peak measured in this process (same threads); `peak_flops_source` says which,
-and an unknown GPU gets null.
+sheet for known GPUs at the run's precision (`ddiloco.peaks`; bf16: H100 SXM / H200 989.5 TFLOP/s; fp32
+without TF32: 67), and on CPU an fp32 matmul peak measured in this process (same threads);
+`peak_flops_source` says which, and an unknown GPU gets null.
 
     python benchmarks/learner_throughput.py [--preset tiny] [--precision auto] [--seconds 10] [--hf-arch llama]
         [--device auto] [--batch-size N] [--seq-len T] [--compile] [--repeats 3] [--set key=value ...]
@@ -33,6 +33,7 @@ from _learner_bench import PlainLoop, hf_dir_like, learner_step, prepared_run, s
 
 from ddiloco import keys
 from ddiloco.learner.accel import resolve_device, resolve_precision
+from ddiloco.learner.efficiency import device_peak
 from ddiloco.learner.loop import Learner
 from ddiloco.recipes import load_config
 
@@ -44,27 +45,14 @@ PRESET_DEFAULTS = {
     "350m": ("paper-like", 1024, 16, 20000),
     "1b": ("paper-like", 1024, 8, 20000),
 }
-# Dense peak FLOP/s by GPU name fragment (most specific first) and precision; fp32 is without TF32.
-GPU_PEAKS = [
-    ("H100 PCIe", {"bf16": 756e12, "fp32": 51e12}),
-    ("H100 NVL", {"bf16": 835e12, "fp32": 60e12}),
-    ("H100", {"bf16": 989e12, "fp32": 67e12}),
-    ("H200", {"bf16": 989e12, "fp32": 67e12}),
-    ("A100", {"bf16": 312e12, "fp32": 19.5e12}),
-    ("L40S", {"bf16": 362e12, "fp32": 91.6e12}),
-    ("L4", {"bf16": 121e12, "fp32": 30.3e12}),
-    ("A10", {"bf16": 125e12, "fp32": 31.2e12}),
-]
 
 
 def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]:
-    """(peak FLOP/s, where the figure comes from)."""
+    """(peak FLOP/s, where the figure comes from): the library's data-sheet table on CUDA (`ddiloco.peaks`,
+    what learners report MFU by), measured on CPU."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for fragment, peaks in GPU_PEAKS:
-            if fragment in name:
-                return peaks[precision], f"data sheet: {fragment} dense {precision}"
-        return None, f"unknown GPU {name!r}: no peak, no MFU"
+        peak = device_peak(device, precision, None)
+        return peak.flops, peak.source
     n, reps = 512, 0  # fp32 even for a bf16 run: without AMX, bf16 matmuls are the CPU's slow path
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b

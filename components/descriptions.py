@@ -36,6 +36,14 @@ DESCRIPTIONS: dict[str, str] = {
     "s3://bucket/prefix/corpora/corpus-KEY (content-addressed: a rerun on the same text reuses it) and read "
     "in place; empty: none.",
     "lm_eval": "Also run lm-evaluation-harness on the package's tasks in the evaluate steps.",
+    "lm_eval_tasks": "A store prefix (s3://bucket/prefix or file:///dir) of lm-evaluation-harness task YAMLs with "
+    "their data files and utils.py, e.g. folders copied from lm_eval/tasks/; the evaluate steps copy it and "
+    "run every task it defines (TaskManager include_path), offline; a relative data_files path in a YAML is a "
+    "file of the prefix. Results: eval/lm-final-tasks.json, metrics lm_eval.TASK.METRIC. Empty: none.",
+    "lm_eval_datasets": "A store prefix holding a Hugging Face datasets cache (a copy of "
+    "~/.cache/huggingface/datasets after loading the benchmarks once), used as HF_DATASETS_CACHE with "
+    "HF_DATASETS_OFFLINE=1 so tasks with a Hub dataset_path (hellaswag, arc_easy, ...) load without internet. "
+    "Empty: none.",
     "store_bucket": "Bucket of the run data: s3://store_bucket/store_prefix/<run id>.",
     "store_prefix": "Prefix of the run data in the bucket; {namespace} is the run's namespace.",
     "s3_endpoint": "The S3 endpoint, host:port or https://host:port (KFP >= 2.16: seaweedfs.kubeflow:9000, "
@@ -89,9 +97,10 @@ DESCRIPTIONS: dict[str, str] = {
     "run_tag": "This KFP run's id: with the slot, the join name that lets a retry take its learner id back.",
     "slot": "This learner's slot (an item of the check step's output).",
     # --- component outputs ---
-    "final_model": "Pointer to the final global model in the run root (final/).",
-    "sft_model": "Pointer to the SFT model in the run root; metadata present false when SFT was skipped.",
-    "hf_model": "The model as a Hugging Face directory that transformers' from_pretrained loads.",
+    "final_model": "The final global model as a Hugging Face directory that transformers' from_pretrained "
+    "loads; metadata: architecture, parameters, tokens_trained, val_loss, perplexity.",
+    "sft_model": "The fine-tuned model as a Hugging Face directory (as final_model); empty with metadata "
+    "present false when SFT was skipped.",
     "metrics": "Headline metrics of the step (validation loss, perplexity, accuracy, ...).",
     "events": "Markdown: the chaos events this step fired or skipped.",
     "html": "The run report, HTML.",

@@ -2,8 +2,6 @@
 (`ClusterOptions.keeper`). Named `learner` and `syncer` like the roles they keep, so the compiled tasks keep
 their names; each body is one call into `ddiloco.components.keeper_loop.keep_role`."""
 
-from kfp.dsl import Model, Output
-
 
 def learner(
     store: str,
@@ -47,7 +45,6 @@ def learner(
 
 def syncer(
     store: str,
-    final_model: Output[Model],
     worker: dict,
     run_id: str = "",
     s3_endpoint: str = "",
@@ -58,15 +55,14 @@ def syncer(
     kueue_queue: str = "",
     pod_settings: dict = {},  # noqa: B006 (a KFP default, never mutated)
 ):
-    """Keep the syncer running in a worker pod of its own (see `learner`); the Model artifact points at
-    the final model in the store once the worker succeeded."""
+    """Keep the syncer running in a worker pod of its own (see `learner`) until it merged the token budget
+    and wrote the final model to the run root."""
     from ddiloco.components.keeper_loop import keep_role
-    from ddiloco.components.runtime import run_root, store_model
+    from ddiloco.components.runtime import run_root
 
-    root = run_root(store, run_id)
     keep_role(
         "syncer",
-        root,
+        run_root(store, run_id),
         run_id,
         worker,
         flags={"metrics_port": None if metrics_port < 0 else metrics_port},
@@ -77,4 +73,3 @@ def syncer(
         kueue_queue=kueue_queue,
         pod_settings=pod_settings,
     )
-    store_model(final_model, root, "final", s3_endpoint)

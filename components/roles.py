@@ -53,18 +53,47 @@ def prepare(
 
 
 def tokenize_plan(
-    store: str, s3_endpoint: str = "", text_corpus: str = "", corpus: str = "", model_hf: str = ""
+    store: str,
+    s3_endpoint: str = "",
+    text_corpus: str = "",
+    corpus: str = "",
+    model_hf: str = "",
+    recipe: str = "",
+    overrides: list = [],  # noqa: B006 (a KFP default, never mutated)
+    learners: int = 1,
+    quorum: int = 0,
+    token_budget: int = 0,
+    chaos: str = "",
+    max_learners: int = 64,
+    learner_ranks: int = 1,
+    gpu_node_selector: dict = {},  # noqa: B006 (a KFP default, never mutated)
+    gpu_tolerations: list = [],  # noqa: B006 (a KFP default, never mutated)
+    cpu_node_selector: dict = {},  # noqa: B006 (a KFP default, never mutated)
+    kueue_queue: str = "",
+    pod_settings: dict = {},  # noqa: B006 (a KFP default, never mutated)
 ) -> NamedTuple("Plan", [("units", list[int]), ("corpus", str), ("tokenized", bool)]):  # noqa: F821
-    """The data of the run, step 1: `text_corpus` (a store prefix of .txt/.jsonl/.parquet/datasets files)
-    planned for tokenizing under `{store}/corpora/corpus-KEY` (content-addressed: a rerun or a schedule on the
-    same text reuses it, and has no units), with the tokenizer of `model_hf` if it has one, else bytes; or
-    `corpus` (a pre-tokenized prefix) passed on; or neither (the recipe's data). Units: one per input file."""
+    """The run's first step. It checks the run parameters as prepare, the drivers and the keepers will use
+    them (a misspelt override fails the run here with a did-you-mean, in seconds; empty recipe: no check);
+    then the data of the run,
+    step 1: `text_corpus` (a store prefix of .txt/.jsonl/.parquet/datasets files) planned for tokenizing under
+    `{store}/corpora/corpus-KEY` (content-addressed: a rerun or a schedule on the same text reuses it, and
+    has no units), with the tokenizer of `model_hf` if it has one, else bytes; or `corpus` (a pre-tokenized
+    prefix) passed on; or neither (the recipe's data). Units: one per input file."""
     from collections import namedtuple
 
     from ddiloco.components.runtime import tokenize_plan as plan
 
+    knobs = {"learners": learners, "quorum": quorum, "token_budget": token_budget, "chaos": chaos}
+    limits = {"max_learners": max_learners, "learner_ranks": learner_ranks}
+    placement = {"gpu_node_selector": gpu_node_selector, "gpu_tolerations": gpu_tolerations}
+    placement |= {
+        "cpu_node_selector": cpu_node_selector,
+        "kueue_queue": kueue_queue,
+        "pod_settings": pod_settings,
+    }
+    run = {"recipe": recipe, "overrides": overrides, **knobs, **limits, **placement} if recipe else None
     return namedtuple("Plan", ["units", "corpus", "tokenized"])(
-        *plan(store, text_corpus, corpus, model_hf, s3_endpoint)
+        *plan(store, text_corpus, corpus, model_hf, s3_endpoint, run)
     )
 
 
@@ -115,28 +144,25 @@ def learner(
 
 def syncer(
     store: str,
-    final_model: Output[Model],
     run_id: str = "",
     s3_endpoint: str = "",
     max_seconds: float = 0.0,
     metrics_port: int = -1,
     restarts: int = 0,
 ):
-    """The syncer until the token budget is merged (Prometheus /metrics on metrics_port, -1: off); the final
-    model stays in the store (the Model artifact points at it); a crash is restarted in the pod up to
-    `restarts` times (it resumes from its state in the store)."""
-    from ddiloco.components.runtime import ddiloco, run_root, store_model
+    """The syncer until the token budget is merged (Prometheus /metrics on metrics_port, -1: off); it writes
+    the final model to the run root (`export_final` makes the Model artifact of it); a crash is restarted
+    in the pod up to `restarts` times (it resumes from its state in the store)."""
+    from ddiloco.components.runtime import ddiloco, run_root
 
-    root = run_root(store, run_id)
     ddiloco(
         "syncer",
-        store=root,
+        store=run_root(store, run_id),
         max_seconds=max_seconds or None,
         metrics_port=None if metrics_port < 0 else metrics_port,
         s3_endpoint=s3_endpoint,
         restarts=restarts,
     )
-    store_model(final_model, root, "final", s3_endpoint)
 
 
 def chaos(
@@ -167,54 +193,64 @@ def evaluate(
     s3_endpoint: str = "",
     model: str = "final",
     lm_eval: bool = False,
+    lm_eval_tasks: str = "",
+    lm_eval_datasets: str = "",
     extra_args: list = [],  # noqa: B006 (a KFP default, never mutated)
 ):
     """Validation loss, perplexity and task accuracy of a checkpoint (final, sft, latest, round:N); with
-    lm_eval also lm-evaluation-harness on the same tasks (metrics lm_eval.TASK.METRIC); extra_args go to
-    `ddiloco evaluate` as they are."""
-    from ddiloco.components.runtime import ddiloco, log_metrics, run_root
+    lm_eval also lm-evaluation-harness on the same tasks, with lm_eval_tasks on the task YAMLs of that store
+    prefix (datasets from the lm_eval_datasets cache, offline): metrics lm_eval.TASK.METRIC; extra_args go
+    to `ddiloco evaluate` as they are."""
+    from ddiloco.components.evaluation import evaluate as run_evaluation
+    from ddiloco.components.runtime import run_root
 
-    root = run_root(store, run_id)
-    result = ddiloco("evaluate", *extra_args, store=root, model=model, s3_endpoint=s3_endpoint) or {}
-    if lm_eval:
-        lm = ddiloco(
-            "evaluate", *extra_args, store=root, model=model, harness="lm-eval", s3_endpoint=s3_endpoint
-        )
-        result["lm_eval"] = (lm or {}).get("lm_eval")
-    log_metrics(metrics, result)
+    run_evaluation(
+        metrics,
+        run_root(store, run_id),
+        model,
+        lm_eval=lm_eval,
+        lm_eval_tasks=lm_eval_tasks,
+        lm_eval_datasets=lm_eval_datasets,
+        extra_args=extra_args,
+        s3_endpoint=s3_endpoint,
+    )
 
 
 def sft(
     store: str,
     metrics: Output[Metrics],
-    sft_model: Output[Model],
     run_id: str = "",
     s3_endpoint: str = "",
     extra_args: list = [],  # noqa: B006 (a KFP default, never mutated)
 ):
-    """Supervised fine-tuning of the final model; the result stays in the store (Model = pointer);
-    extra_args go to `ddiloco sft` as they are. A user corpus without sft.data skips it (and the evaluation
-    of `sft` after it) with a warning: the Model's metadata says present false."""
-    from ddiloco.components.runtime import ddiloco, log_metrics, run_root, store_model
+    """Supervised fine-tuning of the final model, written to the run root (`export_sft` makes the Model
+    artifact of it); extra_args go to `ddiloco sft` as they are. A user corpus without sft.data skips it (and
+    the evaluation of `sft` after it) with a warning."""
+    from ddiloco.components.runtime import ddiloco, log_metrics, run_root
 
-    root = run_root(store, run_id)
-    done = ddiloco("sft", *extra_args, store=root, skip_without_data=True, s3_endpoint=s3_endpoint)
+    done = ddiloco(
+        "sft", *extra_args, store=run_root(store, run_id), skip_without_data=True, s3_endpoint=s3_endpoint
+    )
     log_metrics(metrics, done)
-    store_model(sft_model, root, "sft", s3_endpoint)
 
 
-def export(
-    store: str,
-    hf_model: Output[Model],
-    run_id: str = "",
-    s3_endpoint: str = "",
-    model: str = "final",
-):
-    """A checkpoint (final, sft, latest, round:N) as a Hugging Face directory in the Model artifact:
-    config.json, model.safetensors, generation_config.json and the run's tokenizer (`ddiloco export`)."""
-    from ddiloco.components.runtime import export_model, run_root
+def export_final(store: str, final_model: Output[Model], run_id: str = "", s3_endpoint: str = ""):
+    """The final model as a Hugging Face directory in the Model artifact (config.json, model.safetensors,
+    generation_config.json, the run's tokenizer: `ddiloco export`), which transformers' from_pretrained loads
+    alone; metadata: architecture, parameters, tokens trained, validation loss."""
+    from ddiloco.components.models import export_model
+    from ddiloco.components.runtime import run_root
 
-    export_model(hf_model, run_root(store, run_id), model, s3_endpoint)
+    export_model(final_model, run_root(store, run_id), "final", s3_endpoint)
+
+
+def export_sft(store: str, sft_model: Output[Model], run_id: str = "", s3_endpoint: str = ""):
+    """The fine-tuned model as a Hugging Face directory in the Model artifact (as `export_final`); empty with
+    metadata present false when SFT was skipped."""
+    from ddiloco.components.models import export_model
+    from ddiloco.components.runtime import run_root
+
+    export_model(sft_model, run_root(store, run_id), "sft", s3_endpoint)
 
 
 def report(
@@ -282,7 +318,8 @@ class Components:
     chaos: Any
     evaluate: Any
     sft: Any
-    export: Any
+    export_final: Any
+    export_sft: Any
     report: Any
     join_check: Any
     joiner: Any
@@ -308,7 +345,8 @@ def build(registry: str = DEFAULT_REGISTRY, *, gpu: bool = True) -> Components:
         chaos=on(cpu_image, chaos),
         evaluate=on(gpu_image, evaluate),
         sft=on(gpu_image, sft),
-        export=on(cpu_image, export),
+        export_final=on(cpu_image, export_final),
+        export_sft=on(cpu_image, export_sft),
         report=on(cpu_image, report),
         join_check=on(cpu_image, join_check),
         joiner=on(gpu_image, joiner),

@@ -96,13 +96,15 @@ def ddiloco(
     s3_endpoint: str = "",
     restarts: int = 0,
     restart_delay_s: float = 10.0,
+    env: Mapping[str, str] | None = None,
     **flags: Any,
 ) -> dict[str, Any] | None:
     """Run a role to completion; return the JSON object it printed last on stdout (None if it printed none).
-    `s3_endpoint` (host:port or URL) becomes DDILOCO_S3_ENDPOINT for the role; empty keeps the environment's.
+    `s3_endpoint` (host:port or URL) becomes DDILOCO_S3_ENDPOINT for the role; empty keeps the environment's;
+    `env`: more variables for the role (e.g. HF_DATASETS_CACHE).
     A crash (any exit but 0 and 2, or a signal) is restarted up to `restarts` times after `restart_delay_s`:
     the role comes back as a new incarnation from its checkpoint in the store, as after a pod retry."""
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     if s3_endpoint:
         env["DDILOCO_S3_ENDPOINT"] = s3_endpoint
     cmd = command(role, *args, **flags)
@@ -155,18 +157,6 @@ def log_metrics(metrics: Any, result: Mapping[str, Any] | None, keys: Sequence[s
         result = {k: result[k] for k in keys if k in result}
     for name, value in sorted(flat_numbers(result).items()):
         metrics.log_metric(name, value)
-
-
-def model_pointer(model: Any, store_url: str, key: str, meta: Mapping[str, Any] | None = None) -> None:
-    """A KFP Model artifact for a checkpoint that stays in the run's store (models can be GBs): the artifact
-    file is a small JSON pointer and the metadata carries the object's URL, so the UI lists the model."""
-    pointer = {"uri": f"{store_url.rstrip('/')}/{key}", "format": "safetensors (ddiloco payload)"}
-    for k, v in (meta or {}).items():
-        if isinstance(v, str | int | float | bool):
-            pointer[k] = v
-    Path(model.path).parent.mkdir(parents=True, exist_ok=True)
-    Path(model.path).write_text(json.dumps(pointer, indent=2, sort_keys=True))
-    model.metadata.update(pointer)
 
 
 def open_run_store(store_url: str, s3_endpoint: str = "") -> Any:
@@ -234,12 +224,58 @@ def prepare_settings(
     return out
 
 
+def check_run(values: Mapping[str, Any], max_learners: int, learner_ranks: int = 1) -> None:
+    """The config the prepare step would build from these run parameters (recipe, overrides, learners,
+    quorum, token_budget, chaos, model_hf, corpus) is valid: `prepare_settings`, then the recipe loaded with
+    them, which refuses an unknown key with a did-you-mean (`ddiloco.overrides.apply_dict`); and the
+    placement parameters among `values` (`ddiloco.components.clusterparams`). Used where the parameters are
+    given (`ddiloco pipeline compile | submit | schedule`) and by a run's first step, for runs started from
+    the KFP UI. No `recipe`: the placement parameters only."""
+    from ddiloco.components.clusterparams import check_placement
+
+    from ddiloco.errors import ConfigError
+    from ddiloco.recipes import load_config
+
+    check_placement(values)
+    if "recipe" not in values:
+        return
+    overrides = values.get("overrides") or []
+    if not isinstance(overrides, list):
+        raise ConfigError(f"parameter overrides={overrides!r} must be a list of key=value strings")
+    settings = prepare_settings(
+        overrides,
+        int(values.get("learners", 1)),
+        int(values.get("quorum", 0)),
+        int(values.get("token_budget", 0)),
+        str(values.get("chaos", "")),
+        max_learners,
+        str(values.get("model_hf", "")),
+        str(values.get("corpus", "")),
+        learner_ranks,
+    )
+    try:
+        load_config(str(values["recipe"]), overrides=settings)
+    except ConfigError as e:
+        raise ConfigError(f"the run parameters do not make a valid run config: {e}") from None
+
+
 def tokenize_plan(
-    store: str, text_corpus: str, corpus: str, model_hf: str = "", s3_endpoint: str = ""
+    store: str,
+    text_corpus: str,
+    corpus: str,
+    model_hf: str = "",
+    s3_endpoint: str = "",
+    run: Mapping[str, Any] | None = None,
 ) -> tuple[list[int], str, bool]:
-    """The tokenize-plan step: (units to tokenize, the corpus URL prepare will read, whether it is tokenized
-    here). Text: `ddiloco tokenize --stage plan` under `{store}/corpora` (no units when an earlier run
-    tokenized the same text); a pre-tokenized `corpus`: passed on; neither: "" (the recipe's data)."""
+    """The tokenize-plan step, the run's first: (units to tokenize, the corpus URL prepare will read, whether
+    it is tokenized here). `run`: the run parameters and the pipeline's max_learners / learner_ranks, checked
+    first (`check_run`), so a run started from the KFP UI with a misspelt override fails here, in seconds,
+    not at prepare after tokenizing. Text: `ddiloco tokenize --stage plan` under `{store}/corpora` (no units
+    when an earlier run tokenized the same text); a pre-tokenized `corpus`: passed on; neither: "" (the
+    recipe's data)."""
+    if run:
+        limits = {k: int(run.get(k, 1)) for k in ("max_learners", "learner_ranks")}
+        check_run({**run, "model_hf": model_hf, "corpus": corpus}, **limits)
     if text_corpus.strip() and corpus.strip():
         raise ValueError("give text_corpus (to tokenize) or corpus (already tokenized), not both")
     if not text_corpus.strip():
@@ -284,32 +320,6 @@ def join_slots(store_url: str, learners: int, max_learners: int, s3_endpoint: st
 def join_name(run_tag: str, slot: int) -> str:
     """A joined learner's stable name: a retried pod of the same slot takes its learner id back."""
     return f"{run_tag}-{slot}"
-
-
-def store_model(model: Any, store_url: str, which: str, s3_endpoint: str = "") -> None:
-    """Model artifact for the run's `final` or `sft` checkpoint (see `model_pointer`)."""
-    if which == "final":
-        key, meta_key = keys.FINAL_MODEL, keys.FINAL_META
-    elif which == "sft":
-        key, meta_key = keys.SFT_MODEL, keys.SFT_META
-    else:
-        raise ValueError(f"unknown checkpoint {which!r}; use final or sft")
-    meta = store_json(store_url, meta_key, s3_endpoint) or {}
-    model_pointer(model, store_url, key, {"checkpoint": which, "present": bool(meta), **meta})
-
-
-def export_model(model: Any, store_url: str, which: str, s3_endpoint: str = "") -> None:
-    """`ddiloco export` of checkpoint `which` into the Model artifact's directory (a Hugging Face directory:
-    transformers' from_pretrained loads it alone); its metadata says what it holds."""
-    printed = ddiloco("export", store=store_url, model=which, out=model.path, s3_endpoint=s3_endpoint) or {}
-    model.metadata.update(
-        {
-            "format": "huggingface",
-            "checkpoint": which,
-            "architecture": printed.get("architecture"),
-            "files": printed.get("files", []),
-        }
-    )
 
 
 def run_report(store_url: str, html: Any, markdown: Any, summary: Any, s3_endpoint: str = "") -> None:

@@ -97,6 +97,10 @@ class TrainConfig:
     precision: str = "auto"
     """Autocast dtype of the inner forward pass: `auto` (bf16 on a CUDA device that supports it, else fp32),
     `fp32` or `bf16`. Parameters, gradients and AdamW state stay fp32 either way."""
+    peak_flops: float | None = None
+    """Peak FLOP/s of one device of a learner (a GPU, or the CPU) at the precision it trains in: MFU's
+    denominator. Null: the data-sheet figure for the GPU's name (`ddiloco.peaks`: H100, H200, A100, L40S, L4,
+    A10G, V100, T4, ...); a device not there (a CPU) then reports no MFU. E.g. 989.5e12: an H100 SXM in bf16."""
     compile: bool = False
     """`torch.compile` the model for the inner steps (a one-off compile; worth it on GPUs, rarely on CPU)."""
     ranks: int = 1
@@ -144,6 +148,11 @@ class TrainConfig:
             "train.checkpoint_every_s must be ≥ 0 seconds, or null for the model size's default",
         )
         _check(self.ranks >= 1, "train.ranks must be ≥ 1 (data-parallel ranks per learner)")
+        peak = self.peak_flops
+        _check(
+            peak is None or 0 < peak < math.inf,
+            f"train.peak_flops={peak} must be a device's peak FLOP/s > 0 (e.g. 312e12), or null (by device name)",
+        )
         u = self.max_unmerged_s
         _check(u is None or 0 < u < math.inf, "train.max_unmerged_s must be > 0 s or null (by the pace)")
         _choose("train.precision", self.precision, PRECISIONS)

@@ -53,7 +53,44 @@ class LearnerMetrics:
             registry=registry,
         ).labels(**lbl)
         self.tokens_per_second = Gauge(
-            f"{ns}_tokens_per_second", "Inner-step throughput (EMA)", ["learner_id"], registry=registry
+            f"{ns}_tokens_per_second",
+            "Processed tokens per second (all ranks): a step's tokens over the loop's wall seconds per step "
+            "(EMA, loop overhead included; compute time alone until that is measured)",
+            ["learner_id"],
+            registry=registry,
+        ).labels(**lbl)
+        # Efficiency (`ddiloco.learner.efficiency`); the MFU and peak series exist only where the peak is known.
+        self.mfu = Gauge(
+            f"{ns}_mfu",
+            "Model FLOPs utilization: FLOPs per token (6N + 12LCT) x processed tokens/s / peak FLOP/s of the "
+            "learner's devices (train.peak_flops or the data-sheet figure for the GPU); absent when unknown",
+            ["learner_id"],
+            registry=registry,
+        )
+        self.peak_flops = Gauge(
+            f"{ns}_peak_flops",
+            "Peak FLOP/s of the learner's devices together (one device's x ranks) that MFU divides by",
+            ["learner_id"],
+            registry=registry,
+        )
+        self.peak_memory = Gauge(
+            f"{ns}_peak_memory_bytes",
+            "Peak memory of the learner: kind cuda_max_allocated (torch.cuda.max_memory_allocated of its "
+            "device) or peak_rss (the process's peak resident set, on CPU)",
+            ["learner_id", "kind"],
+            registry=registry,
+        )
+        self.data_wait_seconds = Counter(
+            f"{ns}_data_wait_seconds",
+            "Seconds inner steps waited for their next batch (data loader); over step_seconds: the wait fraction",
+            ["learner_id"],
+            registry=registry,
+        ).labels(**lbl)
+        self.step_seconds = Counter(
+            f"{ns}_step_seconds",
+            "Seconds spent in inner steps, data wait included",
+            ["learner_id"],
+            registry=registry,
         ).labels(**lbl)
         self.rounds_answered = Counter(
             f"{ns}_rounds_answered", "Rounds answered with an upload", ["learner_id"], registry=registry
@@ -278,6 +315,8 @@ METRIC_NAMES = frozenset(
             "io_errors",
             "merged_tokens",
             "discarded_tokens",
+            "data_wait_seconds",
+            "step_seconds",
         )
     ]
     + [
@@ -290,6 +329,9 @@ METRIC_NAMES = frozenset(
             "fragment_staleness",
             "incarnation",
             "site",
+            "mfu",
+            "peak_flops",
+            "peak_memory_bytes",
         )
     ]
     + [

@@ -9,10 +9,12 @@ COPY pyproject.toml README.md ./
 COPY ddiloco ./ddiloco
 COPY components ./components
 COPY pipelines ./pipelines
-# The exact versions CI tests with (pyproject's dev extra), as pip constraints: the image installs those.
-RUN pip wheel --no-deps --wheel-dir /wheels . \
- && python -c "import tomllib; dev = tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dev']; \
-print('\\n'.join(d for d in dev if '==' in d))" > /wheels/pins.txt
+# The image's lock (exact versions and file hashes of '.[kfp,lm-eval,data]', requirements/lock.sh); the wheel is
+# built with the lock's setuptools, installed from its hashed entry.
+COPY requirements/syncer.lock /wheels/requirements.lock
+RUN awk '/^setuptools==/{p=1} p{print} p && !/\\$/{exit}' /wheels/requirements.lock > /tmp/build.lock \
+ && pip install --require-hashes --no-deps -r /tmp/build.lock \
+ && pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 
 FROM ${PYTHON}
 # PyTorch's CPU-only wheels (no CUDA libraries): ~10x smaller than the default Linux wheel.
@@ -20,10 +22,11 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
 COPY --from=build /wheels /wheels
-# The pinned torch version, CPU build, first; then the constraint `torch==X` is satisfied (X+cpu matches ==X).
+# The lock's torch is the CPU build (X+cpu), which PyTorch's index serves; everything else comes from PyPI.
 RUN python -m venv /opt/venv \
- && pip install --index-url "${TORCH_INDEX}" "$(grep '^torch==' /wheels/pins.txt)" \
- && pip install -c /wheels/pins.txt "$(ls /wheels/ddiloco-*.whl)[kfp,lm-eval,data,mlflow]" \
+ && pip install --require-hashes --no-deps --extra-index-url "${TORCH_INDEX}" -r /wheels/requirements.lock \
+ && pip install --no-deps /wheels/ddiloco-*.whl \
+ && pip check \
  && rm -rf /wheels \
  && useradd --uid 1000 --create-home --shell /usr/sbin/nologin ddiloco
 USER 1000:1000

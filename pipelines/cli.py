@@ -150,9 +150,10 @@ def _compile_changes(args: argparse.Namespace) -> dict[str, Any]:
 def _checked_defaults(args: argparse.Namespace, changes: dict[str, Any]) -> dict[str, Any]:
     """The compile changes with `--param` as the run-time defaults of the package, checked before anything
     is written: each value against its parameter, and the run config prepare would build from them."""
+    from ddiloco.components.runtime import check_run
     from ddiloco.pipelines.compile import BUILDERS, options
     from ddiloco.pipelines.pretrain import pipeline_function
-    from ddiloco.pipelines.validate import check_run, check_types, kind_of
+    from ddiloco.pipelines.validate import check_types, kind_of
 
     opts = options(args.pipeline, **changes)
     inputs = BUILDERS.get(args.pipeline, pipeline_function)(opts).component_spec.inputs or {}

@@ -1,5 +1,5 @@
 """The `pretrain` pipeline: tokenize (plan → units ∥ → finish) → prepare → [learners ∥ syncer ∥ chaos] →
-evaluate → [sft → evaluate ∥ export] → report.
+evaluate → [sft → evaluate → export ∥ export] → report.
 
 Design choices:
 - Two kinds of settings. Run-time parameters are what a person turns in the KFP UI (recipe, overrides,
@@ -28,9 +28,14 @@ Design choices:
   files (`tokenize_parallelism` pods at once), tokenize-finish (the manifest). Without text the loop has no
   items (Argo v4.0.5 skips an empty withSequence, workflow/controller/dag.go executeDAGTask, and the loop's
   DAG succeeds) and the other two steps pass `corpus` on.
-- The final model also leaves the run as a Hugging Face directory (`export-final`, a CPU step beside SFT):
-  a KFP Model artifact that transformers' `from_pretrained` loads alone (`ddiloco export`); the `final` and
-  `sft` Model artifacts of the syncer and SFT steps stay pointers into the run root.
+- The final and fine-tuned models leave the run as KFP Model artifacts `final_model` (`export-final`, a CPU
+  step beside SFT, after the final model's evaluation) and `sft_model` (`export-sft`, after the SFT model's):
+  Hugging Face directories that transformers' `from_pretrained` loads alone (`ddiloco export`), with
+  architecture, parameters, tokens trained and validation loss in their metadata
+  (`ddiloco.components.models`, which says why the URI is KFP's and not a run-root prefix).
+- The first step (tokenize-plan) checks the run parameters as prepare will use them: a run started from the
+  KFP UI, which no `ddiloco pipeline` command checked, fails there in seconds with the did-you-mean of
+  `ddiloco pipeline submit`.
 - Caching is off everywhere: every step has side effects in the store.
 - Retries: Argo counts a backoff's `maxDuration` from the first attempt's start and cuts retried attempts at
   that deadline too (argo-workflows v4.0.5 workflow/controller/operator.go, processNodeRetries), so it is
@@ -180,6 +185,8 @@ DEFAULTS: dict[str, Any] = {
     "corpus": "",
     "text_corpus": "",
     "lm_eval": False,
+    "lm_eval_tasks": "",
+    "lm_eval_datasets": "",
     "store_bucket": "mlpipeline",
     "store_prefix": "private/{namespace}/ddiloco",
     "s3_endpoint": "seaweedfs.kubeflow:9000",
@@ -242,6 +249,8 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         corpus: str = d["corpus"],
         text_corpus: str = d["text_corpus"],
         lm_eval: bool = d["lm_eval"],
+        lm_eval_tasks: str = d["lm_eval_tasks"],
+        lm_eval_datasets: str = d["lm_eval_datasets"],
         store_bucket: str = d["store_bucket"],
         store_prefix: str = d["store_prefix"],
         s3_endpoint: str = d["s3_endpoint"],
@@ -256,12 +265,23 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         k8s = _Wiring(opts, store_secret, gpu_node_selector, gpu_tolerations, cpu_node_selector)
         report = k8s.cpu_step(c.report(store=store, run_id=RUN_ID, s3_endpoint=s3_endpoint), "report")
         with dsl.ExitHandler(report, name="run"):
+            knobs = {"learners": learners, "quorum": quorum, "token_budget": token_budget, "chaos": chaos}
+            limits = {"max_learners": opts.max_learners, "learner_ranks": opts.learner_ranks}
             plan = c.tokenize_plan(
                 store=store,
                 s3_endpoint=s3_endpoint,
                 text_corpus=text_corpus,
                 corpus=corpus,
                 model_hf=model_hf,
+                recipe=recipe,
+                overrides=overrides,
+                **knobs,
+                **limits,
+                gpu_node_selector=gpu_node_selector,
+                gpu_tolerations=gpu_tolerations,
+                cpu_node_selector=cpu_node_selector,
+                kueue_queue=kueue_queue,
+                pod_settings=pod_settings,
             )
             k8s.cpu_step(plan, "tokenize-plan")
             units = plan.outputs["units"]
@@ -278,14 +298,10 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
                 s3_endpoint=s3_endpoint,
                 recipe=recipe,
                 overrides=overrides,
-                learners=learners,
-                quorum=quorum,
-                token_budget=token_budget,
-                chaos=chaos,
-                max_learners=opts.max_learners,
+                **knobs,
+                **limits,
                 model_hf=model_hf,
                 corpus=tok.output,
-                learner_ranks=opts.learner_ranks,
             )
             k8s.cpu_step(prep, "prepare")
             roles = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
@@ -322,12 +338,12 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
             )
             k8s.chaos(chaos_task.after(prep))
             common = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
-            pre = k8s.gpu_step(
-                c.evaluate(model="final", lm_eval=lm_eval, **common).after(sync), "evaluate-final"
-            )
-            k8s.cpu_step(c.export(model="final", **common).after(pre), "export-final")
+            lm = {"lm_eval": lm_eval, "lm_eval_tasks": lm_eval_tasks, "lm_eval_datasets": lm_eval_datasets}
+            pre = k8s.gpu_step(c.evaluate(model="final", **lm, **common).after(sync), "evaluate-final")
+            k8s.cpu_step(c.export_final(**common).after(pre), "export-final")
             tune = k8s.gpu_step(c.sft(**common).after(pre), "sft")
-            k8s.gpu_step(c.evaluate(model="sft", lm_eval=lm_eval, **common).after(tune), "evaluate-sft")
+            post = k8s.gpu_step(c.evaluate(model="sft", **lm, **common).after(tune), "evaluate-sft")
+            k8s.cpu_step(c.export_sft(**common).after(post), "export-sft")
 
     return pretrain
 

@@ -1,8 +1,8 @@
 """Run-time parameters checked where they are given (`ddiloco pipeline compile | submit | schedule create`),
 not minutes into a run: each value against its parameter's type, and the run config the prepare step would
 build from them (recipe, overrides, learners, quorum, token budget, chaos, model, corpus) by the prepare step's
-own code: `ddiloco.components.runtime.prepare_settings`, then `ddiloco.recipes.load_config`, which refuses an
-unknown key with a did-you-mean (`ddiloco.overrides.apply_dict`). kfp is not imported here.
+own code (`ddiloco.components.runtime.check_run`, which a run's first step calls too, for runs started from
+the KFP UI): an unknown key is refused with a did-you-mean. kfp is not imported here.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddiloco.components.runtime import prepare_settings
+from ddiloco.components.runtime import check_run
 
 from ddiloco.errors import ConfigError
-from ddiloco.recipes import load_config
 
 KINDS: dict[str, tuple[type, ...]] = {
     "NUMBER_INTEGER": (int,),
@@ -44,30 +43,6 @@ def check_types(values: Mapping[str, Any], kinds: Mapping[str, tuple[type, ...]]
         if not fits:
             want = _NAMES.get(kind[-1], "a mapping")
             raise ConfigError(f"parameter {name}={value!r} must be {want}")
-
-
-def check_run(values: Mapping[str, Any], max_learners: int, learner_ranks: int = 1) -> None:
-    """The config prepare would build from these parameter values is valid (pipelines with a `recipe`)."""
-    if "recipe" not in values:
-        return
-    overrides = values.get("overrides") or []
-    if not isinstance(overrides, list):
-        raise ConfigError(f"parameter overrides={overrides!r} must be a list of key=value strings")
-    settings = prepare_settings(
-        overrides,
-        int(values.get("learners", 1)),
-        int(values.get("quorum", 0)),
-        int(values.get("token_budget", 0)),
-        str(values.get("chaos", "")),
-        max_learners,
-        str(values.get("model_hf", "")),
-        str(values.get("corpus", "")),
-        learner_ranks,
-    )
-    try:
-        load_config(str(values["recipe"]), overrides=settings)
-    except ConfigError as e:
-        raise ConfigError(f"the run parameters do not make a valid run config: {e}") from None
 
 
 def _prepare_constants(ir: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,18 @@ from tests._seaweed import s3_server  # noqa: E402,F401
 
 _PRINT = builtins.print
 
+# Session fixtures that cost a run (tens of seconds): every test that uses one goes to the same pytest-xdist
+# worker, so the run happens once; every other test goes with its module (module fixtures run once too).
+SHARED_RUNS = ("posttrained_runs", "cli_run")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (`--dist loadgroup`, pyproject)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            shared = [name for name in SHARED_RUNS if name in getattr(item, "fixturenames", ())]
+            item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::")[0]))
+
 
 @pytest.fixture(autouse=True)
 def _restore_builtin_print():

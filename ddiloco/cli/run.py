@@ -17,24 +17,7 @@ from typing import Any
 
 from ddiloco import keys
 from ddiloco.cli.args import add_config_args, config_from_args
-
-RATE_WINDOW_S = 60.0
-"""Merged tokens per second are measured over the last minute of progress (a run's rate drifts)."""
-
-
-def rate_and_eta(
-    samples: deque[tuple[float, float]], elapsed: float, merged: float, budget: float
-) -> tuple[float | None, float | None]:
-    """(merged tokens per second over the last `RATE_WINDOW_S`, seconds left to the budget at that rate);
-    None until two samples a second apart exist or while nothing merges. `samples` is updated."""
-    samples.append((elapsed, merged))
-    while len(samples) > 2 and elapsed - samples[1][0] >= RATE_WINDOW_S:
-        samples.popleft()
-    (t0, m0), (t1, m1) = samples[0], samples[-1]
-    if t1 - t0 < 1.0 or m1 <= m0:
-        return None, None
-    rate = (m1 - m0) / (t1 - t0)
-    return rate, max(0.0, budget - merged) / rate
+from ddiloco.progress import rate_and_eta
 
 
 def _duration(seconds: float | None) -> str:
@@ -48,8 +31,13 @@ def _duration(seconds: float | None) -> str:
     )
 
 
+def _rate(tokens_per_s: float | None) -> str:
+    return "?" if tokens_per_s is None else f"{tokens_per_s / 1e3:.1f}k"
+
+
 def progress_printer(token_budget: int, tty: bool) -> Callable[[dict[str, Any]], None]:
-    """A `LocalRun.run(on_progress=...)` callback printing merged tokens, their rate and the time left, live
+    """A `LocalRun.run(on_progress=...)` callback printing merged tokens, their rate and the time left, the
+    learners' processed tokens per second and MFU (when their peak is known: the syncer's status), live
     learners, rounds and loss."""
     last = [0.0]
     samples: deque[tuple[float, float]] = deque()
@@ -61,11 +49,11 @@ def progress_printer(token_budget: int, tty: bool) -> Callable[[dict[str, Any]],
         if not tty and now - last[0] < 10:
             return
         last[0] = now
-        loss = s.get("loss")
-        speed = "?" if rate is None else f"{rate / 1e3:.1f}k"
+        loss, processed, mfu = s.get("loss"), s.get("tokens_per_s"), s.get("mfu")
         line = (
             f"[{s['elapsed']:6.0f}s] merged {merged / 1e6:7.2f}M/{budget / 1e6:.2f}M tokens "
-            f"({100 * merged / budget:5.1f}%) {speed} tok/s, ETA {_duration(eta)} | live learners "
+            f"({100 * merged / budget:5.1f}%) {_rate(rate)} tok/s, ETA {_duration(eta)} | processed "
+            f"{_rate(processed)} tok/s{'' if mfu is None else f', MFU {100 * mfu:.1f}%'} | live learners "
             f"{s.get('live_learners', 0)} | rounds {s.get('rounds_merged', 0)} | "
             f"loss {loss if loss is None else f'{loss:.3f}'}"
         )
@@ -74,8 +62,19 @@ def progress_printer(token_budget: int, tty: bool) -> Callable[[dict[str, Any]],
     return progress
 
 
+def _efficiency(summary: dict[str, Any]) -> str:
+    """Processed tokens/s, MFU and peak memory of the fleet, as summary.json has them."""
+    mfu, memory = summary.get("mfu"), summary.get("peak_memory_bytes")
+    parts = [f"processed {_rate(summary.get('processed_tokens_per_s'))} tok/s"]
+    if mfu is not None:
+        parts.append(f"MFU {100 * mfu:.1f}%")
+    if memory is not None:
+        parts.append(f"peak memory {memory / 2**30:.2f} GiB ({summary['peak_memory_kind']})")
+    return ", ".join(parts)
+
+
 def print_outcome(summary: dict[str, Any], report_root: str) -> None:
-    """The run's result in two or three lines on stderr."""
+    """The run's result in three or four lines on stderr."""
     print(
         f"run {summary['run_id']}: {summary['status']} in {summary['wall_seconds']:.0f}s, "
         f"val loss {summary['initial_val_loss']:.3f} -> {summary['final_val_loss']:.3f}, "
@@ -83,6 +82,7 @@ def print_outcome(summary: dict[str, Any], report_root: str) -> None:
         f"ledger {'balanced' if summary['ledger_balanced'] else 'UNBALANCED'}",
         file=sys.stderr,
     )
+    print(f"learners {_efficiency(summary)}", file=sys.stderr)
     before, after = summary.get("instruction_accuracy_before"), summary.get("instruction_accuracy_after")
     if before and after:
         print(

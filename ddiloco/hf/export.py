@@ -47,7 +47,8 @@ def export_model(root: RunRoot, spec: str, out: str) -> dict[str, Any]:
         target = Path(out.removeprefix("file://")).expanduser()
         files = write_dir(lm, tok, target)
     log.info("exported %s of %s to %s (%s)", spec, root.url, out, ", ".join(files))
-    return {**desc, "out": out, "files": files, "architecture": type(lm).__name__}
+    params = sum(p.numel() for p in lm.parameters())
+    return {**desc, "out": out, "files": files, "architecture": type(lm).__name__, "parameters": params}
 
 
 def write_dir(lm: nn.Module, tok: Tokenizer, path: Path) -> list[str]:

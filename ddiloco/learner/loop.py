@@ -28,6 +28,8 @@ Design choices:
 - Devices (`ddiloco.learner.accel`, `ddiloco.learner.ddp`): on CUDA, bf16 autocast, fused AdamW, answers and
   checkpoints copied to pinned host buffers on a side stream, each loss read a step late; with torchrun
   ranks this process is rank 0, the only one on the store, and broadcasts every fragment it overwrites.
+- Efficiency (`ddiloco.learner.efficiency`: processed tokens/s, MFU, data wait, peak memory) is in every report;
+  in a Kubeflow TrainJob the run's progress also goes to its status (`ddiloco.learner.trainer_status`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from ddiloco.learner.accel import (
 )
 from ddiloco.learner.checkpoint import checkpoint_every_s, restore_learner
 from ddiloco.learner.ddp import Group, lead_handshake_loader, rank_seed
+from ddiloco.learner.efficiency import Efficiency
 from ddiloco.learner.exchange import Exchange
 from ddiloco.learner.health import Heartbeats, IoErrors, MergeBound
 from ddiloco.learner.io import (
@@ -79,6 +82,7 @@ from ddiloco.learner.ledger import FragmentLedger
 from ddiloco.learner.resume import resume_from_reports
 from ddiloco.learner.sharded import LiveMembers, ShardedMembers
 from ddiloco.learner.tracked import track_report, track_step
+from ddiloco.learner.trainer_status import TrainerStatus
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer
@@ -230,6 +234,10 @@ class Learner:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
         self.tracker: Tracker = OFF  # `ddiloco learner` sets the role's (`ddiloco.learner.tracked`)
+        matmul = self.precision if group is None else group.shard_precision  # FSDP casts to bf16 itself
+        how = {"precision": matmul, "peak_flops": t.peak_flops, "devices": self.world_size}
+        self.efficiency = Efficiency.of(self.metrics, self.model, seq_len, self.device, **how)  # MFU, memory
+        self.trainer_status = TrainerStatus.from_env(os.environ)  # a Kubeflow TrainJob's progress, if one
         self.reports = ReportWriter(store, keys.report_key(learner_id, self.incarnation), self.root.key)
         self.errors = IoErrors(self.metrics, learner_id)  # what the I/O threads raise: logged and counted
         self.bound = MergeBound(learner_id, t.max_unmerged_s, cfg.diloco, clock)  # ends it if never merged
@@ -307,6 +315,7 @@ class Learner:
         self.metrics.store_retries.set(self.store.stats.retries)
         self.heartbeats.beat(lambda: self._report().to_json())
         track_report(self)
+        self.trainer_status.update(self.poller.latest, self.loss, self.efficiency)
 
     def _checkpoint_async(self) -> None:
         """Snapshot at this step boundary into host buffers (asynchronous on CUDA); an I/O thread writes it."""
@@ -326,6 +335,7 @@ class Learner:
         the device never waits for the host; None on the first step)."""
         t0 = time.perf_counter()
         x, y = self.loader.next_batch()
+        self.efficiency.waited(time.perf_counter() - t0)
         x, y = to_device(x, self.device), to_device(y, self.device)
         lr, clip = self.schedule.lr(self.inner_step), self.cfg.train.grad_clip
         loss_t = train_step(
@@ -357,7 +367,7 @@ class Learner:
         m = self.metrics
         m.inner_steps.inc()
         m.tokens.inc(n)
-        m.tokens_per_second.set(n / self.step_time_ema)
+        self.efficiency.stepped(n, dt, self.cadence.ema or self.step_time_ema)
         m.learning_rate.set(self.schedule.last_lr or 0.0)
         if loss is not None:
             self.loss = loss
@@ -439,6 +449,7 @@ class Learner:
         self.loader.close()  # a streamed loader's read-ahead thread
         self.cadence.finish()
         self._put_report(final=True, reason=reason)
+        self.trainer_status.close(self.poller.latest, self.loss, self.efficiency)
         books = (self.inner_step, self.ledger.tokens_processed, dict(self.feed.fetched))
         msg = "learner %d incarnation %d exits (%s) after %d inner steps, %d tokens; downloads %s"
         log.info(msg, self.learner_id, self.incarnation, reason, *books)
@@ -484,4 +495,5 @@ def report_of(learner: Learner, final: bool, reason: str | None) -> LearnerRepor
         data=learner.shard.read(learner.loader.epochs_read, learner._started_epochs, learner._by_source()),
         cursor=learner.cursor,
         peak_rss_bytes=peak_rss_bytes(),
+        **learner.efficiency.figures(),
     )

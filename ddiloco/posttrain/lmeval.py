@@ -16,13 +16,16 @@ Design choices:
   lm-eval encodes context and choice as one string, so a merge across that boundary can differ from the
   built-in evaluator's separate encodings (measured on a tiny Qwen3 run: cloze 0.30 vs 0.35, stderr 0.105).
 - `--tasks DIR`: a directory of the user's task YAMLs (with their own local data files) instead; every task
-  it defines runs unless names are given.
+  it defines runs unless names are given. lm-eval runs with DIR as its working directory, so a relative
+  `data_files` path in a YAML names a file of DIR (the pipeline's evaluate step copies a store prefix there:
+  `ddiloco.components.evaluation`); a Hub `dataset_path` loads from `HF_DATASETS_CACHE`, offline.
 - Results are lm-eval's own JSON (`results`, `versions`, `n-samples`, `configs`, `higher_is_better`,
   `n-shot`), written to `eval/lm-{name}.json` in the run root, with the checkpoint's description.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -169,19 +172,21 @@ def _evaluate(model_dir: Path, task_dir: Path, names: list[str], device: str, ba
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    task_dir, model_dir = task_dir.resolve(), model_dir.resolve()  # both read after the chdir below
     manager = TaskManager(include_path=str(task_dir), include_defaults=False)
     unknown = sorted(set(names) - set(manager.all_tasks))
     if unknown:
         raise ValueError(f"lm-eval task(s) {unknown} are not defined in {task_dir}")
-    return lm_eval.simple_evaluate(
-        model="hf",
-        model_args=f"pretrained={model_dir},dtype=float32",
-        tasks=names,
-        task_manager=manager,
-        device=device,
-        batch_size=batch_size,
-        log_samples=False,
-    )
+    with contextlib.chdir(task_dir):  # a YAML's relative `data_files` are the task directory's files
+        return lm_eval.simple_evaluate(
+            model="hf",
+            model_args=f"pretrained={model_dir},dtype=float32",
+            tasks=names,
+            task_manager=manager,
+            device=device,
+            batch_size=batch_size,
+            log_samples=False,
+        )
 
 
 def _defined_tasks(task_dir: Path) -> list[str]:

@@ -146,7 +146,8 @@ def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
         "wall_seconds tokens_processed tokens_merged tokens_discarded rounds goodput merged_token_share "
         "steps_per_answer bytes_uploaded bytes_downloaded mean_quorum mean_grace_seconds mean_staleness "
         "initial_val_loss final_val_loss final_perplexity "
-        "sft_val_loss sft_perplexity entropy_floor"
+        "sft_val_loss sft_perplexity entropy_floor "
+        "processed_tokens_per_s mfu data_wait_fraction peak_memory_bytes"
     ).split()
     for k in names:
         v = summary.get(k)
@@ -236,6 +237,11 @@ def overview_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("rounds merged / abandoned", f"{fmt(s.get('rounds'))} / {fmt(s.get('rounds_abandoned'))}"),
         ("goodput", _pct(s.get("goodput"))),
         ("merged-token share", _pct(s.get("merged_token_share"))),
+        (
+            "processed tokens/s / MFU / data-loader wait",
+            f"{fmt(s.get('processed_tokens_per_s'), 4)} / {_pct(s.get('mfu'))} / {_pct(s.get('data_wait_fraction'))}",
+        ),
+        ("peak learner memory", f"{_mb(s.get('peak_memory_bytes'))} ({fmt(s.get('peak_memory_kind'))})"),
         (
             "mean quorum / grace / time to quorum",
             f"{fmt(s.get('mean_quorum'), 3)} / {_seconds(s.get('mean_grace_seconds'))} / {_seconds(s.get('mean_time_to_quorum_seconds'))}",

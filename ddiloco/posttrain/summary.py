@@ -19,6 +19,8 @@ Design choices:
   it, when more than one did; empty in a run where every learner had a shard of its own), `unread_shards`.
 - `steps_per_answer`: mean over merged answers (round records) of the inner steps each covered, to compare
   with H (`sync_every`).
+- Efficiency (`ddiloco.posttrain.efficiency`): `processed_tokens_per_s`, `mfu`, `data_wait_fraction`,
+  `peak_memory_bytes` (and its kind) for the fleet at the top level and per learner in `learner_accounting`.
 - `store_bytes` is the size of every object in the run root when the summary is built (one listing with
   sizes, `Store.sizes`), `store_bytes_by_prefix` splits it by top-level prefix (`syncer/` by its
   sub-prefix: momentum, rounds), and `global_versions_kept` counts the global versions each fragment still
@@ -33,6 +35,7 @@ from collections import Counter
 from typing import Any
 
 from ddiloco import chiptime, keys
+from ddiloco.posttrain.efficiency import fleet_efficiency, learner_efficiency
 from ddiloco.protocol import messages
 from ddiloco.protocol.fields import plain
 from ddiloco.protocol.learner_report import LearnerReport
@@ -245,6 +248,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "merged_token_share": tokens_merged / processed if processed else None,
         "learner_step_seconds": _mean(step_times),
         "learner_step_wall_seconds": _mean(step_walls),
+        **fleet_efficiency(reports, wall),
         "mean_quorum": _mean([r.quorum for r in records]),
         "mean_grace_seconds": _mean([r.grace_s for r in records]),
         "mean_time_to_quorum_seconds": _mean([r.time_to_quorum for r in records]),
@@ -265,8 +269,8 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
 def learner_accounting(reports: list[LearnerReport], end: float | None, P: int) -> dict[str, dict[str, Any]]:
     """Per learner: seconds provisioned, up, in the training loop (`productive`, `ddiloco.chiptime`) and
     computing inner steps (`training`), its goodput, the share of its tokens that were merged, the peak
-    resident memory of its largest incarnation (None when its reports predate the field) and the tokens
-    its restarts read again (`read_twice`)."""
+    resident memory of its largest incarnation (None when its reports predate the field), the tokens
+    its restarts read again (`read_twice`) and its efficiency (`ddiloco.posttrain.efficiency`)."""
     out: dict[str, dict[str, Any]] = {}
     for lid in sorted({r.learner_id for r in reports}):
         incs = sorted((r for r in reports if r.learner_id == lid), key=lambda r: r.incarnation)
@@ -286,6 +290,7 @@ def learner_accounting(reports: list[LearnerReport], end: float | None, P: int) 
             "merged_token_share": merged / processed if processed else None,
             "peak_rss_bytes": max(rss, default=None),
             "tokens_read_twice": read_twice(incs),
+            **learner_efficiency(incs),
         }
     return out
 

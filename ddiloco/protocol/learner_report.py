@@ -126,6 +126,25 @@ class LearnerReport:
     cursor: dict[str, Any] | None = None
     """The data cursor after the last step this report counts (single-process learners): a restart resumes
     there (`ddiloco.learner.resume`). None under DDP, whose ranks resume from their checkpoint."""
+    # Efficiency (`ddiloco.learner.efficiency`); None in reports from before the fields, or where unknown.
+    tokens_per_s: float | None = None
+    """Processed tokens per second now (all ranks; a step's tokens over the loop's wall seconds per step)."""
+    flops_per_token: float | None = None
+    """Model FLOPs per trained token (6·N non-embedding + 12·L·C·T attention, forward and backward)."""
+    peak_flops: float | None = None
+    """Peak FLOP/s of the learner's devices together (one device's × ranks); None: unknown (no MFU)."""
+    peak_flops_source: str | None = None
+    """Where the peak comes from: a data-sheet entry of `ddiloco.peaks`, `train.peak_flops`, or why unknown."""
+    mfu: float | None = None
+    """flops_per_token × tokens_per_s / peak_flops; None while either is unknown."""
+    device_name: str | None = None
+    """The device it trains on (`torch.cuda.get_device_name`, or `cpu`)."""
+    data_wait_seconds: float | None = None
+    """Seconds this incarnation's steps waited for their next batch (part of `busy_seconds`)."""
+    peak_memory_bytes: int | None = None
+    """Peak memory of this incarnation, of the kind `peak_memory_kind` says."""
+    peak_memory_kind: str | None = None
+    """`cuda_max_allocated` (torch.cuda.max_memory_allocated of its device) or `peak_rss` (on CPU)."""
 
     def to_json(self) -> dict[str, Any]:
         return plain(self)

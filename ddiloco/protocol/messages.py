@@ -218,6 +218,10 @@ class Status:
     closing: bool = False
     """The run's budget is reached: learners stop stepping and answer the last rounds
     (`ddiloco.syncer.drain`)."""
+    tokens_per_s: float | None = None
+    """Processed tokens per second of the live learners together (their reports; `Roster.throughput`)."""
+    mfu: float | None = None
+    """The live learners' model FLOP/s over their peak FLOP/s (those that know their peak); None: unknown."""
 
     def to_json(self) -> dict[str, Any]:
         return plain(self) | {

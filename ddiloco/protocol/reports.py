@@ -23,6 +23,8 @@ MAX_STEP_S = 3600.0
 """Seconds per step beyond which a reported cadence is absurd (a 1b step takes about a second)."""
 MAX_COUNT = 1 << 62
 MAX_LOSS = 1e6
+MAX_MFU = 100.0
+"""An MFU above 1 means a wrong `train.peak_flops`; far above, a report not worth reading."""
 
 # field -> (lowest allowed, whether the lowest is excluded, highest allowed, value when dropped)
 _TOP: dict[str, tuple[float, bool, float, Any]] = {
@@ -35,6 +37,9 @@ _TOP: dict[str, tuple[float, bool, float, Any]] = {
     "seq": (0, False, MAX_COUNT, None),
     "loss_ema": (0.0, False, MAX_LOSS, None),
     "loss": (0.0, False, MAX_LOSS, None),
+    "tokens_per_s": (0.0, False, MAX_COUNT, None),
+    "mfu": (0.0, False, MAX_MFU, None),
+    "peak_flops": (0.0, True, math.inf, None),
 }
 _FRAGMENT: dict[str, tuple[float, bool, float, Any]] = {
     "discarded_tokens": (0, False, MAX_COUNT, 0),
@@ -97,6 +102,11 @@ class CheckedReport:
     """Wall seconds per step (`chiptime.cadence`); None until measured."""
     discarded_tokens: dict[str, float]
     """fragment -> tokens the learner reports discarded there (0 where the number was dropped)."""
+    tokens_per_s: float | None = None
+    """Processed tokens per second (`ddiloco.learner.efficiency`)."""
+    mfu: float | None = None
+    peak_flops: float | None = None
+    """Peak FLOP/s of the learner's devices together; with `mfu`, what the fleet's MFU weighs by."""
 
     @classmethod
     def of(cls, cleaned: Mapping[str, Any]) -> CheckedReport:
@@ -117,4 +127,7 @@ class CheckedReport:
             loss_ema=cleaned.get("loss_ema"),
             cadence=chiptime.cadence(cleaned),
             discarded_tokens={p: books["discarded_tokens"] for p, books in cleaned["fragments"].items()},
+            tokens_per_s=cleaned.get("tokens_per_s"),
+            mfu=cleaned.get("mfu"),
+            peak_flops=cleaned.get("peak_flops"),
         )

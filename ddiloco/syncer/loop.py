@@ -246,6 +246,7 @@ class Syncer:
             epoch=self.lease.epoch,
             standbys=self.lease.standbys(),
             closing=self.closing is not None,
+            **self.roster.throughput(),
         )
         self.lease.raise_if_fenced()
         self.files.put_status(status)

@@ -185,6 +185,19 @@ class Roster:
         losses = [r.loss_ema for r in self.live() if r.loss_ema is not None]
         return statistics.mean(losses) if losses else math.nan
 
+    def throughput(self) -> dict[str, float | None]:
+        """The status' `tokens_per_s` (processed tokens per second of the live learners together) and `mfu`
+        (model FLOP/s over peak FLOP/s, summed over the live learners that know their peak); None where no
+        live learner says."""
+        live = self.live()
+        rates = [r.tokens_per_s for r in live if r.tokens_per_s is not None]
+        known = [(r.mfu * r.peak_flops, r.peak_flops) for r in live if r.mfu is not None and r.peak_flops]
+        peak = sum(p for _, p in known)
+        return {
+            "tokens_per_s": sum(rates) if rates else None,
+            "mfu": sum(f for f, _ in known) / peak if peak else None,
+        }
+
     def tokens_processed(self) -> int:
         """Tokens every incarnation of every learner processed, merged or not."""
         return sum(r.tokens_processed or 0 for r in [*self.reports.values(), *self.past.values()])

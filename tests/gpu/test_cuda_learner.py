@@ -1,5 +1,6 @@
-"""The learner on a CUDA device: the CPU loss curve in fp32, bf16 tracking it, asynchronous snapshots that
-see exactly the values of their step boundary, a fused-AdamW restart from a checkpoint, torch.compile.
+"""The learner on a CUDA device: the CPU loss curve in fp32, bf16 tracking it (with MFU and device memory),
+asynchronous snapshots that see exactly the values of their step boundary, a fused-AdamW restart from a
+checkpoint, torch.compile.
 
 Run with `pytest -m gpu tests/gpu`; every test is skipped without a CUDA device.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddiloco import peaks
 from ddiloco.learner.accel import HostCopier
 from ddiloco.learner.loop import Learner
 from tests._curves import losses, prepared
@@ -34,6 +36,11 @@ def test_bf16_on_cuda_tracks_fp32():
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
     assert learner.precision == "bf16" and fp32 != bf16
+    figures = learner.efficiency.figures()  # issue 52: device memory and MFU from the data-sheet table
+    assert figures["peak_memory_kind"] == "cuda_max_allocated" and figures["peak_memory_bytes"] > 0
+    assert figures["device_name"] == torch.cuda.get_device_name()
+    if peaks.lookup(figures["device_name"], "bf16").flops is not None:  # a GPU in ddiloco.peaks
+        assert 0 < figures["mfu"] < 1 and "data sheet" in figures["peak_flops_source"]
     late = slice(-10, None)
     assert abs(sum(fp32[late]) - sum(bf16[late])) / 10 < 0.03 * sum(fp32[late]) / 10, (fp32, bf16)
 

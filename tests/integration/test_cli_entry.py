@@ -94,8 +94,11 @@ def test_version_names_the_version_and_the_commit():
 def test_run_prints_where_its_summary_is(cli_run: CliRun):
     summary = cli_run.root / "summary.json"
     assert cli_run.result.stdout.strip() == str(summary)
-    assert json.loads(summary.read_text())["status"] == "done"
+    s = json.loads(summary.read_text())
+    assert s["status"] == "done"
     assert "ledger balanced" in cli_run.result.stderr
+    assert 0 < s["mfu"] < 1 and s["peak_memory_kind"] == "peak_rss" and s["peak_memory_bytes"] > 0
+    assert f"MFU {100 * s['mfu']:.1f}%" in cli_run.result.stderr  # the outcome, from the stated peak
 
 
 def test_run_writes_tensorboard_runs_for_every_role(cli_run: CliRun):

@@ -5,9 +5,12 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
+from ddiloco import keys
 from ddiloco.learner.loop import Learner
 from ddiloco.metrics import serve
+from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
+from ddiloco.protocol.messages import Status
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
@@ -15,7 +18,7 @@ from tests._harness import drive, tiny_config
 
 def test_registries_agree_with_the_books():
     store = open_store("memory://metrics-books")
-    cfg = tiny_config("metrics-books")
+    cfg = tiny_config("metrics-books", "train.peak_flops=2e11")  # a CPU has no data-sheet peak: stated here
     prepare(store, cfg)
     syncer = Syncer(store, poll_s=0, registry=CollectorRegistry())
     learners = [Learner.open(store, i, registry=CollectorRegistry()) for i in range(2)]
@@ -50,6 +53,25 @@ def test_registries_agree_with_the_books():
         )
         assert lget("ddiloco_learner_incarnation", lbl) == 0
         assert lget("ddiloco_learner_loss", lbl) == learner.loss
+        # Issue 52: MFU from the stated peak, processed tokens/s, data wait, peak memory (RSS on CPU).
+        eff = learner.efficiency
+        assert eff.flops_per_token == learner.model.flops_per_token(cfg.model.seq_len)
+        assert (
+            lget("ddiloco_learner_mfu", lbl)
+            == eff.mfu
+            == pytest.approx(eff.flops_per_token * eff.tokens_per_s / 2e11)
+        )
+        assert 0 < eff.mfu < 1 and lget("ddiloco_learner_tokens_per_second", lbl) == eff.tokens_per_s
+        wait = lget("ddiloco_learner_data_wait_seconds_total", lbl)
+        assert 0 < wait < lget("ddiloco_learner_step_seconds_total", lbl)
+        assert lget("ddiloco_learner_peak_memory_bytes", {**lbl, "kind": "peak_rss"}) > 64 << 20
+    status = Status.from_json(store.get_json(keys.STATUS))  # the fleet's, for `ddiloco run`'s progress line
+    assert status.mfu is not None and status.tokens_per_s is not None
+    summary = build_summary(store)
+    assert 0 < summary["mfu"] < 1 and summary["processed_tokens_per_s"] > 0
+    assert 0 < summary["data_wait_fraction"] < 1 and summary["peak_memory_kind"] == "peak_rss"
+    for a in summary["learner_accounting"].values():
+        assert 0 < a["mfu"] < 1 and a["peak_memory_bytes"] > 64 << 20 and a["processed_tokens_per_s"] > 0
 
 
 def test_metrics_are_served_over_http():

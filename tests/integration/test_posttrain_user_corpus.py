@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from ddiloco.components.roles import evaluate, sft
+from ddiloco.components.roles import evaluate, export_sft, sft
 
 from ddiloco import keys
 from ddiloco.posttrain.stages import posttrain
@@ -43,12 +43,15 @@ def test_a_user_corpus_without_sft_data_is_evaluated_and_sft_is_skipped_with_a_w
     assert any("set sft.data=FILE.jsonl" in r.getMessage() for r in caplog.records)
     assert "sft.data" in RunRoot(store, cfg.run_id).sft_skipped()
 
-    # The pipeline's steps: sft skips (Model present: false), evaluate(sft) skips, both exit 0.
+    # The pipeline's steps: sft skips, evaluate(sft) skips, export-sft leaves an empty Model (present: false),
+    # all exit 0.
     store.delete(keys.SFT_SKIPPED)
     tuned, tuned_metrics = Artifact(tmp_path / "sft-model"), Artifact(tmp_path / "sft-metrics")
-    sft(store=url, metrics=tuned_metrics, sft_model=tuned)
+    sft(store=url, metrics=tuned_metrics)
     assert store.exists(keys.SFT_SKIPPED) and not store.exists(keys.SFT_MODEL)
-    assert tuned.metadata["present"] is False and tuned.metadata["checkpoint"] == "sft"
     scored = Artifact(tmp_path / "eval-metrics")
     evaluate(store=url, metrics=scored, model="sft")
     assert scored.metadata == {} and not store.exists(keys.eval_key("sft"))
+    export_sft(store=url, sft_model=tuned)
+    assert tuned.metadata["present"] is False and tuned.metadata["checkpoint"] == "sft"
+    assert not Path(tuned.path).exists()

@@ -95,6 +95,15 @@ def test_evaluate_after_the_syncer_then_sft_then_evaluate_then_report_as_the_exi
     assert pretrain.deps("evaluate-final") == ["syncer"]
     assert pretrain.deps("sft") == ["evaluate-final"]
     assert pretrain.deps("evaluate-sft") == ["sft"]
+    # The models leave the run as KFP Model artifacts once evaluated (their validation loss in the metadata).
+    assert pretrain.deps("export-final") == ["evaluate-final"] and pretrain.deps("export-sft") == [
+        "evaluate-sft"
+    ]
+    for step, output in (("export-final", "final_model"), ("export-sft", "sft_model")):
+        comp = pretrain.ir["components"][pretrain.tasks[step][1]["componentRef"]["name"]]
+        assert comp["outputDefinitions"]["artifacts"][output]["artifactType"]["schemaTitle"] == "system.Model"
+    syncer = pretrain.ir["components"][pretrain.tasks["syncer"][1]["componentRef"]["name"]]
+    assert "outputDefinitions" not in syncer  # no pointer artifacts left
     # The report runs however the run ended: KFP's exit handler is a task after the DAG that holds every
     # other step, triggered when that DAG completes in any state (not only on success).
     report = pretrain.tasks["report"][1]

@@ -30,12 +30,13 @@ def test_dockerfile_runs_as_non_root_from_the_repository_without_secrets(name):
     text = (IMAGES / f"{name}.Dockerfile").read_text()
     users = re.findall(r"^USER (\S+)", text, re.M)
     assert users and not users[-1].startswith(("0", "root")), "the image must run as a non-root user"
+    # this repo + kfp + lm-evaluation-harness (evaluate --harness lm-eval) + pyarrow (tokenize), exactly as
+    # locked: the lock's runtime set is checked against pyproject in tests/unit/test_lock.py
+    assert f"COPY requirements/{name}.lock /wheels/requirements.lock" in text
     assert re.search(
-        r'pip install (?:-c \S+ )?"\$\(ls /wheels/ddiloco-\*\.whl\)\[kfp,lm-eval,data,mlflow\]"', text
-    ), (
-        "installs this repo + kfp + lm-evaluation-harness (evaluate --harness lm-eval) + pyarrow (tokenize) "
-        "+ mlflow-skinny (tracking.mlflow_uri)"
+        r"pip install --require-hashes --no-deps (?:--extra-index-url \S+ )?-r /wheels/requirements\.lock", text
     )
+    assert "pip install --no-deps /wheels/ddiloco-*.whl" in text
     assert not re.search(r"(?i)(secret|password|token|access_?key)\s*=", text)
     lines = (IMAGES / f"{name}.Dockerfile.dockerignore").read_text().splitlines()
     ignore = [line.strip() for line in lines if line.strip() and not line.startswith("#")]

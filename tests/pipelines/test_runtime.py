@@ -1,8 +1,8 @@
-"""`ddiloco.components.runtime`: what every component body calls (command lines, metrics, model pointers)."""
+"""`ddiloco.components.runtime` and its neighbours: what the component bodies call (command lines, metrics,
+the first step's parameter check, model cards, store prefixes copied for lm-eval)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -14,7 +14,6 @@ from ddiloco.components.runtime import (
     flat_numbers,
     last_json,
     log_metrics,
-    model_pointer,
     prepare_settings,
     publish_file,
     tokenize_finish,
@@ -74,6 +73,55 @@ def test_prepare_settings_put_the_ui_knobs_last():
         prepare_settings(["diloco.codec"], 2, 0, 0, "", 8)
 
 
+def test_the_first_step_refuses_a_misspelt_override_with_the_did_you_mean_before_anything_else():
+    """A run started from the KFP UI: tokenize-plan checks the parameters as prepare will use them."""
+    from ddiloco.components.roles import tokenize_plan as first_step
+
+    from ddiloco.errors import ConfigError
+
+    run = {"recipe": "tiny-cpu", "overrides": ["diloco.sync_evry=8"], "max_learners": 8}
+    with pytest.raises(ConfigError, match="did you mean 'diloco.sync_every'"):
+        tokenize_plan("s3://nowhere/p", "s3://nowhere/text", "", run=run)  # no store touched first
+    with pytest.raises(ValueError, match="compiled for 1..8"):
+        tokenize_plan("s3://b/p", "", "", run={**run, "overrides": [], "learners": 9})
+    assert tokenize_plan("s3://b/p", "", "s3://b/t", run={**run, "overrides": ["diloco.sync_every=8"]})[1]
+    with pytest.raises(ConfigError, match="unknown recipe"):  # the component body passes every parameter
+        first_step(store="s3://b/p", recipe="nope", learners=2, max_learners=8)
+    assert first_step(store="s3://b/p").corpus == ""  # no recipe (by hand): nothing to check
+
+
+def test_a_model_card_keeps_what_the_run_wrote_and_leaves_out_the_rest():
+    from ddiloco.components.models import model_card
+
+    printed = {"architecture": "GPT2LMHeadModel", "parameters": 1234, "files": ["config.json"]}
+    docs = {"final": {"tokens_merged": 9000.0}, "sft": {"steps": 20, "train_items": 36}}
+    card = model_card("sft", "s3://b/p/run", printed, docs, {"val_loss": 2.5, "perplexity": float("inf")})
+    assert card == {
+        "format": "huggingface", "framework": "transformers", "checkpoint": "sft", "present": True,
+        "run_root": "s3://b/p/run", "architecture": "GPT2LMHeadModel", "parameters": 1234,
+        "files": ["config.json"], "tokens_trained": 9000.0, "sft_steps": 20, "sft_examples": 36,
+        "val_loss": 2.5,
+    }  # fmt: skip
+    bare = model_card("final", "s3://b/p/run", {}, {"final": None}, None)
+    assert "val_loss" not in bare and "tokens_trained" not in bare and "sft_steps" not in bare
+
+
+def test_a_store_prefix_is_copied_with_its_layout_and_an_empty_one_is_refused(tmp_path):
+    from ddiloco.components.evaluation import copy_prefix
+
+    from ddiloco.store.url import open_store
+
+    src = open_store((tmp_path / "tasks").as_uri())
+    src.put("mine/mine.yaml", b"task: mine\n")
+    src.put("mine/data/test.jsonl", b"{}\n")
+    out = copy_prefix(src.url, tmp_path / "copy")
+    assert (out / "mine" / "mine.yaml").read_text() == "task: mine\n" and (
+        out / "mine/data/test.jsonl"
+    ).exists()
+    with pytest.raises(ValueError, match="holds no objects"):
+        copy_prefix((tmp_path / "empty").as_uri(), tmp_path / "copy2")
+
+
 def test_results_become_flat_finite_metrics(tmp_path):
     result = {"val_loss": 2.5, "perplexity": 12, "ok": True, "run_id": "r", "nan": float("nan"),
               "task_accuracy": {"qa": 0.5, "math": {"add": 1}}}  # fmt: skip
@@ -89,16 +137,6 @@ def test_results_become_flat_finite_metrics(tmp_path):
     log_metrics(m, None)  # a role that printed nothing logs nothing
     assert last_json('log line\n{"a": 1}\n\n') == {"a": 1} and last_json("no json") is None
     assert last_json("[1, 2]") is None
-
-
-def test_model_pointer_names_the_checkpoint_in_the_store(tmp_path):
-    model = FakeArtifact(tmp_path / "out" / "model")
-    model_pointer(
-        model, "s3://bucket/runs/r1/", "final/model.safetensors", {"versions": [1, 2], "tokens_merged": 9.0}
-    )
-    assert model.metadata["uri"] == "s3://bucket/runs/r1/final/model.safetensors"
-    assert model.metadata["tokens_merged"] == 9.0 and "versions" not in model.metadata
-    assert json.loads(Path(model.path).read_text()) == model.metadata
 
 
 def test_publish_file_copies_or_warns(tmp_path):

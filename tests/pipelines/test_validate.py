@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from ddiloco.components.runtime import check_run
 from ddiloco.pipelines.compile import golden_path
-from ddiloco.pipelines.validate import check_package, check_run, check_types, kind_of
+from ddiloco.pipelines.validate import check_package, check_types, kind_of
 
 from ddiloco.errors import ConfigError
 
@@ -43,3 +44,26 @@ def test_each_value_must_fit_its_parameter():
 def test_a_pipeline_without_a_recipe_checks_types_only():
     check_package(_ir("join"), {"site": "eu", "learners": 2})
     check_package({"root": {}}, {})
+
+
+def test_placement_parameters_are_checked_as_the_driver_and_the_keepers_read_them():
+    """KFP's driver decodes selectors into map[string]string and tolerations into v1.Toleration (an unknown
+    field dropped); the keepers read pod_settings (`PodSettings.of`): each mistake is refused up front."""
+    ir = _ir("pretrain")
+    with pytest.raises(ConfigError, match="did you mean 'effect'"):
+        check_package(
+            ir, {"gpu_tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "efect": "NoSchedule"}]}
+        )
+    with pytest.raises(ConfigError, match="operator is one of"):
+        check_package(ir, {"gpu_tolerations": [{"key": "k", "operator": "Exist"}]})
+    with pytest.raises(ConfigError, match="gpu_node_selector=.*label: value strings"):
+        check_package(ir, {"gpu_node_selector": {"pool": 3}})
+    with pytest.raises(ConfigError, match="pod_settings: unknown keys"):
+        check_package(ir, {"pod_settings": {"priorty_class": "high"}})
+    check_package(
+        ir, {"gpu_tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute"}]}
+    )
+    with pytest.raises(
+        ConfigError, match="cpu_node_selector"
+    ):  # the join pipeline has no recipe: still checked
+        check_run({"cpu_node_selector": ["pool"]}, max_learners=8)

@@ -288,7 +288,9 @@ class ContainerMixin:
             self._end(node, a, *node.state["killing"])
         elif rc == 0:
             try:
-                node.record.outputs, node.record.artifacts = collect_outputs(node.state["ex"], node.component)
+                node.record.outputs, node.record.artifacts = collect_outputs(
+                    node.state["ex"], node.component, self.pipeline_root
+                )
                 self._end(node, a, "Succeeded", "")
             except LauncherError as e:
                 self._end(node, a, "Failed", "main: Error (exit code 1)", f"launcher: {e}")

@@ -31,6 +31,16 @@ Rules and their sources (KFP 2.17.0):
   Go iterates the placeholder map in random order; the twin uses sorted order.
 - launcher_v2.go getExecutorOutputFile + collectOutputParameters: parameters the executor output file does
   not carry are read from their output files (metadata.TextToPbValue); a missing file fails the task.
+- launcher_v2.go uploadOutputArtifacts + mergeRuntimeArtifacts: an output artifact the executor output
+  reports (the SDK writes every output artifact's uri and metadata there: kfp/dsl/executor.py
+  write_executor_output) takes its non-empty `uri`, and its metadata fields are merged over the provisioned
+  ones, key by key (executor-logs excepted); then the artifact's local path is uploaded to that URI, and
+  objectstore.Config.KeyFromURI refuses a URI outside the pipeline root's bucket and prefix ("URI %q does
+  not have expected bucket prefix %q"), which fails the task. So a component cannot point its output
+  artifact at an object elsewhere in the store; what it writes to `.path` is what the URI holds. The
+  artifact is recorded in MLMD with its type's schema title (getArtifactSchema: `system.Model`, ...) and its
+  metadata fields as custom properties (metadata/converter.go toMLMDArtifact -> StructValueToMLMDValue), where
+  a null field is an error ("unknown/unsupported value type", a TODO there) that fails the task.
 """
 
 from __future__ import annotations
@@ -210,8 +220,11 @@ def compile_cmd_and_args(ex_input_with_defaults: dict, cmd: str, args: list[str]
     return [cmd.replace("{{$}}", as_json), *compiled]
 
 
-def collect_outputs(ex_input: dict, component: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """getExecutorOutputFile + collectOutputParameters (+ the artifacts the executor reported)."""
+def collect_outputs(
+    ex_input: dict, component: dict[str, Any], pipeline_root: str | Path | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """getExecutorOutputFile + collectOutputParameters + uploadOutputArtifacts (the artifacts the executor
+    reported merged over the provisioned ones; a URI outside `pipeline_root` fails, as KeyFromURI does)."""
     path = Path(ex_input["outputs"]["outputFile"])
     executor_output: dict[str, Any] = {}
     if path.exists():
@@ -233,7 +246,21 @@ def collect_outputs(ex_input: dict, component: dict[str, Any]) -> tuple[dict[str
     artifacts = {}
     for name, lst in ex_input["outputs"].get("artifacts", {}).items():
         art = dict(lst["artifacts"][0])
-        for reported in (executor_output.get("artifacts") or {}).get(name, {}).get("artifacts", [])[:1]:
-            art.update({k: v for k, v in reported.items() if k in ("uri", "metadata") and v})
+        reports = (executor_output.get("artifacts") or {}).get(name, {}).get("artifacts", [])
+        for reported in reports[:1] if name != "executor-logs" else []:
+            art["uri"] = reported.get("uri") or art["uri"]
+            art["metadata"] = {**(art.get("metadata") or {}), **(reported.get("metadata") or {})}
+        prefix = str(pipeline_root).rstrip("/") if pipeline_root is not None else None
+        if prefix is not None and not art["uri"].startswith(prefix):
+            raise LauncherError(
+                f"failed to upload output artifact {name!r}: URI {art['uri']!r} does not have expected "
+                f"bucket prefix {prefix!r}"
+            )
+        nulls = sorted(k for k, v in (art.get("metadata") or {}).items() if v is None)
+        if nulls:
+            raise LauncherError(
+                f"unable to produce MLMD artifact for output {name!r}: failed to convert RuntimeArtifact to "
+                f"MLMD artifact: unknown/unsupported value type *structpb.Value_NullValue (field {nulls[0]!r})"
+            )
         artifacts[name] = art
     return params, artifacts

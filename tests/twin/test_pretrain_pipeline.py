@@ -123,16 +123,13 @@ def test_the_pipeline_runs_end_to_end_under_the_profile_identity(pretrain_run):
         "syncer",
         "chaos",
         "evaluate",
-        "export",
+        "export-final",
         "sft",
         "evaluate-2",
+        "export-sft",
         "report",
     ):  # task keys
         assert run.task(name).phase == "Succeeded", (name, run.explain())
-    hf = run.task("export").artifacts["hf_model"]  # the final model as a Hugging Face directory
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
-        p.name for p in Path(hf["uri"]).iterdir()
-    }
     root = f"s3://{s3.bucket}/private/{NAMESPACE}/ddiloco/{run.run_id}"
     store = open_store(root, env=s3.env())
     assert store.get_json("config.json")["run_id"] == run.run_id
@@ -157,6 +154,30 @@ def test_the_pipeline_runs_end_to_end_under_the_profile_identity(pretrain_run):
         assert signing.check_doc(store.get_json(doc), keys_, signing.SYNCER) is None, doc
     state = store.get_json("syncer/state.json")
     assert sum(state["ledger"][0].values()) > 0 and not state["rejected"], state["rejected"]
+
+
+def test_final_model_is_a_model_artifact_whose_uri_is_a_directory_transformers_loads(pretrain_run, tmp_path):
+    """What the KFP UI lists for the run (the launcher's MLMD record: tests/twin/launcher.py collect_outputs):
+    `final_model` of type system.Model, its URI a Hugging Face directory (a local path in the twin, where
+    KFP's is minio://... in the pipeline root), its metadata the model card; `sft_model` alike."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    run, s3 = pretrain_run
+    final = run.task("export-final").artifacts["final_model"]
+    assert final["type"]["schemaTitle"] == "system.Model", final
+    card = final["metadata"]
+    assert card["architecture"] == "GPT2LMHeadModel" and card["format"] == "huggingface", card
+    assert card["tokens_trained"] >= 300_000 and 0 < card["val_loss"] < 10 and card["parameters"] > 0, card
+    assert card["run_root"] == f"s3://{s3.bucket}/private/{NAMESPACE}/ddiloco/{run.run_id}"
+    local = shutil.copytree(final["uri"], tmp_path / "final_model")  # what a download of the URI gives
+    lm = AutoModelForCausalLM.from_pretrained(local)
+    assert type(lm).__name__ == card["architecture"]
+    assert sum(p.numel() for p in lm.parameters()) == card["parameters"]
+    tuned = run.task("export-sft").artifacts["sft_model"]
+    assert tuned["type"]["schemaTitle"] == "system.Model" and tuned["metadata"]["present"], tuned
+    assert (Path(tuned["uri"]) / "config.json").is_file() and tuned["metadata"]["sft_steps"] == 20
 
 
 def test_kills_find_the_learners_worker_pods_and_their_keepers_bring_them_back_with_the_same_learner_id(
@@ -264,11 +285,21 @@ def test_with_hostnames_instead_of_pod_names_the_kills_find_no_pod(s3_server, di
 
 
 # --- the exit handler: failed and terminated runs get their report, and nothing is left running -----------
-def test_a_failed_run_still_gets_its_report(s3_server, compiled, tmp_path):
+def test_a_run_started_from_the_ui_with_a_misspelt_override_fails_at_its_first_step_and_still_reports(
+    s3_server, compiled, tmp_path
+):
+    """The KFP UI submits parameters no `ddiloco pipeline` command checked: the first step (tokenize-plan)
+    checks them as prepare would and fails with the did-you-mean of `ddiloco pipeline submit` (a Failed pod,
+    which KFP 2.17's OnError does not retry), before any data is read or any learner starts; the report says
+    how far it got."""
     twin, args = twin_and_args(compiled, s3_server, tmp_path, 600_000)
-    args["recipe"] = "no-such-recipe"  # prepare fails with a one-line error (exit 2, not retried)
+    args["overrides"] = [*TINY, "diloco.sync_evry=8"]
     run = twin.run(args)
-    assert run.phase == "Failed" and run.task("prepare").phase == "Failed", run.explain()
+    assert run.phase == "Failed", run.explain()
+    [attempt] = run.task("tokenize-plan").attempts
+    assert attempt.phase == "Failed" and "did you mean 'diloco.sync_every'" in attempt.log.read_text()
+    assert attempt.finished_real - attempt.started_real < 60, "seconds, not minutes"
+    assert {t.phase for t in run.find("prepare") + run.find("learner") + run.find("syncer")} <= {"Omitted"}
     report = run.task("report")
     assert report.phase == "Succeeded", run.explain()
     text = Path(report.artifacts["markdown"]["uri"]).read_text()

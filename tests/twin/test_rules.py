@@ -28,7 +28,14 @@ from tests.twin.cluster import (
 from tests.twin.dagretry import branch_phases, chain, dag_phase, dag_template_strategy, hook_runs, settle
 from tests.twin.gofmt import fmt_v, format_f, intstr_int, parse_duration
 from tests.twin.kubeapi import selector_matches
-from tests.twin.launcher import LauncherError, compile_cmd_and_args, driver_resolve_args, with_defaults
+from tests.twin.launcher import (
+    LauncherError,
+    collect_outputs,
+    compile_cmd_and_args,
+    driver_resolve_args,
+    provision_outputs,
+    with_defaults,
+)
 from tests.twin.platform import EnvVar, PodSpec
 from tests.twin.resolve import ResolveError, RunContext, resolve_inputs, special_constant
 from tests.twin.workflow_defaults import KFP_2_17, load_workflow_defaults
@@ -152,6 +159,41 @@ def test_driver_resolves_container_args_without_defaults():
     assert driver_resolve_args(["--a={{$.inputs.parameters['a']}}", "{{$}}"], ex) == ["--a=2", "{{$}}"]
     with pytest.raises(LauncherError, match="parameter 'n' not found"):
         driver_resolve_args(["{{$.inputs.parameters['n']}}"], ex)
+
+
+def test_an_output_artifact_takes_the_reported_metadata_but_no_uri_outside_the_pipeline_root(tmp_path):
+    """launcher_v2.go uploadOutputArtifacts + mergeRuntimeArtifacts, objectstore.Config.KeyFromURI: the
+    metadata a component reports is merged into its Model artifact (type kept: MLMD records the schema
+    title), a null field fails the step (metadata/converter.go StructValueToMLMDValue), and a URI it points
+    elsewhere (an object of the run root) fails it too instead of being recorded: the artifact's URI always
+    holds what the component wrote to its path."""
+    root = tmp_path / "artifacts"
+    comp = {
+        "outputDefinitions": {"artifacts": {"final_model": {"artifactType": {"schemaTitle": "system.Model"}}}}
+    }
+    ex = {"outputs": provision_outputs(comp, root, "export-final", tmp_path / "pod", publish_logs=False)}
+    provisioned = ex["outputs"]["artifacts"]["final_model"]["artifacts"][0]
+    reported = {
+        "name": "final_model",
+        "uri": provisioned["uri"],
+        "metadata": {"architecture": "GPT2LMHeadModel"},
+    }
+    out = Path(ex["outputs"]["outputFile"])
+    out.parent.mkdir(parents=True)
+    out.write_text(json.dumps({"artifacts": {"final_model": {"artifacts": [reported]}}}))
+    _, arts = collect_outputs(ex, comp, root)
+    art = arts["final_model"]
+    assert art["type"]["schemaTitle"] == "system.Model" and art["uri"] == provisioned["uri"]
+    assert art["metadata"] == {"architecture": "GPT2LMHeadModel"}
+    reported["metadata"]["val_loss"] = None  # MLMD has no null custom property: the step fails
+    out.write_text(json.dumps({"artifacts": {"final_model": {"artifacts": [reported]}}}))
+    with pytest.raises(LauncherError, match="unable to produce MLMD artifact .*'val_loss'"):
+        collect_outputs(ex, comp, root)
+    reported["metadata"].pop("val_loss")
+    reported["uri"] = "s3://mlpipeline/private/team-a/ddiloco/run/final"
+    out.write_text(json.dumps({"artifacts": {"final_model": {"artifacts": [reported]}}}))
+    with pytest.raises(LauncherError, match="does not have expected bucket prefix"):
+        collect_outputs(ex, comp, root)
 
 
 # --- Argo retry strategies ---------------------------------------------------------------------------------

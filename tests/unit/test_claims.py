@@ -262,13 +262,13 @@ def test_every_number_the_syncer_reads_from_a_report_is_checked():
     assert reports.clean(good) == (good, [])
     bad = {
         **good, "step_time_ema": float("nan"), "loss_ema": float("inf"), "tokens_processed": -4, "seq": 1e300,
-        "productive_seconds": -1.0, "joined_at": float("nan"),
-        "fragments": {"0": {"discarded_tokens": float("nan"), "merged_seconds": -2.0}},
+        "productive_seconds": -1.0, "joined_at": float("nan"), "tokens_per_s": -1.0, "mfu": 1e9,
+        "peak_flops": 0.0, "fragments": {"0": {"discarded_tokens": float("nan"), "merged_seconds": -2.0}},
     }  # fmt: skip
     cleaned, dropped = reports.clean(bad)
     assert sorted(dropped) == sorted([
         "step_time_ema", "loss_ema", "tokens_processed", "seq", "productive_seconds", "joined_at",
-        "fragments.0.discarded_tokens", "fragments.0.merged_seconds",
+        "tokens_per_s", "mfu", "peak_flops", "fragments.0.discarded_tokens", "fragments.0.merged_seconds",
     ])  # fmt: skip
     assert cleaned["fragments"]["0"] == {"discarded_tokens": 0, "merged_seconds": 0.0}
     assert cleaned["step_time_ema"] is None and cleaned["step_wall_ema"] == STEP_S

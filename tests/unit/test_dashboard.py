@@ -31,7 +31,7 @@ def _metric_names(expr: str) -> set[str]:
         for w in words
         if w not in FUNCTIONS
         and not w.startswith("learner_id")
-        and w not in ("fragment", "reason", "outcome")
+        and w not in ("fragment", "reason", "outcome", "kind")
     }
 
 
@@ -41,9 +41,24 @@ def test_dashboard_queries_only_use_exported_metrics():
     assert len(exprs) >= 15
     used = set().union(*map(_metric_names, exprs))
     assert used <= METRIC_NAMES, sorted(used - METRIC_NAMES)
-    for topic in ("Progress", "throughput", "Quorum", "Staleness", "Failures", "Bytes"):
+    for topic in (
+        "Progress",
+        "throughput",
+        "Quorum",
+        "Staleness",
+        "Failures",
+        "Bytes",
+        "MFU",
+        "memory",
+        "wait",
+    ):
         assert any(topic.lower() in p["title"].lower() for p in dash["panels"]), topic
     assert {"ddiloco_syncer_goodput", "ddiloco_syncer_merged_token_share"} <= used
+    assert {
+        "ddiloco_learner_mfu",
+        "ddiloco_learner_peak_memory_bytes",
+        "ddiloco_learner_data_wait_seconds_total",
+    } <= used
 
 
 def test_every_exported_metric_name_is_real():
@@ -72,6 +87,9 @@ def test_every_exported_metric_name_is_real():
     syncer.rejected.labels(reason="checksum").inc()
     syncer.clipped.labels(reason="norm_outlier").inc()
     learner.rejected.labels(learner_id="0", kind="global", reason="bad_signature").inc()
+    learner.mfu.labels(learner_id="0").set(0.4)  # only where the peak is known
+    learner.peak_flops.labels(learner_id="0").set(1e12)
+    learner.peak_memory.labels(learner_id="0", kind="peak_rss").set(1)
     syncer.rounds.labels(outcome="merged").inc()
     exposed = {s.name for m in reg.collect() for s in m.samples}
     assert METRIC_NAMES - {"up"} <= exposed, sorted(METRIC_NAMES - {"up"} - exposed)

@@ -196,6 +196,15 @@ def test_learner_report_round_trips_as_the_same_json():
         "data",
         "peak_rss_bytes",
         "cursor",
+        "tokens_per_s",
+        "flops_per_token",
+        "peak_flops",
+        "peak_flops_source",
+        "mfu",
+        "device_name",
+        "data_wait_seconds",
+        "peak_memory_bytes",
+        "peak_memory_kind",
     ]
     assert list(obj["fragments"]["0"]) == [
         "anchor",

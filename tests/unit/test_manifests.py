@@ -133,18 +133,37 @@ def validate_strict(obj: dict, version: str) -> None:
 
 
 def test_there_are_overlays_for_kubeflow_and_standalone():
-    assert {p.name for p in OVERLAYS} == {"kubeflow", "standalone", "standalone-minio"}
+    assert {p.name for p in OVERLAYS} == {"kubeflow", "standalone", "standalone-own-store"}
 
 
-def test_standalone_uses_the_store_current_kfp_ships_and_minio_is_an_option():
-    """KFP >= 2.16 standalone ships SeaweedFS (seaweedfs.kubeflow:9000), which the pipeline defaults name."""
+def test_standalone_uses_the_store_current_kfp_ships_and_a_seaweedfs_of_its_own_is_an_option():
+    """KFP >= 2.16 standalone ships SeaweedFS (seaweedfs.kubeflow:9000), which the pipeline defaults name;
+    standalone-own-store deploys the same server (no MinIO anywhere) with the store Secret's keys."""
     from ddiloco.pipelines.pretrain import DEFAULTS
 
     kinds = {(o["kind"], o["metadata"]["name"]) for o in kustomize(MANIFESTS / "overlays" / "standalone")}
-    assert not any("minio" in name for _, name in kinds)
+    assert not any("seaweedfs" in name for _, name in kinds)
     assert DEFAULTS["s3_endpoint"] == "seaweedfs.kubeflow:9000" and DEFAULTS["store_bucket"] == "mlpipeline"
-    minio = {o["kind"] for o in kustomize(MANIFESTS / "overlays" / "standalone-minio")}
-    assert {"Deployment", "Service", "Job"} <= minio
+    own = {
+        (o["kind"], o["metadata"]["name"]): o
+        for o in kustomize(MANIFESTS / "overlays" / "standalone-own-store")
+    }
+    assert not any("minio" in name for _, name in own)
+    assert {
+        ("Deployment", "ddiloco-seaweedfs"),
+        ("Service", "ddiloco-seaweedfs"),
+        ("NetworkPolicy", "ddiloco-seaweedfs"),
+    } <= set(own)
+    (container,) = own["Deployment", "ddiloco-seaweedfs"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"].split("@")[0].rsplit(":", 1)[0] == "ghcr.io/chrislusf/seaweedfs"
+    # the credentials the pipeline's store_secret maps (keys accesskey / secretkey) are the server's identity
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+    assert env == {
+        "AWS_ACCESS_KEY_ID": {"name": "ddiloco-store", "key": "accesskey"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "ddiloco-store", "key": "secretkey"},
+    }
+    service = own["Service", "ddiloco-seaweedfs"]["spec"]["ports"]
+    assert [(p["port"], p["targetPort"]) for p in service] == [(9000, "s3")]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
@@ -207,7 +226,7 @@ def test_chaos_rbac_is_list_and_delete_pods_only_bound_to_the_pipeline_runner():
     overlays = (
         ("kubeflow", "default-editor"),
         ("standalone", "pipeline-runner"),
-        ("standalone-minio", "pipeline-runner"),
+        ("standalone-own-store", "pipeline-runner"),
     )
     for name, sa in overlays:
         objs = by_overlay[name]
@@ -226,7 +245,7 @@ def test_keeper_rbac_is_namespaced_pods_trainjobs_and_a_workflow_read_bound_to_t
     for name, sa in (
         ("kubeflow", "default-editor"),
         ("standalone", "pipeline-runner"),
-        ("standalone-minio", "pipeline-runner"),
+        ("standalone-own-store", "pipeline-runner"),
     ):
         objs = by_overlay[name]
         assert objs["Role"]["rules"] == [

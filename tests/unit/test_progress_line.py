@@ -23,3 +23,12 @@ def test_the_line_shows_tokens_per_second_and_eta(capsys):
         progress({"elapsed": t, "tokens_merged": merged, "token_budget": 1_000_000, "live_learners": 4})
     line = capsys.readouterr().err.split("\r")[-1]
     assert "5.0k tok/s, ETA 3m00s" in line and "live learners 4" in line
+
+
+def test_the_line_shows_processed_tokens_per_second_and_mfu_when_known(capsys):
+    progress = progress_printer(1_000_000, tty=True)
+    base = {"elapsed": 1.0, "tokens_merged": 0, "token_budget": 1_000_000, "tokens_per_s": 6100.0}
+    progress(base)
+    assert "| processed 6.1k tok/s |" in capsys.readouterr().err  # no peak known: no MFU
+    progress(base | {"elapsed": 2.0, "mfu": 0.4123})
+    assert "processed 6.1k tok/s, MFU 41.2% |" in capsys.readouterr().err

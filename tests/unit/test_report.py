@@ -99,6 +99,19 @@ def test_goodput_and_merged_token_share_are_two_figures_each_explained(fake_run)
     assert m["goodput"] == 0.97 and m["merged_token_share"] == 0.9 and m["steps_per_answer"] == 7.5
 
 
+def test_efficiency_is_in_the_overview_and_the_kfp_metrics(fake_run):
+    """Issue 52: processed tokens/s, MFU, data-loader wait and peak memory, as summary.json has them."""
+    summary = fake_run.get_json(keys.SUMMARY)
+    summary.update(processed_tokens_per_s=6100.0, mfu=0.412, data_wait_fraction=0.05)
+    summary.update(peak_memory_bytes=2_500_000_000, peak_memory_kind="cuda_max_allocated")
+    fake_run.put_json(keys.SUMMARY, summary)
+    run = load_run(fake_run, curve=False)
+    md, m = render_run_markdown(run), flat_metrics(run.summary)
+    assert "| processed tokens/s / MFU / data-loader wait | 6,100 / 41.2% / 5.0% |" in md
+    assert "| peak learner memory | 2,500.00 MB (cuda_max_allocated) |" in md
+    assert m["mfu"] == 0.412 and m["peak_memory_bytes"] == 2.5e9
+
+
 def test_comparison_of_the_same_run_twice_renders(fake_run):
     run = load_run(fake_run, curve=False)
     page = render_comparison_html([run, run])

@@ -72,6 +72,8 @@ STATUS = {
     "epoch": 2,
     "standbys": [{"host": "h2", "pid": 43, "time": 1700000001.75}],
     "closing": False,
+    "tokens_per_s": 1536.5,
+    "mfu": 0.25,
 }
 STATE = {
     "run_id": "r",
@@ -126,6 +128,12 @@ def test_a_round_record_written_before_staleness_discounts_reads_with_discount_o
 def test_the_status_loss_may_be_nan():
     status = Status.from_json(STATUS | {"loss": math.nan})
     assert math.isnan(status.to_json()["loss"])
+
+
+def test_a_status_from_before_throughput_reads_it_unknown():
+    old = {k: v for k, v in STATUS.items() if k not in ("tokens_per_s", "mfu")}
+    status = Status.from_json(old)
+    assert status.tokens_per_s is None and status.mfu is None
 
 
 def test_an_older_state_without_optional_fields_reads_them_empty():
