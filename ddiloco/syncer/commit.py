@@ -25,7 +25,7 @@ from ddiloco.stateful import Stateful, gather
 from ddiloco.store.base import StoreError
 from ddiloco.syncer.adopt import Superseded
 from ddiloco.syncer.publisher import InFlight
-from ddiloco.syncer.rounds import Round, ema, link_time
+from ddiloco.syncer.rounds import Round, ema, link_time, open_rounds
 from ddiloco.syncer.state import credit
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def state_of(syncer: Any) -> SyncerState:
     """What `Syncer.save_state` writes: the run, the lease epoch, the fragments' versions and ledgers and
     the open rounds, then the fields of each stateful part (`ddiloco.stateful`)."""
     own = {"run_id": syncer.run_id, "epoch": syncer.lease.epoch, "versions": syncer.versions}
-    own |= {"ledger": [f.ledger for f in syncer.fragments], "open_rounds": syncer._open_rounds()}
+    own |= {"ledger": [f.ledger for f in syncer.fragments], "open_rounds": open_rounds(syncer.open.values())}
     return SyncerState(**own, **gather(parts_of(syncer)))
 
 

@@ -65,7 +65,7 @@ from ddiloco import keys
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol import wire
-from ddiloco.protocol.messages import OpenRound, Status
+from ddiloco.protocol.messages import Status
 from ddiloco.run import RunRoot
 from ddiloco.schedule import learner_train
 from ddiloco.stateful import restore
@@ -90,6 +90,7 @@ from ddiloco.syncer.rounds import (
     decide,
     ema,
     grace_window,
+    open_rounds,
 )
 from ddiloco.syncer.state import SyncerFiles
 from ddiloco.tracking.tracker import OFF, Tracker
@@ -217,9 +218,6 @@ class Syncer:
             "quarantined": dict(self.files.slots.quarantined),
         }
 
-    def _open_rounds(self) -> list[OpenRound]:
-        return [OpenRound(r.round, r.fragment_id, r.opened_wall) for r in self.open.values()]
-
     def publish_status(self, done: bool = False) -> None:
         """Write the signed status (again each heartbeat: one a learner pod overwrote is soon replaced)."""
         self._status_due = self.clock() + self.cfg.train.heartbeat_every_s
@@ -233,7 +231,7 @@ class Syncer:
             syncer_pid=os.getpid(),
             next_round=b.next_round,
             versions=self.versions,
-            open_rounds=self._open_rounds(),
+            open_rounds=open_rounds(self.open.values()),
             merged=list(b.merged_recent),
             tokens_merged=self.tokens_merged(),
             token_budget=self.cfg.diloco.token_budget,
