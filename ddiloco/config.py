@@ -30,6 +30,7 @@ from ddiloco.lease_config import LeaseConfig
 from ddiloco.overrides import apply_dict
 from ddiloco.retention import RetentionConfig  # the `retention` section lives next to its rules
 from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
+from ddiloco.tracking.config import TrackingConfig  # the `tracking` section lives next to the tracker
 
 CODECS = ("fp32", "bf16", "int8", "int4", "int2")
 DOWNLOAD_CODECS = ("none", "int8", "int4", "int2")
@@ -429,6 +430,8 @@ class RunConfig:
     """Which global and momentum versions the store keeps (`ddiloco.retention`); null keeps every one."""
     lease: LeaseConfig = field(default_factory=LeaseConfig)
     """The syncer's lease (`ddiloco.syncer.lease`): one publishing syncer at a time, standbys take over."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """Experiment tracking: TensorBoard event files under the run root's `tb/`, an optional MLflow run."""
 
     def validate(self) -> RunConfig:
         """Check every section, in order; raise `errors.ConfigError` saying what to change."""
@@ -446,6 +449,7 @@ class RunConfig:
                 optional.validate()
         self.restart.validate()
         self.lease.validate()
+        self.tracking.validate()
         if self.chaos is not None:
             self.chaos.validate(self.diloco.learners)
         top, cap = max(self._added_learners(), default=-1), self.diloco.max_learners

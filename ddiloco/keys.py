@@ -306,3 +306,30 @@ def chaos_record_key(backend: str, event_id: str) -> str:
     """What chaos did with one event, written once: `backend` is the chaos step's (`k8s`, `local`), or
     CHAOS_SELF_FIRED; `summary.json` lists everything under CHAOS."""
     return f"{CHAOS}{backend}/{event_id}.json"
+
+
+TB = "tb/"
+"""TensorBoard event files, one directory (a TensorBoard run) per role: `tb/syncer/`, `tb/learner-0/`,
+`tb/posttrain/` (`ddiloco.tracking.tensorboard`)."""
+TRACKING = "tracking/"
+MLFLOW_RUN = "tracking/mlflow.json"
+"""The run's MLflow run ({tracking_uri, experiment_id, run_id}), claimed once with `Store.create` by the first
+role that logs to MLflow; the others log into the same MLflow run (`ddiloco.tracking.mlflow_run`)."""
+_TRACKING_ROLE = re.compile(r"[a-z]+(?:-\d{1,6})?")
+
+
+def tracking_role(role: str) -> str:
+    """`role` if it names a tracking run (`syncer`, `posttrain`, `learner-3`), else ValueError."""
+    if not _TRACKING_ROLE.fullmatch(role):
+        raise ValueError(f"tracking role must look like syncer or learner-3, got {role!r}")
+    return role
+
+
+def tb_key(role: str, name: str) -> str:
+    """An event file of `role`'s TensorBoard run; `name` contains `tfevents` (what TensorBoard reads)."""
+    return f"{TB}{tracking_role(role)}/{name}"
+
+
+def tracking_stats_key(role: str, name: str) -> str:
+    """What one process's tracker wrote and dropped (`{role, written, dropped}`), written when it closes."""
+    return f"{TRACKING}stats/{tracking_role(role)}/{name}.json"

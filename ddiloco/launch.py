@@ -35,6 +35,7 @@ from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.posttrain.report import write_reports
 from ddiloco.posttrain.stages import posttrain
 from ddiloco.posttrain.summary import build_summary
+from ddiloco.posttrain.tracked import posttrain_tracker
 from ddiloco.prepare import prepare
 from ddiloco.protocol import signing
 from ddiloco.run import RunRoot, prepared_at_of
@@ -266,10 +267,14 @@ class LocalRun:
             )
         # Evaluated afterwards so that chaos times (counted from the end of prepare) hit running processes.
         initial = self.evaluate_model(build_model(layout, cfg.seed))
-        fields = posttrain(self.root, eval_cfg=cfg.eval, sft_cfg=cfg.sft, skip_sft=cfg.sft is None)
+        with posttrain_tracker(self.store, cfg) as tracker:
+            tracker.scalar("eval/initial/val_loss", initial, 0)
+            fields = posttrain(
+                self.root, eval_cfg=cfg.eval, sft_cfg=cfg.sft, skip_sft=cfg.sft is None, tracker=tracker
+            )
         summary = build_summary(self.store, {"initial_val_loss": initial, **fields})
         self.root.write_summary(summary)
-        write_reports(self.store)  # after summary.json, which it renders
+        write_reports(self.store, curve_points=cfg.eval.curve_points)  # after summary.json, which it renders
         return summary
 
     def _done(self) -> bool:

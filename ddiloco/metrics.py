@@ -287,6 +287,21 @@ class SyncerMetrics:
         registry.register(_SyncerCollector(state))
 
 
+class TrackingMetrics:
+    """Experiment tracking (`ddiloco.tracking`) of any role: what its backends could not take."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.dropped = Counter(
+            "ddiloco_tracking_dropped_events",
+            "Tracking events (TensorBoard, MLflow) dropped because the backend was down or slow, by backend",
+            ["backend"],
+            registry=registry,
+        )
+        for backend in TRACKING_BACKENDS:  # exported from 0, so that an alert on any increase sees the first
+            self.dropped.labels(backend=backend)
+
+
+TRACKING_BACKENDS = ("tensorboard", "mlflow")
 METRIC_NAMES = frozenset(
     [
         f"ddiloco_learner_{n}_total"
@@ -356,6 +371,7 @@ METRIC_NAMES = frozenset(
         for s in ("bucket", "sum", "count")
     ]
     + ["ddiloco_syncer_clipped_updates_total", "ddiloco_learner_rejected_total", "up"]
+    + ["ddiloco_tracking_dropped_events_total"]
 )
 
 

@@ -9,7 +9,7 @@ COPY pyproject.toml README.md ./
 COPY ddiloco ./ddiloco
 COPY components ./components
 COPY pipelines ./pipelines
-# The image's lock (exact versions and file hashes of '.[kfp,lm-eval,data]', requirements/lock.sh); the wheel is
+# The image's lock (exact versions and file hashes of '.[kfp,lm-eval,data,mlflow]', requirements/lock.sh); the wheel is
 # built with the lock's setuptools, installed from its hashed entry.
 COPY requirements/syncer.lock /wheels/requirements.lock
 RUN awk '/^setuptools==/{p=1} p{print} p && !/\\$/{exit}' /wheels/requirements.lock > /tmp/build.lock \

@@ -47,6 +47,7 @@ def with_flags(section: Section, **flags: Any) -> Section:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from ddiloco.posttrain.evaluate import evaluate_checkpoint  # imports torch: only when it runs
+    from ddiloco.posttrain.tracked import posttrain_tracker
     from ddiloco.run import RunRoot
 
     root = RunRoot.from_env(open_store(args.store), role="evaluate")
@@ -63,7 +64,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return emit({"model": spec, "skipped": why})
     if args.harness == "lm-eval":
         return _evaluate_lm_eval(root, cfg, ecfg, spec, args.name, task_dir)
-    result = evaluate_checkpoint(root, spec, name=args.name, ecfg=ecfg)
+    with posttrain_tracker(args.store, cfg) as tracker:
+        result = evaluate_checkpoint(root, spec, name=args.name, ecfg=ecfg, tracker=tracker)
     brief = {k: result[k] for k in ("model", "val_loss", "perplexity", "task_accuracy") if k in result}
     return emit(brief)
 
@@ -86,6 +88,7 @@ def _evaluate_lm_eval(
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from ddiloco.posttrain.sft import run_sft, skip_without_instructions  # imports torch: only when it runs
+    from ddiloco.posttrain.tracked import posttrain_tracker, track_sft
     from ddiloco.run import RunRoot
 
     root = RunRoot.from_env(open_store(args.store), role="sft")
@@ -93,7 +96,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     scfg = with_flags(cfg.sft or SFTConfig(), **{name: getattr(args, name) for name in SFT_FLAGS})
     if args.skip_without_data and (why := skip_without_instructions(root, scfg)) is not None:
         return emit({"skipped": why})
-    metrics = run_sft(root, scfg)
+    with posttrain_tracker(args.store, cfg) as tracker:
+        metrics = run_sft(root, scfg)
+        track_sft(tracker, metrics)
     return emit({k: v for k, v in metrics.items() if k not in ("loss_curve", "config")})
 
 
@@ -102,6 +107,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     stores = [open_store(r) for r in args.runs]
     if len(stores) == 1:
+        track_report_curve(args.runs[0], stores[0], args.curve_points)
         out = write_reports(stores[0], args.out, curve_points=args.curve_points)
         where = out["paths"] or {k: f"{stores[0].url}/{k}" for k in out["keys"]}
     else:
@@ -109,6 +115,21 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise ValueError("a comparison of several runs needs --out DIR")
         where = write_comparison(stores, args.out, curve_points=args.curve_points)["paths"]
     return emit(where)
+
+
+def track_report_curve(url: str, store: Any, points: int) -> None:
+    """The loss curve the report draws, computed first so that a fresh one is logged (`ddiloco.tracking`);
+    the report then reads it from its cache."""
+    from ddiloco.keys import LAYOUT
+    from ddiloco.posttrain.evaluate import global_loss_curve
+    from ddiloco.posttrain.tracked import posttrain_tracker
+    from ddiloco.run import RunRoot
+
+    if not store.exists(LAYOUT):  # not a prepared run: the report says so
+        return
+    root = RunRoot.from_env(store, role="report")
+    with posttrain_tracker(url, root.config()) as tracker:
+        global_loss_curve(root, points, tracker=tracker)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from ddiloco.protocol import signing
 from ddiloco.store.base import Store, StoreUnavailable
 from ddiloco.store.url import open_store
 from ddiloco.syncer.lease import FENCED_EXIT, Fenced, Lease
+from ddiloco.tracking.tracker import OFF, open_tracker
 
 log = logging.getLogger("ddiloco")
 T = TypeVar("T")
@@ -125,11 +126,17 @@ def run_learner(args: argparse.Namespace, group: Any) -> int:
     )
     logship.bind(url, ident=lid, incarnation=learner.incarnation)
     serve(learner.registry, args.metrics_port, args.metrics_host)
+    tracking, role = learner.cfg.tracking, f"learner-{lid}"
+    learner.tracker = open_tracker(url, tracking, role, run_id=learner.run_id, registry=learner.registry)
+    finished = False
     try:
         learner.run(max_steps=args.max_steps, wait_timeout=args.wait_timeout)
+        finished = True
     except Unmerged as e:
         log.error("%s (exit %d)", e, UNMERGED_EXIT)
         return UNMERGED_EXIT
+    finally:
+        learner.tracker.close(finished=finished)
     return 0
 
 
@@ -153,6 +160,7 @@ def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: byt
     if not lease.acquire(done=done_root.is_done):
         log.info("syncer: the run is done; this standby exits")
         return 0
+    tracker, finished = OFF, False
     try:
         threads = getattr(args, "threads", None) or syncer_threads()
         syncer = until_store_answers(
@@ -160,7 +168,17 @@ def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: byt
         )
         logship.bind(args.store, incarnation=syncer.books.incarnation)
         serve(syncer.registry, args.metrics_port, args.metrics_host)
+        tracker = syncer.tracker = open_tracker(
+            args.store,
+            syncer.cfg.tracking,
+            "syncer",
+            run_id=syncer.run_id,
+            mlflow=True,
+            registry=syncer.registry,
+        )
+        tracker.params(syncer.cfg.to_dict())
         run_until_done(syncer, args.max_seconds)
+        finished = True
     except Fenced as e:
         log.error(
             "syncer epoch %d stopped publishing: %s. Another syncer of this run holds the lease now; this one "
@@ -173,6 +191,7 @@ def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: byt
         return FENCED_EXIT
     finally:
         lease.release()  # a standby takes over at once instead of waiting the lease out
+        tracker.close(finished=finished)
     return 0
 
 

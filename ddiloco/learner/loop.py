@@ -81,6 +81,7 @@ from ddiloco.learner.io import (
 from ddiloco.learner.ledger import FragmentLedger
 from ddiloco.learner.resume import resume_from_reports
 from ddiloco.learner.sharded import LiveMembers, ShardedMembers
+from ddiloco.learner.tracked import track_report, track_step
 from ddiloco.learner.trainer_status import TrainerStatus
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
@@ -95,6 +96,7 @@ from ddiloco.store.base import Store, StoreError
 from ddiloco.streamed import open_loader, read_corpus_doc
 from ddiloco.tokens.mixture import MixtureLoader
 from ddiloco.tokens.stream import StreamLoader
+from ddiloco.tracking.tracker import OFF, Tracker
 
 __all__ = ["Learner", "Opened"]
 
@@ -231,6 +233,7 @@ class Learner:
         self.joined_at: float | None = None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = LearnerMetrics(self.registry, learner_id, self.incarnation, site)
+        self.tracker: Tracker = OFF  # `ddiloco learner` sets the role's (`ddiloco.learner.tracked`)
         matmul = self.precision if group is None else group.shard_precision  # FSDP casts to bf16 itself
         how = {"precision": matmul, "peak_flops": t.peak_flops, "devices": self.world_size}
         self.efficiency = Efficiency.of(self.metrics, self.model, seq_len, self.device, **how)  # MFU, memory
@@ -311,6 +314,7 @@ class Learner:
     def _report_async(self) -> None:
         self.metrics.store_retries.set(self.store.stats.retries)
         self.heartbeats.beat(lambda: self._report().to_json())
+        track_report(self)
         self.trainer_status.update(self.poller.latest, self.loss, self.efficiency)
 
     def _checkpoint_async(self) -> None:
@@ -369,6 +373,7 @@ class Learner:
             self.loss = loss
             self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
             m.loss.set(loss)
+        track_step(self, n, loss)
 
     def tick(self) -> bool:
         """One iteration of the loop at a step boundary; False once the syncer says the run is done."""

@@ -30,11 +30,13 @@ from ddiloco.globalmodel import Layout
 from ddiloco.model import GPT
 from ddiloco.posttrain.summary import read_round_records
 from ddiloco.posttrain.tasks import TaskItem, cloze_tasks, evaluate_tasks, synthetic_tasks
+from ddiloco.posttrain.tracked import track_curve, track_eval
 from ddiloco.protocol import wire
 from ddiloco.run import RunRoot
 from ddiloco.store.base import NotFound
 from ddiloco.synthetic import make_world
 from ddiloco.tokenizer import Tokenizer
+from ddiloco.tracking.tracker import OFF, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +192,12 @@ def evaluate_model(
 
 
 def evaluate_checkpoint(
-    root: RunRoot, spec: str = "final", *, name: str | None = None, ecfg: EvalTasksConfig | None = None
+    root: RunRoot,
+    spec: str = "final",
+    *,
+    name: str | None = None,
+    ecfg: EvalTasksConfig | None = None,
+    tracker: Tracker = OFF,
 ) -> dict[str, Any]:
     """Evaluate one checkpoint of the run and write the result to eval/{name}.json."""
     ecfg = ecfg or EvalTasksConfig()
@@ -211,6 +218,7 @@ def evaluate_checkpoint(
     }
     name = name or spec.replace(":", "-").replace("/", "_")
     root.write_eval_result(name, result)
+    track_eval(tracker, root, name, result)
     log.info(
         "evaluated %s: val loss %.4f, %s (%.1fs)",
         spec,
@@ -256,10 +264,16 @@ def curve_points(
 
 
 def global_loss_curve(
-    root: RunRoot, points: int = 8, *, records: list[dict[str, Any]] | None = None, refresh: bool = False
+    root: RunRoot,
+    points: int = 8,
+    *,
+    records: list[dict[str, Any]] | None = None,
+    refresh: bool = False,
+    tracker: Tracker = OFF,
 ) -> list[dict[str, Any]]:
     """Validation loss of the global model at `points` moments of the run; cached at eval/curve.json and
-    recomputed when more rounds have merged since (a report of a running run) or with refresh."""
+    recomputed when more rounds have merged since (a report of a running run) or with refresh. A curve
+    computed here is logged to `tracker` (`global/val_loss` at tokens merged); a cached one was already."""
     if records is None:
         records = read_round_records(root.store)
     cached = None if refresh else root.document(keys.EVAL_CURVE)
@@ -280,4 +294,5 @@ def global_loss_curve(
     root.write_document(
         keys.EVAL_CURVE, {"points_requested": points, "rounds": len(records), "points": snaps}
     )
+    track_curve(tracker, snaps)
     return snaps

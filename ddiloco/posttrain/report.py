@@ -93,6 +93,44 @@ def deaths_markdown(deaths: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def tracking_lines(t: dict[str, Any] | None) -> list[tuple[str, str, str | None]]:
+    """(what, where, link or None) of the run's experiment tracking (`ddiloco.tracking.info`)."""
+    t = t or {}
+    out: list[tuple[str, str, str | None]] = []
+    if t.get("tensorboard"):
+        runs = ", ".join(t.get("tensorboard_runs") or [])
+        out.append(
+            (
+                "TensorBoard log directory (`tensorboard --logdir`, a Kubeflow Tensorboard)",
+                t["tensorboard"],
+                None,
+            )
+        )
+        out.append(("TensorBoard runs", runs, None))
+    if t.get("mlflow_link"):
+        link = t["mlflow_link"]
+        out.append(("MLflow run", link, link if link.startswith(("http://", "https://")) else None))
+    if dropped := sum((t.get("dropped_events") or {}).values()):
+        out.append(("tracking events dropped (backend down or slow)", str(dropped), None))
+    return out
+
+
+def tracking_html(t: dict[str, Any] | None) -> str:
+    lines = tracking_lines(t)
+    if not lines:
+        return '<p class="note">nothing tracked: see tracking.tensorboard and tracking.mlflow_uri.</p>'
+    cells = [
+        f'<a href="{html.escape(link)}" target="_blank" rel="noopener">{html.escape(where)}</a>'
+        if link
+        else f"<code>{html.escape(where)}</code>"
+        for _, where, link in lines
+    ]
+    body = "".join(
+        f"<tr><td>{html.escape(w)}</td><td>{c}</td></tr>" for (w, _, _), c in zip(lines, cells, strict=True)
+    )
+    return f"<table><tbody>{body}</tbody></table>"
+
+
 def _page(title: str, subtitle: str, sections: list[tuple[str, str]]) -> str:
     """A page of sections in a two-column grid; the sections named in WIDE span both columns."""
     parts = []
@@ -156,6 +194,7 @@ def render_run_html(run: RunData) -> str:
         ("Rounds: quorum and grace", _img(plots.rounds([v]), "quorum and grace per round")),
         ("Staleness", _img(plots.staleness([v]), "staleness histogram")),
         ("Traffic", _img(plots.traffic([v]), "bytes per learner")),
+        ("Experiment tracking", tracking_html(s.get("tracking"))),
     ]
     if run.deaths:
         sections.append((DEATHS, deaths_html(run.deaths)))
@@ -207,6 +246,9 @@ def render_run_markdown(run: RunData) -> str:
             "|---|---:|---:|",
         ]
         lines += ["| " + " | ".join(r) + " |" for r in instruction_rows(s)]
+    if tracked := tracking_lines(s.get("tracking")):
+        lines += ["", "## Experiment tracking", "", "| | |", "|---|---|"]
+        lines += [f"| {w} | {f'[{where}]({link})' if link else f'`{where}`'} |" for w, where, link in tracked]
     if run.deaths:
         lines += deaths_markdown(run.deaths)
     return "\n".join(lines) + "\n"

@@ -27,6 +27,7 @@ from ddiloco.posttrain.evaluate import global_loss_curve
 from ddiloco.posttrain.summary import build_summary, read_reports, read_round_records
 from ddiloco.run import RunRoot
 from ddiloco.store.base import Store, StoreError
+from ddiloco.tracking.info import tracking_info
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ def load_run(store: Store, *, curve_points: int = 8, curve: bool = True) -> RunD
     for key, value in filled.items():
         if summary.get(key) is None:
             summary[key] = value
+    summary["tracking"] = tracking_info(store)  # read now: post-training may have logged since the summary
     view = plots.RunView(
         label=run_label(summary),
         t0=t0,

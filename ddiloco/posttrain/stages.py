@@ -12,9 +12,11 @@ import logging
 import time
 from typing import Any
 
-from ddiloco.posttrain.evaluate import EvalTasksConfig, evaluate_checkpoint
+from ddiloco.posttrain.evaluate import EvalTasksConfig, evaluate_checkpoint, global_loss_curve
 from ddiloco.posttrain.sft import SFTConfig, run_sft, skip_without_instructions
+from ddiloco.posttrain.tracked import track_sft
 from ddiloco.run import RunRoot
+from ddiloco.tracking.tracker import OFF, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -37,24 +39,30 @@ def posttrain(
     eval_cfg: EvalTasksConfig | None = None,
     sft_cfg: SFTConfig | None = None,
     skip_sft: bool = False,
+    tracker: Tracker = OFF,
 ) -> dict[str, Any]:
-    """evaluate(final) -> sft -> evaluate(sft); returns summary fields (see `summary_fields`).
+    """evaluate(final) -> sft -> evaluate(sft), then the global model's loss curve; returns summary fields
+    (see `summary_fields`).
 
     None configs mean the defaults; with skip_sft only the final model is evaluated (sft_* fields are None),
     and so it is, with a warning, for a user corpus without `sft.data` (no instructions to fine-tune on).
+    Every stage logs to `tracker` (`ddiloco.posttrain.tracked`).
     """
     t0 = time.monotonic()
     sft_cfg = sft_cfg or SFTConfig()
     name = "final" if sft_cfg.base == "final" else None
-    pre = evaluate_checkpoint(root, sft_cfg.base, name=name, ecfg=eval_cfg)
+    pre = evaluate_checkpoint(root, sft_cfg.base, name=name, ecfg=eval_cfg, tracker=tracker)
     if not skip_sft and skip_without_instructions(root, sft_cfg) is not None:
         skip_sft = True
     if skip_sft:
         fields = summary_fields(pre, None, None)
     else:
         sft = run_sft(root, sft_cfg)
-        post = evaluate_checkpoint(root, "sft", name="sft", ecfg=eval_cfg)
+        track_sft(tracker, sft)
+        post = evaluate_checkpoint(root, "sft", name="sft", ecfg=eval_cfg, tracker=tracker)
         fields = summary_fields(pre, sft, post)
+    if tracker.enabled:  # the report draws the same curve from its cache (eval/curve.json)
+        global_loss_curve(root, (eval_cfg or EvalTasksConfig()).curve_points, tracker=tracker)
     fields["posttrain_seconds"] = time.monotonic() - t0
     log.info("post-training of %s done in %.1fs", root.url, fields["posttrain_seconds"])
     return fields

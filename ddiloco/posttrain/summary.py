@@ -42,6 +42,7 @@ from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.protocol.messages import LearnerEvent, RoundRecord, SyncerState
 from ddiloco.shards import data_read
 from ddiloco.store.base import Store
+from ddiloco.tracking.info import tracking_info
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,7 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "syncer_lag": pace.get("syncer_lag"),
         "sync_pace": pace,
         "entropy_floor": meta.get("entropy_floor"),
+        "tracking": tracking_info(store),
         "initial_val_loss": None,
         "final_val_loss": None,
         "sft_val_loss": None,

@@ -25,7 +25,7 @@ from ddiloco.stateful import Stateful, gather
 from ddiloco.store.base import StoreError
 from ddiloco.syncer.adopt import Superseded
 from ddiloco.syncer.publisher import InFlight
-from ddiloco.syncer.rounds import Round, ema, link_time
+from ddiloco.syncer.rounds import Round, ema, link_time, open_rounds
 from ddiloco.syncer.state import credit
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ def commit_published(syncer: Any, done: InFlight) -> None:
     if (link := link_time(rnd.answers.values())) is not None:
         syncer.books.xi_link = ema(syncer.books.xi_link, link, alpha)
     observe_merge(syncer.metrics, record, syncer.clock() - pending.began)
+    track_merge(syncer, record, syncer.clock() - pending.began)
     syncer.publish_status()
     failpoints.hit("publish", "after_status")
     syncer.save_state()
@@ -141,7 +142,7 @@ def state_of(syncer: Any) -> SyncerState:
     """What `Syncer.save_state` writes: the run, the lease epoch, the fragments' versions and ledgers and
     the open rounds, then the fields of each stateful part (`ddiloco.stateful`)."""
     own = {"run_id": syncer.run_id, "epoch": syncer.lease.epoch, "versions": syncer.versions}
-    own |= {"ledger": [f.ledger for f in syncer.fragments], "open_rounds": syncer._open_rounds()}
+    own |= {"ledger": [f.ledger for f in syncer.fragments], "open_rounds": open_rounds(syncer.open.values())}
     return SyncerState(**own, **gather(parts_of(syncer)))
 
 
@@ -177,6 +178,37 @@ def observe_merge(m: SyncerMetrics, record: RoundRecord, seconds: float) -> None
     for c in record.contributors.values():
         m.staleness.observe(c.staleness)
     m.outer_grad_norm.labels(fragment=p).set(record.merged_norm)
+
+
+def track_merge(syncer: Any, record: RoundRecord, seconds: float) -> None:
+    """What the syncer logs for experiment tracking at each merge (`ddiloco.tracking`: its TensorBoard run
+    `tb/syncer/` and the MLflow run), at step = tokens merged: the run's progress and the learners' mean
+    loss (`global/`), the round (`round/`: quorum, staleness of its answers, grace, time to quorum, merge and
+    publish seconds, outer-gradient norm) and the books (`syncer/`). Only queued: never waits."""
+    if not syncer.tracker.enabled:
+        return
+    state = syncer.metrics_state()
+    stale = [c.staleness for c in record.contributors.values()]
+    values = {
+        "global/tokens_merged": state["tokens_merged"],
+        "global/versions_published": sum(state["versions"]),
+        "global/learner_loss_mean": syncer.roster.mean_loss(),
+        "round/quorum": record.quorum,
+        "round/staleness_mean": sum(stale) / len(stale) if stale else None,
+        "round/staleness_max": max(stale, default=None),
+        "round/grace_seconds": record.grace_s,
+        "round/time_to_quorum_seconds": record.time_to_quorum,
+        "round/merge_seconds": seconds,
+        "round/outer_grad_norm": record.merged_norm,
+        "syncer/rounds_merged": syncer.books.rounds_merged,
+        "syncer/rounds_abandoned": syncer.books.rounds_abandoned,
+        "syncer/bytes_published": syncer.books.bytes_published,
+        "syncer/live_learners": state["live_learners"],
+        "syncer/goodput": state["goodput"],
+        "syncer/merged_token_share": state["merged_token_share"],
+        "syncer/tokens_discarded": state["tokens_discarded"],
+    }
+    syncer.tracker.scalars(values, state["tokens_merged"])
 
 
 def sweep_late(syncer: Any, p: int, cleaning: int | None = None) -> None:

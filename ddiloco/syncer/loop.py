@@ -65,7 +65,7 @@ from ddiloco import keys
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol import wire
-from ddiloco.protocol.messages import OpenRound, Status
+from ddiloco.protocol.messages import Status
 from ddiloco.run import RunRoot
 from ddiloco.schedule import learner_train
 from ddiloco.stateful import restore
@@ -90,8 +90,10 @@ from ddiloco.syncer.rounds import (
     decide,
     ema,
     grace_window,
+    open_rounds,
 )
 from ddiloco.syncer.state import SyncerFiles
+from ddiloco.tracking.tracker import OFF, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +169,7 @@ class Syncer:
         self.roster = Roster(store, clock=clock, wall=wall, heartbeat_s=hb, keys_=self.root.key)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SyncerMetrics(self.registry, self.metrics_state)
+        self.tracker: Tracker = OFF  # `ddiloco syncer` sets the role's (`ddiloco.syncer.commit.track_merge`)
         self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
         run_start = self.root.prepared_at()
@@ -215,9 +218,6 @@ class Syncer:
             "quarantined": dict(self.files.slots.quarantined),
         }
 
-    def _open_rounds(self) -> list[OpenRound]:
-        return [OpenRound(r.round, r.fragment_id, r.opened_wall) for r in self.open.values()]
-
     def publish_status(self, done: bool = False) -> None:
         """Write the signed status (again each heartbeat: one a learner pod overwrote is soon replaced)."""
         self._status_due = self.clock() + self.cfg.train.heartbeat_every_s
@@ -231,7 +231,7 @@ class Syncer:
             syncer_pid=os.getpid(),
             next_round=b.next_round,
             versions=self.versions,
-            open_rounds=self._open_rounds(),
+            open_rounds=open_rounds(self.open.values()),
             merged=list(b.merged_recent),
             tokens_merged=self.tokens_merged(),
             token_budget=self.cfg.diloco.token_budget,

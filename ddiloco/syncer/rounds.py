@@ -30,9 +30,11 @@ Design choices:
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Set
+from collections.abc import Collection, Iterable, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from ddiloco.protocol.messages import OpenRound
 
 if TYPE_CHECKING:  # annotations only: this module runs without torch
     import torch
@@ -88,6 +90,11 @@ class Round:
     rejected: dict[str, str] = field(default_factory=dict)
     retry: dict[str, tuple[float, str]] = field(default_factory=dict)
     """Rejected names: (when to look again, digest of the rejected bytes)."""
+
+
+def open_rounds(rounds: Iterable[Round]) -> list[OpenRound]:
+    """The open rounds as the status and the syncer's state record them (round, fragment, opened)."""
+    return [OpenRound(r.round, r.fragment_id, r.opened_wall) for r in rounds]
 
 
 @dataclass(frozen=True, slots=True)

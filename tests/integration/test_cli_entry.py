@@ -101,6 +101,27 @@ def test_run_prints_where_its_summary_is(cli_run: CliRun):
     assert f"MFU {100 * s['mfu']:.1f}%" in cli_run.result.stderr  # the outcome, from the stated peak
 
 
+def test_run_writes_tensorboard_runs_for_every_role(cli_run: CliRun):
+    """Issue 52: TensorBoard's own reader finds, under the run root's tb/, the global model's validation loss
+    at ≥ 5 published versions (by tokens merged), every learner's loss, the syncer's rounds; the summary and
+    the report point at the prefix."""
+    from tests.unit.test_tracking import scalars_read_by_tensorboard
+
+    tb = cli_run.root / "tb"
+    assert {p.name for p in tb.iterdir()} == {"syncer", "learner-0", "learner-1", "posttrain"}
+    curve = scalars_read_by_tensorboard(tb / "posttrain")["global/val_loss"]
+    steps = [s for s, _ in curve]
+    assert len(curve) >= 5 and steps == sorted(set(steps)) and curve[-1][1] < curve[0][1], curve
+    for learner in ("learner-0", "learner-1"):
+        losses = scalars_read_by_tensorboard(tb / learner)["train/loss"]
+        assert len(losses) >= 5 and all(v > 0 for _, v in losses), learner
+    syncer = scalars_read_by_tensorboard(tb / "syncer")
+    assert syncer["round/quorum"] and syncer["global/tokens_merged"][-1][1] >= 6000
+    tracking = json.loads((cli_run.root / "summary.json").read_text())["tracking"]
+    assert tracking["tensorboard"] == f"{cli_run.url}/tb/" and not any(tracking["dropped_events"].values())
+    assert f"{cli_run.url}/tb/" in (cli_run.root / "report" / "report.html").read_text()
+
+
 def test_summary_prints_the_run_summary_as_json(cli_run: CliRun):
     summary = json.loads(ok(ddiloco("summary", "--store", cli_run.url, env=cli_run.env())))
     assert summary["ledger_balanced"] is True and summary["run_id"] == "r"

@@ -64,7 +64,7 @@ def test_dashboard_queries_only_use_exported_metrics():
 def test_every_exported_metric_name_is_real():
     from prometheus_client import CollectorRegistry
 
-    from ddiloco.metrics import LearnerMetrics, SyncerMetrics
+    from ddiloco.metrics import LearnerMetrics, SyncerMetrics, TrackingMetrics
 
     reg = CollectorRegistry()
     learner = LearnerMetrics(reg, 0, 0)
@@ -79,6 +79,7 @@ def test_every_exported_metric_name_is_real():
         "versions": [0],
     }
     syncer = SyncerMetrics(reg, lambda: state)
+    TrackingMetrics(reg)
     # Labelled families only expose samples once a child exists, as they do in a running process.
     learner.staleness.labels(learner_id="0", fragment="0").set(0)
     syncer.merges.labels(fragment="0").inc()

@@ -14,7 +14,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ("ddiloco", "components", "pipelines")
 # import name -> distribution name, where they differ
-DISTRIBUTION = {"yaml": "pyyaml", "prometheus_client": "prometheus-client", "lm_eval": "lm-eval"}
+DISTRIBUTION = {
+    "yaml": "pyyaml",
+    "prometheus_client": "prometheus-client",
+    "lm_eval": "lm-eval",
+    "mlflow": "mlflow-skinny",
+}
 # no upper bound: a CA bundle is only ever better newer
 UNBOUNDED = {"certifi"}
 

@@ -16,7 +16,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "requirements"
-RUNTIME_EXTRAS = ("kfp", "lm-eval", "data")  # what the images install (images/*.Dockerfile)
+RUNTIME_EXTRAS = ("kfp", "lm-eval", "data", "mlflow")  # what the images install (images/*.Dockerfile)
 IMAGE_LOCKS = {"syncer": "cpu", "learner": "cuda"}  # image -> the torch build its lock holds
 
 
