@@ -10,6 +10,8 @@ in one line (the twin tests in tests/twin run the compiled pipelines).
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import subprocess
 from importlib.metadata import version
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import ROOT, TINY_RUN_SETS, CliRun, cli_env, ddiloco, entry_point
+from tests._cli import ROOT, SCRUB, TINY_RUN_SETS, CliRun, cli_env, ddiloco, entry_point
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +28,9 @@ COVERED = {
     "--version": "test_version_names_the_version_and_the_commit",
     "run": "test_run_prints_where_its_summary_is",
     "summary": "test_summary_prints_the_run_summary_as_json",
-    "prepare": "test_prepare_syncer_and_learner_make_a_run_by_hand",
-    "syncer": "test_prepare_syncer_and_learner_make_a_run_by_hand",
-    "learner": "test_prepare_syncer_and_learner_make_a_run_by_hand",
+    "prepare": "test_keys_gives_a_learner_a_share_that_answers_but_cannot_publish",
+    "syncer": "test_keys_gives_a_learner_a_share_that_answers_but_cannot_publish",
+    "learner": "test_keys_gives_a_learner_a_share_that_answers_but_cannot_publish",
     "evaluate": "test_evaluate_sft_export_and_report_on_the_run",
     "sft": "test_evaluate_sft_export_and_report_on_the_run",
     "export": "test_evaluate_sft_export_and_report_on_the_run",
@@ -127,6 +129,8 @@ def test_summary_prints_the_run_summary_as_json(cli_run: CliRun):
     assert summary["ledger_balanced"] is True and summary["run_id"] == "r"
 
 
+@pytest.mark.long  # the same roles by hand through the entry point: test_keys_gives_a_learner_a_share_...
+# (signed) and tests/integration/test_docs_commands.py's docs/guide.md:130 block (unsigned, these arguments)
 def test_prepare_syncer_and_learner_make_a_run_by_hand(tmp_path: Path):
     """docs/guide.md's roles by hand: prepare, then a syncer and a learner as separate processes."""
     url = (tmp_path / "h").as_uri()
@@ -152,13 +156,17 @@ def test_prepare_syncer_and_learner_make_a_run_by_hand(tmp_path: Path):
 def test_keys_gives_a_learner_a_share_that_answers_but_cannot_publish(tmp_path: Path):
     """`ddiloco keys` prints a learner's share of the master key: a learner process holding only that share
     trains and is merged (the syncer holds the master key), and a syncer given only the share refuses to
-    start, in one line (issue 49: keys per role)."""
+    start, in one line (issue 49: keys per role). Also docs/guide.md's roles by hand through the entry point:
+    prepare, then a syncer and a learner as separate processes, the run done and balanced."""
     master = "ab" * 32
     share = json.loads(ok(ddiloco("keys", env=cli_env(DDILOCO_RUN_KEY=master))))["env"]
     assert set(share) == {"DDILOCO_LEARNER_KEY", "DDILOCO_SYNCER_PUBKEY"} and master not in share.values()
     url = (tmp_path / "k").as_uri()
     small = ("--set", "diloco.learners=1", "--set", "diloco.token_budget=2000")
-    ok(ddiloco("prepare", "--store", url, *TINY_RUN_SETS, *small, env=cli_env(DDILOCO_RUN_KEY=master)))
+    meta = json.loads(
+        ok(ddiloco("prepare", "--store", url, *TINY_RUN_SETS, *small, env=cli_env(DDILOCO_RUN_KEY=master)))
+    )
+    assert meta["run_id"] == "k" and sum(meta["shard_tokens"]) > 2000
     refused = ddiloco("syncer", "--store", url, env=cli_env(**share))
     assert refused.returncode == 2 and "needs DDILOCO_RUN_KEY" in refused.stderr.strip().splitlines()[-1]
     syncer = subprocess.Popen(
@@ -175,6 +183,7 @@ def test_keys_gives_a_learner_a_share_that_answers_but_cannot_publish(tmp_path: 
         syncer.communicate()
     summary = json.loads(ok(ddiloco("summary", "--store", url)))
     assert summary["status"] == "done" and summary["ledger_balanced"] and not summary["rejected_updates"]
+    assert summary["tokens_merged"] >= 2000
 
 
 def test_evaluate_sft_export_and_report_on_the_run(cli_run: CliRun, tmp_path: Path):
@@ -276,10 +285,28 @@ def test_pipeline_commands_without_a_kfp_api_fail_in_one_line(tmp_path: Path):
     assert "no KFP host: pass --host URL or set KFP_HOST" in line
 
 
-def test_pipeline_commands_refuse_a_misspelt_override_before_writing_or_sending_anything(tmp_path: Path):
+def test_pipeline_commands_refuse_a_misspelt_override_before_writing_or_sending_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
     """Issue 52: `diloco.sync_evry=8` fails at compile / submit / schedule time with the prepare step's own
-    did-you-mean, exit 2: no package is written, no KFP API is asked (nothing listens at the host)."""
+    did-you-mean, exit 2: no package is written, no KFP API is asked (nothing listens at the host).
+    In-process through `ddiloco.cli.main.main` (parser, error line, exit code): the entry point of these
+    subcommands is run by the tests above; this one is about the check, not the console script."""
     pytest.importorskip("kfp")
+    from ddiloco.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    # main() configures logging: on copies, so that nothing of it outlives this test
+    monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))
+    monkeypatch.setattr(logging.root, "level", logging.root.level)
+    for name in [k for k in os.environ if k.startswith(SCRUB)]:
+        monkeypatch.delenv(name)
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        code = main(list(argv))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out.out, out.err)
+
     bad = ("--param", "overrides=[diloco.sync_evry=8]")
     no_api = ("--host", "http://127.0.0.1:9")
     for args in (
@@ -287,11 +314,11 @@ def test_pipeline_commands_refuse_a_misspelt_override_before_writing_or_sending_
         ("submit", "--package", str(ROOT / "pipelines" / "smoke.yaml"), *bad, *no_api),
         ("schedule", "create", "--name", "n", "--cron", "0 0 2 * * *", "--pipeline", "smoke", *bad, *no_api),
     ):
-        line = _one_error_line(ddiloco("pipeline", *args, cwd=tmp_path))
+        line = _one_error_line(run("pipeline", *args))
         assert "unknown config key 'diloco.sync_evry'; did you mean 'diloco.sync_every'?" in line, args
         assert "KFP API" not in line
     assert not list(tmp_path.iterdir())
     good = ("--param", "overrides=[diloco.sync_every=8]", "--param", "learners=3")
-    ok(ddiloco("pipeline", "compile", "--pipeline", "smoke", "--out", "s.yaml", *good, cwd=tmp_path))
+    ok(run("pipeline", "compile", "--pipeline", "smoke", "--out", "s.yaml", *good))
     header = (tmp_path / "s.yaml").read_text().split("components:")[0]
     assert "learners: int [Default: 3.0]" in header and "'diloco.sync_every=8'" in header

@@ -1,5 +1,8 @@
 """Learner starts racing as real processes on a file store never share an incarnation number (the
-write-once claim of `ddiloco.learner.io.next_incarnation`)."""
+write-once claim of `ddiloco.learner.io.next_incarnation`).
+
+The processes are forked (Linux), not spawned: a spawned child spends seconds importing torch, which spreads
+the starts over seconds; forked children are released together by a barrier, so their claims overlap."""
 
 from __future__ import annotations
 
@@ -10,15 +13,17 @@ from ddiloco.learner.io import next_incarnation
 from ddiloco.store.url import open_store
 
 
-def _start(url: str, out) -> None:
-    out.put(next_incarnation(open_store(url), 2, 0.0))
+def _start(url: str, out, barrier) -> None:
+    store = open_store(url)
+    barrier.wait(timeout=30)
+    out.put(next_incarnation(store, 2, 0.0))
 
 
 def test_processes_racing_on_a_file_store_never_share_a_number(tmp_path):
     url = f"file://{tmp_path}/run"
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_start, args=(url, out)) for _ in range(3)]
+    ctx = multiprocessing.get_context("fork")
+    out, barrier = ctx.Queue(), ctx.Barrier(3)
+    procs = [ctx.Process(target=_start, args=(url, out, barrier)) for _ in range(3)]
     for p in procs:
         p.start()
     got = sorted(out.get(timeout=60) for _ in procs)

@@ -28,6 +28,9 @@ TINY = [
     "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.seq_len=32", "train.batch_size=4",
     "data.synthetic_docs=600", "data.synthetic_entities=8", "diloco.fragments=2", "eval.val_batches=2",
     "train.checkpoint_every_s=5",
+    # evaluation and SFT at the harness's tiny sizes (tests._harness.TINY), not the defaults' 200 items per
+    # task and 300 SFT steps: the steps' outputs are checked, not their quality
+    "eval.items_per_task=8", "eval.curve_points=3", "sft.steps=20", "sft.items_per_kind=40", "sft.eval_items=16",
 ]  # fmt: skip
 
 
