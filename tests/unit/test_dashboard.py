@@ -25,6 +25,7 @@ FUNCTIONS = {
 def _metric_names(expr: str) -> set[str]:
     expr = re.sub(r"\{[^}]*\}", "", expr)  # drop label matchers
     expr = re.sub(r"\[[^\]]*\]", "", expr)  # drop range selectors
+    expr = re.sub(r"\b(by|without)\s*\([^)]*\)", "", expr)  # drop grouping labels
     words = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr))
     return {
         w
