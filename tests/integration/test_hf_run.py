@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from ddiloco.cli.main import main
 from ddiloco.data import val_batches
 from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
@@ -66,8 +67,7 @@ def test_run_on_a_model_directory_trains_fine_tunes_in_its_chat_template_and_exp
     assert prompt[0] == tok._raw.token_to_id("<|im_start|>")
 
     export = tmp_path / "export"
-    cmd = [sys.executable, "-m", "ddiloco.cli", "export", "--store", root.url, "--model", "final", "--out"]
-    assert subprocess.run([*cmd, str(export)], capture_output=True, timeout=300).returncode == 0
+    assert main(["export", "--store", root.url, "--model", "final", "--out", str(export)]) == 0
     hf = AutoModelForCausalLM.from_pretrained(export).eval()
     hf_tok = AutoTokenizer.from_pretrained(export)
     assert (

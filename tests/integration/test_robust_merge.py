@@ -23,7 +23,7 @@ from ddiloco.run import RunRoot
 from tests.integration import test_bad_inputs as bad_inputs
 from tests.integration.test_bad_inputs import Run, put
 
-SETTINGS = ("diloco.token_budget=40000", "diloco.learners=3", "diloco.quorum=3")
+SETTINGS = ("diloco.token_budget=12000", "diloco.learners=3", "diloco.quorum=3")
 HOSTILE_ID = 90
 
 
@@ -78,4 +78,4 @@ def test_a_hundredfold_hostile_direction_with_honest_counts_is_trimmed_away():
     assert trimmed >= 5 and attacked.syncer.intake.rejected.total() == 0
     loss = final_loss(attacked)
     assert loss <= 1.05 * clean, (loss, clean, control)
-    assert control > 1.3 * clean, (control, clean)  # measured 1.48x: the attack does harm
+    assert control > 1.3 * clean, (control, clean)  # measured 5.5x (at 12000 tokens): the attack does harm

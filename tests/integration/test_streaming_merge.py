@@ -31,7 +31,7 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
     does (`MEASURE_IN_READERS_FROM`)."""
     store = open_store(f"memory://stream-{robust_clip}-{threads}")
     cfg = tiny_config(
-        "stream", "diloco.learners=3", "diloco.quorum=2", "diloco.token_budget=40000", f"diloco.codec={codec}"
+        "stream", "diloco.learners=3", "diloco.quorum=2", "diloco.token_budget=8000", f"diloco.codec={codec}"
     )
     prepare(store, cfg)
     torch_threads = torch.get_num_threads()
