@@ -30,6 +30,12 @@ def scheduling_unit(nodeid: str) -> str:
     return SHARED_RUN_FILES.get(path, path)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """End-to-end files (`slow`) first, in their order, then the rest: xdist hands out files as workers free
+    up, and a long file handed out last would leave the other worker idle at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
