@@ -347,6 +347,34 @@ def one_run(
         return out
 
 
+KIND_NAMES = {  # singular, plural
+    "kill_learner": ("learner SIGKILL", "learner SIGKILLs"),
+    "oom_kill": ("OOM-style kill", "OOM-style kills"),
+    "preempt_learner": ("learner preemption", "learner preemptions"),
+    "stall_learner": ("learner stall", "learner stalls"),
+    "store_outage": ("store outage", "store outages"),
+    "kill_syncer": ("syncer SIGKILL", "syncer SIGKILLs"),
+    "preempt_syncer": ("syncer preemption", "syncer preemptions"),
+    "add_learner": ("learner added", "learners added"),
+}
+
+
+def headline_figures(result: dict) -> dict:
+    """The figures docs/results/soak.json's headline names, from this script's result: the faulted run's own
+    minutes (the budget may end it before the schedule), its faults by kind, tokens lost, loss and goodput."""
+    faulty = result["faults"]
+    kinds = sorted(faulty["faults_by_kind"].items(), key=lambda kv: (-kv[1], kv[0]))
+    return {
+        "minutes": round(faulty["wall_seconds"] / 60, 1),
+        "faults": faulty["faults"],
+        "faults_per_hour": round(faulty["faults_per_hour"]),
+        "kinds": ", ".join(f"{n} {KIND_NAMES.get(k, (k, k))[n != 1]}" for k, n in kinds),
+        "merged_tokens_lost": int(result["merged_tokens_lost"]),
+        "loss_ratio": round(result["final_loss_ratio"], 3),
+        "goodput": round(faulty["goodput"], 3),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=20.0, help="span of the fault schedule")
@@ -411,10 +439,7 @@ def main() -> None:
     if args.record:
         from _record import record
 
-        figures = {
-            k: result[k] for k in ("minutes", "rate_per_hour", "merged_tokens_lost", "final_loss_ratio")
-        }
-        record(args.record, figures | {"goodput": faulty.get("goodput")}, result)
+        record(args.record, headline_figures(result), result)
     print(json.dumps(result))
 
 
