@@ -33,7 +33,7 @@ from _learner_bench import PlainLoop, hf_dir_like, learner_step, prepared_run, s
 
 from ddiloco import keys
 from ddiloco.learner.accel import resolve_device, resolve_precision
-from ddiloco.learner.efficiency import device_peak
+from ddiloco.learner.efficiency import device_name, device_peak
 from ddiloco.learner.loop import Learner
 from ddiloco.recipes import load_config
 
@@ -129,7 +129,7 @@ def main() -> None:
     fpt = plain.model.flops_per_token(cfg.model.seq_len)
     tps = {mode: t[0] / t[1] for mode, t in totals.items()}
     mfu = {mode: (fpt * v / peak if peak else None) for mode, v in tps.items()}
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = device_name(device)
     print(f"{'mode':8} {'steps':>7} {'seconds':>8} {'tokens/s':>12} {'MFU':>7} {'last loss':>9}")
     for mode, (_, seconds, steps) in totals.items():
         m = "n/a" if mfu[mode] is None else f"{100 * mfu[mode]:.1f}%"
