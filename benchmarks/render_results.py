@@ -63,7 +63,7 @@ def readme_block(docs: list[dict[str, Any]]) -> str:
 def table_block(docs: list[dict[str, Any]]) -> str:
     rows = ["| claim | figure | measured | command |", "|---|---|---|---|"]
     for d in docs:
-        section = d["section"].removeprefix("docs/results.md")
+        section = d["section"].removeprefix("docs/results.md").removeprefix("docs/")  # links from docs/
         figure = fill(d, d["figure"])
         cmd = d["command"].replace("|", "\\|")
         rows.append(f"| [{d['title'].rstrip('.')}]({section}) | {figure} | {provenance(d)} | `{cmd}` |")

@@ -1,41 +1,15 @@
 """A round's merge as running sums: each answer is added as it arrives, and the merge is a finalisation.
 
 This is the syncer's merge (RDA or the plain mean per tensor, weighted as `ddiloco.merge` says). A batch
-merge that takes the M outer gradients of a round at once (the reference the tests hold this to,
-`tests/merge_reference.py`) would hold M decoded fp32 copies of the fragment until quorum + grace.
-`RoundSums` keeps, per tensor, the sums the merge needs and per answer only a few floats, so an open round
-costs one fragment-sized fp32 buffer whatever M is, plus the one answer being added.
+merge of a round's M answers at once (the reference the tests hold this to, `tests/merge_reference.py`)
+would hold M decoded fp32 copies of the fragment until quorum + grace; `RoundSums` keeps per tensor only
+the sums the merge needs and per answer a few floats, so an open round costs one fragment-sized fp32 buffer
+whatever M is. Answers are checked whole, then decoded chunk by chunk into the sums; robust clipping, RDA's
+fallback and a single answer reread the answers (`reread`), and the robust merge (`trim`) merges from the
+answers kept encoded. The result equals the batch merge up to fp32 summation order.
 
-Design choices:
-- One sum per tensor t over answers m with weight w_m > 0: for RDA tensors only the direction numerator
-  ``D_t = Σ (w_m / ‖Δ_mt‖) Δ_mt``, for the others (embeddings, or the plain mean) ``S_t = Σ w_m Δ_mt``.
-  Per answer only its weight and its per-tensor norms are kept. The finalisation divides by Σ w, so the
-  result equals the batch merge up to fp32 summation order (relative ~1e-7; the tests hold it to 1e-6).
-  RDA's fallback (directions that cancel) needs the mean of an RDA tensor; it is rare, so it is computed
-  then from the answers read again through `reread` instead of being summed for every answer.
-- Answers arrive encoded (`ddiloco.encoded`): checked whole before anything is added, so a bad answer
-  never leaves a partial sum behind, then decoded chunk by chunk into the sum (`add_encoded`), with the
-  norm RDA divides by claimed by the learner and measured in the same pass (a wrong claim is corrected by
-  a second pass). Norms are fp64 sums of per-row fp32 norms (`ddiloco.encoded`): a single fp32
-  reduction over a 48M-value tensor was measured 0.6% low.
-- Robust clipping (scale answers whose global norm exceeds factor × the round's median norm, as
-  `validation.clip_outliers`) needs the median, known only once the round closes. It is applied at
-  finalisation: the norms are known, so the radius uses the clipped norms; a positive scale does not change
-  a direction; and the plain means are summed again from every answer read again through `reread`, each
-  scaled as it is added (as RDA's fallback does). Subtracting ``(1 - s_m) w_m Δ_mt`` from the fp32 sum
-  instead left the rounding of the outlier's full size in it: relative error 5e-4 at 1000× the median
-  norm, 0.34 at 1e6×. The result is `clip_outliers` followed by the batch merge (clipping is rare, and so
-  is the second read).
-- The robust merge (`trim`, `ddiloco.robust`) needs every answer's value at each coordinate, which no sum
-  keeps: the round also keeps its answers encoded as they were added, and a round of 3 or more merges
-  from them chunk by chunk (the sums serve rounds of fewer answers).
-- One answer with positive weight gives back exactly its Δ in the batch merge, and w·Δ/w can round, so that
-  case rereads the answer and returns it as it is.
-- `finalize` leaves the sums untouched: a merge whose persisting fails is finalised again later.
-- Passes over the fragment are what a round costs (`benchmarks/syncer_scale.py`), so none is spent on
-  bookkeeping: the sums' buffer (reused from closed rounds) is not zeroed, a tensor's first answer
-  overwrites it (``acc = w·Δ``, which also skips reading it); and `finalize` writes the result in one
-  pass with the caller's factor folded in (the syncer's −discount: Δ = −merge(δ), damped when stale).
+Design notes (why sums, how clipping stays exact, what a round's passes cost): docs/internals.md,
+"A round's merge as running sums".
 """
 
 from __future__ import annotations

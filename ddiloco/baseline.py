@@ -1,25 +1,14 @@
 """`ddiloco baseline`: synchronous data-parallel training of the same model, on the same data, for comparison.
 
-Design choices:
-- Same everything as a DiLoCo run of the same prepared store: rank r reads learner r's shard (shard r;
-  `ddiloco.shards`, which warns when r ≥ num_shards and the rank shares shard r mod num_shards) with the
-  learner's data seed (seed·1000 + r), starts from global version 0, and updates with the learner's own
-  `train_step` (AdamW, fused on a GPU, gradient clipping) at the learner's precision (`train.precision`,
-  resolved as a learner does: bf16 autocast on a GPU by default) and schedule (`ddiloco.schedule.lr_at`:
-  warm-up on the step, decay on progress = tokens all ranks processed before the step / the token budget
-  it trains for, the axis a learner reads as tokens merged) — the only difference is that gradients are averaged over the M
-  ranks before clipping, every step. The global batch is M × train.batch_size.
-- M real OS processes (`torch.multiprocessing` spawn) over `torch.distributed`: gloo on CPU, NCCL on GPU,
-  rendezvous on loopback (127.0.0.1, a free port). Gradients are averaged by DistributedDataParallel
-  (`init_sync=False`: every rank loads the identical version 0 from the store, as learners do; the model
-  has no buffers to broadcast), so all communication goes through one DDP communication hook, which counts the bytes it all-reduces before calling the stock `allreduce_hook`.
-- Bytes: `bytes_allreduced` is the payload (every gradient bucket, fp32) per rank; `bytes_sent` is what a
-  bandwidth-optimal ring all-reduce sends per rank, payload × 2(M−1)/M. That is the figure compared with a
-  learner's uploads. (Gloo may pick another algorithm on loopback; the ring figure is the standard cost model.)
-- Training stops after ⌈tokens / (M·B·T)⌉ steps, so tokens processed = the requested budget rounded up to a
-  whole global batch. The workers write per-rank reports and rank 0 the final model into the store under
-  `baseline/`; the parent process evaluates initial and final models on the run's validation split and
-  writes `baseline/summary.json`.
+Same everything as a DiLoCo run of the same prepared store (rank r reads learner r's shard with the learner's
+data seed, starts from global version 0, and steps with the learner's own `train_step`, precision and
+schedule); the only difference is that gradients are averaged over the M ranks before clipping, every step.
+The M ranks are real processes over `torch.distributed` (gloo on CPU, NCCL on GPU, loopback rendezvous), and
+one DDP communication hook counts the bytes all-reduced; `bytes_sent` is a ring all-reduce's, the figure
+compared with a learner's uploads. Training stops after ⌈tokens / (M·B·T)⌉ steps; reports and the final model
+go to `baseline/` and the parent writes `baseline/summary.json`.
+
+Design notes: docs/internals.md, "The data-parallel baseline"; how it is used: docs/development.md.
 """
 
 from __future__ import annotations

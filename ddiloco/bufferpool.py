@@ -1,18 +1,13 @@
 """Fragment-sized fp32 buffers handed from closed rounds to new ones.
 
-A fresh allocation of a fragment's size is mapped lazily by the OS, so its first write is paid in page
-faults: ~1.7 GB/s on Linux against ~20 GB/s for memory written before (measured by
-`benchmarks/syncer_scale.py`: at the 1b preset a round's sums and merged gradient took 0.6-0.9 s fresh).
-The syncer merges fragments of nearly equal size (`ddiloco.fragments` balances them to within 4/3), so a
-buffer given back by one round fits the next round of almost any fragment.
+A fresh allocation of a fragment's size is paid in page faults at its first write (~1.7 GB/s against ~20
+GB/s for memory written before: `benchmarks/syncer_scale.py`), and the syncer's fragments are of nearly
+equal size, so a buffer given back by one round fits the next round of almost any fragment. Buffers are flat
+(the borrower carves per-tensor views); `take` picks the smallest free buffer that holds the request within
+`slack`, else allocates; `give` keeps at most `keep` free buffers. Contents are undefined on `take`, and a
+buffer must not be used after it is given back.
 
-Design choices:
-- Flat buffers, carved into per-tensor views by the borrower, so one buffer serves any layout.
-- `take` picks the smallest free buffer that holds the request and wastes at most `slack` of it; otherwise
-  it allocates. `give` keeps at most `keep` free buffers (the rest are freed), so the pool never holds more
-  than a couple of fragments' worth beyond what open rounds use.
-- Contents are undefined on `take`: the borrower zeroes or overwrites them. A buffer must not be used after
-  it is given back; the borrowers here give back only what they alone reference.
+Design notes: docs/internals.md, "Buffers handed between rounds".
 """
 
 from __future__ import annotations

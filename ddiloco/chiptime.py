@@ -1,23 +1,15 @@
 """Learner chip-time: how fast a learner really steps, and how much of its provisioned time it trained.
 
-Design choices:
-- A learner measures its own cadence on its own monotonic clock (`StepCadence`): the seconds from one inner
-  step's end to the next's, so the loop's overhead (applying fragments, snapshotting answers, reports,
-  checkpoints, and in an in-process driver everything else the thread runs) is included. The syncer paces
-  rounds by it (`step_wall_ema` in the report), never by comparing two machines' clocks. Compute alone
-  (`step_time_ema`) under-counts a step, so rounds would open more often than every H/P real steps.
-- The same intervals, summed, are the learner's *productive* seconds: time in its training loop. An
-  interval longer than `STALL_FACTOR` × the current cadence and `MIN_STALL_S` is a stall (the process was
-  stopped, its host starved it): only that much of it counts, the rest is lost. The cadence takes at most
-  `STALL_FACTOR` × itself from any one interval, so one slow step barely moves it.
-- Goodput is the paper's quantity: productive learner seconds / provisioned learner seconds. A learner id
-  is provisioned from when it first joined the run to the end of the run; the time it is down after a kill,
-  the restart and rejoin of the next incarnation, and stalls are lost. Overlap steps that α = 0 overwrites
-  and late answers are productive chip-time here; they count against the merged-token share (tokens
-  merged / processed) instead.
-- Provisioned time is measured on the learner's own clock wherever it can be: a learner that ran to the end
-  of the run ends at its own final report, so a clean run's goodput does not depend on clock skew between
-  hosts.
+A learner measures its cadence on its own monotonic clock (`StepCadence`): the seconds from one inner step's
+end to the next's, loop overhead included, which is what the syncer paces rounds by (`step_wall_ema`),
+never a comparison of two machines' clocks. The same intervals, summed, are its productive seconds; an
+interval far longer than the cadence is a stall, of which only a cadence's worth counts. Goodput is the
+paper's quantity, productive over provisioned learner seconds, a learner id being provisioned from its first
+join to the end of the run; provisioned time is measured on the learner's own clock wherever it can be, so
+a clean run's goodput does not depend on clock skew.
+
+Design notes (why compute time alone under-counts, what counts as lost): docs/internals.md,
+"Cadence and chip-time".
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Real-text corpora that install offline: written to a .jsonl file `data.source` reads, with a sidecar.
 
 `python-docs`: the Python documentation inside the interpreter that runs this (`ddiloco.pydocs`: the `help()`
-topics and the standard library's docstrings; ~1.9M characters on CPython 3.11). Nobody in this project wrote
-it and nothing is downloaded: it is the text shipped with CPython, under the PSF License (the documentation
-also under the Zero-Clause BSD licence).
+topics and the standard library's docstrings; ~1.9M characters on CPython 3.11). Nobody in this project
+wrote it and nothing is downloaded: it is the text shipped with CPython, under the PSF License (the
+documentation also under the Zero-Clause BSD licence). The documents come from a fresh `python -I`
+interpreter as JSON, are written one per line in the order of the SHA-256 of their id (so learner shards and
+the validation split are alike), through a temporary file and a rename; `<file>.meta.json` records the
+interpreter, the file's SHA-256, its size and the modules that did not import.
 
-Design choices:
-- The documents come from a fresh `python -I` interpreter running `ddiloco/pydocs.py` (see there why); they
-  travel back as JSON on stdout.
-- One JSON object per line, `{"id": ..., "text": ...}`, in the order of the SHA-256 of the id: a fixed order
-  that mixes Language Reference prose and module docstrings, so the contiguous learner shards and the
-  validation split (cut from the end of the stream, `ddiloco.data.split_tokens`) are alike rather than one
-  learner getting all the prose.
-- Written to a temporary file and renamed, so a reader never sees half a corpus. Next to it,
-  `<file>.meta.json` records the interpreter (the text differs between Python versions and builds), the
-  SHA-256 of the corpus file's bytes, its size and the modules that did not import: a run or a benchmark
-  that names the file can say exactly which text it used.
+Design notes: docs/internals.md, "The Python-documentation corpus".
 """
 
 from __future__ import annotations

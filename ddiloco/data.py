@@ -1,19 +1,14 @@
 """Corpora on disk -> token stream -> validation split + disjoint learner shards -> resumable batches.
 
-Design choices:
-- `load_texts` reads a .txt/.md file (one document), a .jsonl file (one document per line, a string field) or
-  a directory of those (recursive, sorted by relative path, hidden files skipped). Every failure is one line
-  naming the file (and line) and what to do. Empty documents are dropped.
-- The corpus is one 1-D int32 tensor: each document followed by the tokenizer's eos id, so a model learns
-  where documents end and windows may span a boundary (as in nanoGPT).
-- `split_tokens` holds out validation from the *end* of the stream (never seen by any learner), then cuts the
-  rest into contiguous, disjoint shards of near-equal length: one per learner id the run may have
-  (`ddiloco.shards` says which one a learner reads).
-- `ShardLoader` reads windows of seq_len + 1 tokens whose starts lie on a grid (offset + k * seq_len). Each
-  epoch draws a fresh offset and a permutation of the grid from (seed, epoch), so the order is fixed by the
-  seed and the cursor (epoch, index) is all a restarted learner needs to continue exactly where it stopped.
-  The offset is capped so that every epoch has at least batch_size windows.
-- `val_batches` uses fixed, non-overlapping windows from the start of the split: the same numbers every time.
+`load_texts` reads .txt/.md files (one document), .jsonl files (one document per line) or a directory of
+those; every failure is one line naming the file and what to do. The corpus is one 1-D int32 tensor, each
+document followed by the eos id, so a model learns where documents end. `split_tokens` holds out validation
+from the end of the stream and cuts the rest into contiguous, disjoint shards, one per learner id the run
+may have (`ddiloco.shards`). `ShardLoader` draws windows of seq_len + 1 tokens from a grid whose offset and
+order come from (seed, epoch), so the cursor (epoch, index) is all a restarted learner needs to continue
+exactly. `val_batches` uses fixed windows: the same numbers every time.
+
+Design notes: docs/internals.md, "From text files to shards and batches".
 """
 
 from __future__ import annotations

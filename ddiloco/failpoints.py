@@ -2,24 +2,14 @@
 
 `DDILOCO_FAILPOINT` holds one or more comma-separated `<site>:<step>:<action>[@<n>]` and is read once, by
 `load_env`, when the syncer starts (`ddiloco.cli.roles`). Unset, `hit` costs one test of an empty dict.
+The points of site `publish` are the writes of one merge, each firing right after its write: `after_momentum`,
+`after_master`, `after_record`, `after_delta`, `after_global`, `after_pointer`, `after_status`,
+`after_state`. Actions: `kill` (SIGKILL: a real crash), `raise` (`FailpointCrash`, a BaseException nothing
+in the library catches) and `store_error` (`StoreUnavailable`, which the syncer's loop retries). `@n` fires
+at the n-th time the point is reached (default 1); with `DDILOCO_FAILPOINT_ONCE=<path>` a point fires only
+if this process creates that file, so once per run however often the process restarts.
 
-Points (site `publish`: the writes of one merge, in their order; each fires right after its write succeeded):
-- `after_momentum`: the outer momentum of the new version (`ddiloco.syncer.state.SyncerFiles.publish`);
-- `after_master`: the fp32 master (only with bf16 globals or download deltas);
-- `after_record`: the round record;
-- `after_delta`: the download delta (only with `diloco.download_codec` other than none);
-- `after_global`: the global version itself, before its latest pointer;
-- `after_pointer`: the latest pointer;
-- `after_status`: the status object (`ddiloco.syncer.loop.Syncer.merge`);
-- `after_state`: syncer/state.json.
-
-Actions: `kill` sends SIGKILL to this process (nothing runs after it: a real crash); `raise` raises
-`FailpointCrash`, a BaseException nothing in the library catches (an in-process crash for tests);
-`store_error` raises `StoreUnavailable` (a failed store call, which the syncer's loop retries).
-
-`@n` fires at the n-th time the point is reached in this process (default 1), and only then. With
-`DDILOCO_FAILPOINT_ONCE=<path>` a point fires only if this process creates that file (exclusive create):
-once per run, however often a supervisor restarts the process with the same environment.
+Details (which write each point follows): docs/internals.md, "Failpoints".
 """
 
 from __future__ import annotations

@@ -1,36 +1,15 @@
 """Balanced fragmentation: which parameter tensors (or row ranges of them) travel and merge together.
 
-Decoupled DiLoCo syncs the model one *fragment* at a time (round s merges fragment p = s mod P), so every
-fragment should cost about the same to upload, merge and publish. Design choices:
+Decoupled DiLoCo syncs the model one fragment at a time (round s merges fragment p = s mod P), so every
+fragment should cost about the same to upload, merge and publish. Fragments hold whole tensors, keyed by
+the model's own names; only a tensor larger than the ideal fragment (total / P) is split by rows into
+pieces (`Piece`, named ``"{tensor}[{start}:{stop}]"``). Members are placed by the deterministic
+longest-processing-time greedy rule, so every learner and the syncer derive the same partition without
+talking, and the largest fragment stays within 4/3 of the ideal when every member is at most ideal / 3
+(`imbalance` reports the ratio reached).
 
-- Whole tensors by default. A fragment is a set of *members*: parameter names, so the wire format, the
-  merge and checkpoints stay keyed by the model's own names. Only when a tensor is larger than the ideal
-  fragment (``ideal = total / P``: a 50k-row token embedding or LM head at P = 24) is it split, by rows
-  (dim 0) into contiguous ranges called *pieces*, each a member of its own, named ``"{tensor}[{start}:{stop}]"``
-  (`Piece`). A model with no tensor above ideal keeps exactly the whole-tensor layout it always had.
-- Pieces are at most ideal / 3 (``k = ceil(3 · numel / ideal)`` row ranges, as even as rows allow), not
-  ideal: LPT then spreads them like small tensors (GPT 1b preset, vocab 50304, P = 24: 2.22 -> 1.04 of
-  ideal; pieces of <= ideal gave 1.41 on the tiny preset at P = 12). If the result is still above 4/3 of
-  ideal (chunky tensors between ideal / 3 and ideal), every tensor above ideal / 3 is split the same way,
-  and then every member is <= ideal / 3, which is the 4/3 guarantee below (up to one row's size).
-- The merge runs per member, so a split tensor's RDA norms are per piece, not per tensor: the pieces sit
-  in different fragments, merged in different rounds from different answers (other learners, bases and
-  weights), so a whole-tensor norm does not exist at merge time, and waiting for it would couple the
-  fragments again. Per piece is RDA with the piece as the unit: exact for the plain mean (element-wise,
-  identical bits, so embeddings and their pieces merge exactly as before) and for a single answer. Measured
-  (``benchmarks/rda_pieces.py``, tiny preset at P = 12, 4 learners): on real deltas after 30 AdamW steps
-  per-piece RDA differs from whole-tensor RDA by 0.2-3.2% relative L2 (the most where a piece boundary cuts
-  the q/k/v blocks of ``c_attn``), on i.i.d. deltas by 1.1-1.8%; the merged norm agrees within 0.02%.
-- Longest-processing-time greedy (LPT): sort members by numel descending (ties by name), give each to the
-  fragment with the smallest running total (ties to the lowest fragment_id). It is deterministic, so every
-  learner and the syncer derive the same partition from the same model without talking to each other (and
-  the layout is stored in the run root besides).
-- Guarantee, precisely. When a member ``t`` is placed, its fragment holds the minimum load, at most
-  ``(total - t) / P``; so the largest fragment is at most ``ideal + (1 - 1/P) * t`` where ``t`` is the
-  *smallest* member in it. Hence every member <= ideal / 3 gives largest <= 4/3 * ideal; whole-tensor LPT
-  is within (4/3 - 1/(3P)) of the *optimal* whole-tensor partition (Graham, 1969), and that optimum itself
-  can exceed 4/3 * ideal with few, equal, chunky tensors below ideal (4 equal tensors on P = 3 fragments:
-  1.5 * ideal), which are not split. ``imbalance`` reports the ratio actually reached.
+Design notes (piece sizes, per-piece RDA and its measured effect, the guarantee's proof):
+docs/internals.md, "Balanced fragments".
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """The global model in the store: fragment layout, published versions, and assembling a full model.
 
-Design choices:
-- These are the primitives, given the run's `wire.RunSigner` (run id and key) by whoever holds the run root
-  (`ddiloco.run.RunRoot`, the learner's version feed, the syncer's files).
-- The layout (which tensor is in which fragment, shapes, embedding-like names, model config) is written
-  once by `prepare` next to global version 0, so learners and the syncer agree on it without talking.
-- A tensor larger than the ideal fragment travels as row pieces (`ddiloco.fragments.balanced`). The layout
-  speaks of *members*: `shapes` and `embedding_names` are by member name (a piece of an embedding is
-  embedding-like), `pieces` says which rows of which tensor a piece is. `members` gives a model's tensors
-  as members (pieces are views, so writing into them writes the model) and `assemble` puts members back
-  into whole tensors; everything past those two (wire, merge, momentum, learner anchors) is per member.
-  A layout without pieces is written exactly as before (no `pieces` key).
-- A global version is a write-once payload `global/{p}/v{n}`; the small `latest.json` pointer is written
-  after it. Readers verify run id, kind, fragment, version, names and shapes before using a payload.
-- A version is published as fp32 or bf16 (`diloco.global_dtype`); `published_values` gives back exactly what
-  a reader of a bf16 version sees, so the syncer can keep its own fp32 master apart from it.
-- With `diloco.download_codec` a version v ≥ 1 also exists as a write-once delta `global/{p}/d{v}` against
-  v − 1 (`ddiloco.downlink`: the codes, the base version and the SHA-256 of the base and result values as
-  the full payloads store them, `Received.digest`), written before the full version. `read_global_full` and
-  `read_global_delta` give readers what they need to chain them.
-- With the run key (`ddiloco.protocol.signing.for_run`) every global version is signed by its writer (prepare for
-  v0, the syncer after) and every reader given the key requires a valid signature. Reads are capped at the
-  size the layout allows (fp32 fragment + header slack), so a hostile object costs one refused request.
+These are primitives, given the run's `wire.RunSigner` by whoever holds the run root (`ddiloco.run.RunRoot`,
+the learner's version feed, the syncer's files). The layout (fragments, shapes, embedding-like names, model
+config) is written once by `prepare` next to global version 0, so learners and the syncer agree without
+talking; it speaks of members, with `pieces` for the row ranges of split tensors (`members`, `assemble`). A
+version is a write-once payload `global/{p}/v{n}` (fp32 or bf16) followed by its `latest.json` pointer, and
+with a download codec also a write-once delta `global/{p}/d{v}` against v − 1. Readers verify run id, kind,
+fragment, version, names, shapes and, with the run key, the writer's signature, and reads are capped at the
+size the layout allows.
+
+Design notes: docs/internals.md, "The global model in the store".
 """
 
 from __future__ import annotations
@@ -117,7 +105,7 @@ class Layout:
             "embedding_names": sorted(self.embedding_names),
             "model": self.model,
         }
-        if self.pieces:  # a whole-tensor layout reads exactly as before pieces existed
+        if self.pieces:  # a whole-tensor layout has no `pieces` key
             out["pieces"] = {n: [pc.tensor, pc.start, pc.stop] for n, pc in sorted(self.pieces.items())}
         return out
 

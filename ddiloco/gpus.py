@@ -1,20 +1,14 @@
 """Which GPUs each learner of a local run sees (`ddiloco run` on a machine with several GPUs).
 
-Design choices:
-- A local run starts M learners of R ranks each on one host. Left alone, every process would take the
-  current CUDA device, GPU 0: M·R processes on one GPU while the others idle. The launcher gives learner i
-  the GPUs i·R … i·R+R−1 of those it sees instead, through `CUDA_VISIBLE_DEVICES` in the learner's
-  environment, as a cluster gives each learner pod GPUs of its own: inside the learner `cuda` is its first
-  GPU, and its rank r takes its r-th (`ddiloco.learner.ddp`).
-- More learners than GPUs (4 learners on a one-GPU laptop): the assignment wraps around and learners share
-  GPUs, as every learner shared GPU 0 before; the launcher's log says which learner has which.
-  A learner's ranks never share a GPU: NCCL refuses two ranks on one device, so R above the GPUs seen is a
-  configuration error, said before anything starts.
-- The GPUs seen are the launcher's own `CUDA_VISIBLE_DEVICES` when it is set (its entries kept as written,
-  indices or UUIDs, up to the first invalid one, as CUDA reads it), else 0…N−1 from
-  `torch.cuda.device_count()`; none when that count is 0 (a CPU machine whose environment names GPUs
-  anyway). So `CUDA_VISIBLE_DEVICES=0 ddiloco run` still puts every learner on GPU 0.
-- With `train.device: cpu`, or no GPU seen, nothing is set and learners train on the CPU as before.
+A local run starts M learners of R ranks each on one host; left alone, every process would take GPU 0. The
+launcher gives learner i the GPUs i·R … i·R+R−1 of those it sees, through `CUDA_VISIBLE_DEVICES` in its
+environment, as a cluster gives each learner pod GPUs of its own. With more learners than GPUs the
+assignment wraps around and learners share GPUs (the log says which has which); a learner's ranks never
+share one, so R above the GPUs seen is a configuration error, reported before anything starts. The GPUs seen
+are the launcher's own `CUDA_VISIBLE_DEVICES` when set, else those `torch.cuda.device_count()` finds. With
+`train.device: cpu`, or no GPU seen, nothing is set and learners train on the CPU.
+
+Design notes: docs/internals.md, "GPUs of a local run".
 """
 
 from __future__ import annotations

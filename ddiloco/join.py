@@ -2,24 +2,13 @@
 
 A learner only needs the run's bucket: every exchange goes through the store. So a second cluster (another
 Kubeflow install, another region, a laptop) adds learners to a run owned by a first one by pointing them at
-the same run root with its own credentials (the s3 store reads DDILOCO_S3_ENDPOINT, DDILOCO_S3_ACCESS_KEY
-and DDILOCO_S3_SECRET_KEY, or the AWS_* equivalents, from the joiner's own environment).
+the same run root with its own credentials. Ids 0..M−1 belong to the owner; a joiner claims the first id
+above every id seen, by writing a claim of its own, waiting and listing (no conditional put needed); a
+race leaves the id burnt and both joiners move on. `--join-name` makes a joined learner restartable on its
+id, `--site` labels its reports and metrics, and `--link-bandwidth` / `--link-latency` shape its link.
 
-Design choices:
-- Learner ids 0..M−1 belong to the run's owner (its ParallelFor or `ddiloco run`), even before they start;
-  a joiner takes the first id above every id seen in the store (`learners/{id}/…`, claims included).
-- Claims without a conditional put: the joiner writes its own claim object (a unique key, never
-  overwritten) under the candidate id, waits a settle time, and lists that id's keys. It owns the id only if
-  nothing else is there; otherwise it leaves its claim (the id stays burnt) and tries the next id after a
-  random pause. Two joiners racing for one id both see each other and both move on; a joiner that listed
-  before the other wrote wins, and the other sees its claim. Needs read-after-write listing, which S3 (and
-  MinIO, SeaweedFS, a directory) gives.
-- `--join-name` makes a joined learner restartable: a claim carries (site, name), and a joiner whose name
-  already holds an id takes that id again, so an Argo retry resumes from its own checkpoint.
-- The site (`--site`, default $DDILOCO_SITE or `local`) goes into every learner report and the learner's
-  metrics; the summary and the report break merged tokens down by site.
-- The joiner's link may differ from the run's: `--link-bandwidth` / `--link-latency` replace the run's
-  `link` section for this learner (ddiloco.store.shaped).
+Design notes (the claim protocol and what it needs of the store): docs/internals.md,
+"Joining a run from elsewhere".
 """
 
 from __future__ import annotations

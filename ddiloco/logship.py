@@ -1,21 +1,14 @@
 """Process logs shipped to the run's store, so a process that is killed (chaos, a deleted pod) leaves its log
 behind: `logs/{role}/...` (`keys.log_key`), read back by `ddiloco logs` and shown in the run report.
 
-Design choices:
-- A `logging.Handler` on the root logger keeps formatted records in a ring bounded in bytes
-  ($DDILOCO_LOG_SHIP_KB, default 1024 KiB) and counts what it dropped. `emit` does no I/O, so logging never
-  waits on the store, and nothing here can raise into the code that logs.
-- A daemon thread writes the whole ring as one JSON object when bound (or, if empty, at its first line), then
-  every $DDILOCO_LOG_SHIP_S seconds (default 5; 0 turns shipping off) if something changed. A failed write
-  keeps the ring and is retried next interval, logged at debug level only. A SIGKILLed process loses at
-  most its last interval.
-- The first write claims the key with `Store.create`, so no process overwrites another's log: a number
-  already taken (a process that died before its role counted it) gets `.dupN`. Roles without a number of
-  their own (prepare, evaluate, ...) take the next free one.
-- On exit (`uninstall`, or `logging.shutdown` at interpreter exit) and on SIGTERM the ring is written one
-  last time, within FINAL_WRITE_S, marked with how the process ended. The SIGTERM handler then hands the
-  signal to the previous disposition: the process still dies of SIGTERM, as it did without the handler.
-- The store is opened in the shipping thread: a role never waits on, or fails because of, its log.
+A `logging.Handler` keeps formatted records in a ring bounded in bytes ($DDILOCO_LOG_SHIP_KB); `emit` does no
+I/O, so logging never waits on the store. A daemon thread writes the whole ring every $DDILOCO_LOG_SHIP_S
+seconds (default 5; 0 turns shipping off) if something changed, so a SIGKILLed process loses at most its
+last interval. The first write claims the key with `Store.create`, so no process overwrites another's log.
+On exit and on SIGTERM the ring is written one last time, and the signal is then handed on, so the process
+still dies of it. The store is opened in the shipping thread: a role never waits on its log.
+
+Design notes: docs/internals.md, "Logs in the store".
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """What a round's merge is weighted by, and the outer optimizer (pure tensor code, no I/O).
 
 A round of fragment p collects outer gradients ``Δ_m = Θ_base - θ_{m,p}`` from the learners that answered
-(each against the version it trained from: ``ddiloco.syncer.fragment``), merges them into one outer gradient
-(``ddiloco.accumulate.RoundSums``: running sums, RDA or the plain mean per tensor) and applies one outer
-Nesterov step to the global ``Θ_p`` (``OuterNesterov``). The batch merge those sums are held against, all
-answers at once, is a reference in the tests (``tests/merge_reference.py``).
-Design choices:
+(each against the version it trained from), merges them into one (``ddiloco.accumulate.RoundSums``) and
+applies one outer Nesterov step to the global ``Θ_p`` (``OuterNesterov``, operation by operation
+``torch.optim.SGD(nesterov=True)``). An answer weighs ``w_m = c_tokens² / c_steps`` (quantity × quality: more
+tokens in fewer, larger-batch steps count more). RDA (radial-directional averaging) merges a tensor by mean
+length and mean direction, because the plain mean of M nearly orthogonal deltas shrinks by ~1/√M;
+embedding-like tensors take the weighted mean. Stale answers are discounted by ``(1 + s)^-a``
+(`staleness_discount`, FedAsync's polynomial rule), exactly 1.0 for a fresh answer.
 
-- Weights ``w_m = c_tokens² / c_steps`` ("quantity × quality", DESIGN.md §2): a learner that processed more
-  tokens in fewer (hence larger-batch) steps counts more; a learner without steps counts 0.
-- RDA, radial-directional averaging, per tensor (per fragment member: a row piece of a split tensor counts
-  as a tensor, see `ddiloco.fragments`): ``(Σ w‖Δ_m‖ / Σ w) · φ(Σ w φ(Δ_m) / Σ w)``, φ(x) = x/‖x‖.
-  The plain mean of M nearly orthogonal deltas shrinks by ~1/√M, silently lowering the outer learning rate
-  as learners are added; RDA keeps the mean *length* and averages only *directions*. When the mean
-  direction degenerates (opposite deltas cancel) it falls back to the weighted mean, which is then tiny or
-  zero, as it should be. Embedding-like tensors (sparse, per-token rows) always use the weighted mean: rows
-  touched by one learner only must not be rescaled by the others' norms. `METHODS` names the two.
-- Staleness discount ``(1 + s)^-a`` (`staleness_discount`): the polynomial staleness function of FedAsync
-  (Xie, Koyejo, Gupta 2019, "Asynchronous Federated Optimization", a = 0.5 there and here by default);
-  how the syncer applies it is `ddiloco.syncer.fragment`'s to say. Exactly 1.0 for a fresh answer, so
-  rounds without stale answers are bit-for-bit what they were without it.
-- ``OuterNesterov`` reproduces ``torch.optim.SGD(nesterov=True)`` operation by operation, its four
-  element-wise passes chunk by chunk (each chunk's operands stay in cache).
+Design notes: docs/internals.md, "The merge and the outer step".
 """
 
 from __future__ import annotations
@@ -68,7 +56,7 @@ class OuterNesterov:
 
     Schedule-aware momentum (`lr_scale`): an outer gradient is a sum of inner steps, so it carries the inner
     learning rate η it was trained at (Δ ≈ η·ĝ), and a plain buffer keeps old rates: when the inner rate
-    decays, a buffer filled at the peak rate keeps moving the model as far as before, and the annealing the
+    decays, a buffer filled at the peak rate keeps taking peak-rate steps, and the annealing the
     learners do never reaches the global model. torch's SGD with an LR schedule keeps gradients in its buffer
     and multiplies by the *current* rate; the same rule on ĝ = Δ/η is ``buf = m·(η_k/η_{k−1})·buf + Δ``,
     ``p -= lr·(Δ + m·buf)``: the buffer is kept in Δ units at the latest scale (`lr_scale`, saved with the

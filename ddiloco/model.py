@@ -1,18 +1,13 @@
 """A small decoder-only GPT, nanoGPT style, from a CPU-sized `tiny` preset up to ~1B parameters.
 
-Design choices:
-- Pre-LN blocks (LayerNorm -> causal self-attention -> residual, LayerNorm -> 4x GELU MLP -> residual), a final
-  LayerNorm, learned position embeddings. Attention is `F.scaled_dot_product_attention(is_causal=True)`, so
-  the fused/flash kernels are used where the device has them.
-- The token embedding (`wte`) and the LM head are *untied*: separate tensors, so fragmentation can place them
-  in different fragments and the merge can average each of them plainly (`embedding_names()`).
-- `init_model` is deterministic given a seed and independent of the global RNG: the module is built on the
-  meta device (no wasted default init) and every parameter is then drawn from one seeded generator in
-  name order. GPT-2 init: N(0, 0.02) for weights and embeddings, residual projections scaled by
-  1/sqrt(2 * n_layer), zero biases, unit LayerNorm gains.
-- Parameter counts and FLOPs are computed analytically from the config (`count_params`,
-  `flops_per_token`), so the large presets can be sized without allocating them.
-- The loss is the mean cross-entropy over targets != -100 (SFT masks prompts with -100).
+Pre-LN blocks with fused scaled-dot-product attention and learned position embeddings. The token embedding
+and the LM head are untied, so fragmentation can place them apart and the merge averages each plainly
+(`embedding_names()`). `init_model` is deterministic given a seed and independent of the global RNG (built
+on the meta device, then GPT-2 init from one seeded generator in name order). Parameter counts and FLOPs
+are computed from the config (`count_params`, `flops_per_token`), so large presets are sized without
+allocating them. The loss is the mean cross-entropy over targets != -100 (SFT masks prompts with -100).
+
+Design notes: docs/internals.md, "The built-in GPT".
 """
 
 from __future__ import annotations

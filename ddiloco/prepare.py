@@ -1,21 +1,15 @@
 """`ddiloco prepare`: write config, tokenizer, disjoint shards, validation split and global version 0.
 
-One shard per learner id the run may have (`RunConfig.num_shards`: diloco.max_learners unless data.num_shards
-says otherwise), so learners added mid-run read data of their own (`ddiloco.shards`). A pre-tokenized corpus
-(`.npy` token files) is read in place instead: no shards are written, only its manifest, range plan and the
-validation split (`ddiloco.streamed`).
-
-Idempotent, so an Argo retry of the prepare step is harmless, and so is a re-run of the whole pipeline DAG
-(KFP 2.17's stock `templateDefaults.retryStrategy` re-runs a DAG that ends Error, prepare included, on a run
-that is training or done): if the run root already holds a config, it must be the same config (else a clear
-error naming the settings that differ), and a prepared root is only verified, never written. The config is written
-only after the corpus has been read and split, so a prepare that failed on its input can be rerun with a
-corrected config.
-
-With the run secret (`DDILOCO_RUN_KEY`, see `ddiloco.protocol.signing`) shards, validation split and global version
-0 are signed with the run's key; a rerun with a different secret is refused with a clear error instead of
-leaving learners that reject version 0 forever. Every object is read and written through
+One shard per learner id the run may have (`RunConfig.num_shards`), so learners added mid-run read data of
+their own (`ddiloco.shards`); a pre-tokenized corpus is read in place instead (`ddiloco.streamed`).
+Idempotent, so an Argo retry of the step or a re-run of the whole pipeline DAG is harmless: a run root that
+already holds a config must hold the same config (else an error names the settings that differ), and a
+prepared root is only verified. The config is written last, so a prepare that failed on its input can be
+rerun with a corrected config. With the run secret (`DDILOCO_RUN_KEY`) shards, validation split and global
+version 0 are signed, and a rerun with another secret is refused. Every object goes through
 `ddiloco.run.RunRoot`.
+
+Design notes: docs/internals.md, "Preparing a run".
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """The Python documentation that ships inside every CPython install, as (id, text) documents; no download.
 
-Two sources, both part of the standard library:
-- `pydoc_data.topics.topics`: the Language Reference and library prose `help("assert")` shows (79 topics,
-  ~465k characters on CPython 3.11), one document per topic, id `topic/<name>`.
-- The docstrings of the standard library: every public module named in `sys.stdlib_module_names` and its
-  public submodules; per module the module docstring, then each public class and function the module defines
-  (`obj.__module__` is the module) and the public methods, properties and `__init__` of those classes, each
-  under its qualified name as a heading. One document per module, id `module/<name>`.
+Two sources, both in the standard library: `pydoc_data.topics.topics` (the prose `help("assert")` shows),
+one document per topic with id `topic/<name>`, and the docstrings of every public standard-library module
+and its public classes, functions and methods, one document per module with id `module/<name>`.
 
-Design choices:
-- This file imports only the standard library and runs as a script in a fresh, isolated interpreter
-  (`python -I`, started by `ddiloco.corpora`): what it collects must not depend on what the calling process
-  imported or patched, and the import side effects of ~530 modules (signal handlers, warnings, atexit
-  hooks) stay in a process that exits. It writes one JSON object to stdout; nothing is pickled.
-- Modules with import side effects or GUI toolkits are never imported: `antigravity` (opens a browser),
-  `this` (prints), `idlelib`, `tkinter`, `turtle`, `turtledemo`, `lib2to3` (loads pickled grammars),
-  `readline` / `rlcompleter` (touch the terminal), and `pydoc_data` (read directly). Private names
-  (`_x`), `__main__` modules and test packages (`test`, `tests`, `idle_test`; distributions strip them) are
-  skipped. Modules that fail to import on this platform (`winreg`, `msvcrt`, a missing C library) are
-  listed in `failed`, not fatal.
-- Deterministic for a given interpreter: modules and members in sorted order, docstrings cleaned with
-  `inspect.cleandoc`, a docstring seen before (aliases, inherited copies) is dropped. The text differs between
-  Python versions and builds; the caller records the version and a SHA-256 of what it wrote.
+This file imports only the standard library and runs as a script in a fresh, isolated interpreter
+(`python -I`, started by `ddiloco.corpora`), so what it collects does not depend on what the caller
+imported, and the import side effects of ~530 modules stay in a process that exits. It writes one JSON
+object to stdout. Modules with side effects or GUI toolkits are never imported; modules that fail to import
+are listed in `failed`. The output is deterministic for a given interpreter.
+
+Design notes (the modules skipped and why): docs/internals.md, "The Python-documentation corpus".
 """
 
 from __future__ import annotations

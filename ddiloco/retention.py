@@ -1,31 +1,15 @@
 """Bounded storage: which global and outer-momentum versions a run keeps, and the run config's `retention` section.
 
-Pure rules (no store, no torch); `ddiloco.syncer.retention` applies them after each merge.
+Pure rules (no store, no torch); `ddiloco.syncer.retention` applies them after each merge. Per fragment the
+run keeps the newest `keep_latest` versions (also the staleness the syncer accepts: an older base is
+`pruned_base`) and the versions of the curve's moments, the global model right after the syncer's n-th
+merge for n = 0, s, 2s, … with the stride s the smallest power of two that leaves at most `curve_moments`
+of them (`curve_stride`); of the outer momentum only the newest `keep_latest`. So storage is bounded
+whatever the run's length (16 global versions per fragment at the defaults), and every curve point is a
+model that existed. `retention: null` keeps every version.
 
-What is kept, per fragment p, once the syncer has published version `latest` of p:
-- the newest `keep_latest` versions, latest − keep_latest + 1 … latest. This is also the syncer's accepted
-  staleness: an answer whose base version is older than that window and not kept for another reason is
-  rejected as `pruned_base` (`ddiloco.protocol.validation`), whether or not the object is still there, so the
-  rule never depends on how far pruning has got;
-- the versions of the curve's moments: a moment is "the global model right after the syncer's n-th merge"
-  (n = 0: version 0 of every fragment, so version 0 is always kept, also for the data-parallel baseline,
-  which starts from it), and the syncer keeps the moments n = 0, s, 2s, … up to the merges so far, with the
-  stride s the smallest power of two that leaves at most `curve_moments` of them (`curve_stride`);
-- outer momentum: only the newest `keep_latest` versions (a restarted syncer resumes at the latest; momentum
-  has no use for the loss curve).
-
-Design choices:
-- Evenly spaced moments whose spacing doubles when full, rather than log-spaced versions: the number kept is
-  bounded whatever the run's length (which nobody knows in advance: the budget is in tokens, learners come and
-  go), between curve_moments/2 + 1 and curve_moments, and the points stay evenly spaced in merges, which is
-  how `ddiloco.posttrain.evaluate.curve_points` spaces a curve. Log spacing grows without bound (slowly) and
-  crowds the points into the first minutes of a curve drawn on a linear axis.
-- A moment pins one version of *every* fragment at the same instant, so each curve point is a model that
-  existed; per-fragment "every N-th version" would not line up across fragments once a round is abandoned.
-- Per fragment at most keep_latest + curve_moments global versions (16 at the defaults: 4 + 12; 12 moments
-  leave ≥ 7 after a doubling, plus the run's end: the report's 8 curve points) and keep_latest momentum
-  versions. At the 350m paper-like recipe that is ~16 × 29 MB per fragment instead of ~3,200 versions.
-- `retention: null` keeps every version and its objects, for studies that need every version.
+Design notes (why doubling strides, not log spacing; the sizes): docs/internals.md,
+"Which versions the store keeps".
 """
 
 from __future__ import annotations

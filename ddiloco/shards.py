@@ -1,22 +1,14 @@
 """Which shard a learner (or a baseline rank) reads, and the run's record of which data each learner read.
 
-Design choices:
-- `prepare` cuts the training tokens into `num_shards` disjoint contiguous shards, in order, one per learner
-  id the run may have (`RunConfig.num_shards`: `diloco.max_learners`, by default the provisioned learners
-  and every id the chaos schedule adds), so a learner added mid-run reads tokens no other learner reads.
-- Learner id i < num_shards reads shard i. An id ≥ num_shards (an operator's `ddiloco learner --learner-id
-  9` on a run prepared for 8, a joiner past the owner's max_learners, or `data.num_shards` set below the
-  learners) still trains, on shard i mod num_shards, which learner i mod num_shards reads too: a logged
-  warning says so and what to change, its reports mark the data `own: false`, and the summary lists the
-  shard under `shared_shards`. Chosen over refusing to start: the scavenged compute still helps (the same
-  tokens in another order, like a second epoch), and the reuse is never silent.
-- A shard's token range [start, end) in the training stream follows from `data/meta.json`'s
-  `shard_tokens` (shards are cut in order), so a report names exact tokens without extra store reads.
-- The summary's view (`data_read`) is built from the learners' reports alone: per learner id, the shard of
-  its latest report, the passes its data cursor made over it (`epochs`, restored across incarnations) and
-  the tokens it processed; `shared_shards` maps each shard more than one learner id read to those ids
-  (empty in a run whose learners all had a shard of their own), `unread_shards` lists spare shards;
-  `data_mixture` (runs over `data.sources`): the tokens read from each corpus and their share.
+`prepare` cuts the training tokens into `num_shards` disjoint contiguous shards, one per learner id the run
+may have (`RunConfig.num_shards`), so a learner added mid-run reads tokens no other learner reads. Learner
+id i < num_shards reads shard i; a larger id still trains, on shard i mod num_shards, with a warning, its
+reports marking the data `own: false` and the summary listing the shard under `shared_shards`: scavenged
+compute still helps, and the reuse is never silent. A shard's token range follows from `data/meta.json`'s
+`shard_tokens`. The summary's view (`data_read`) is built from the learners' reports alone: per learner
+id its shard, epochs and tokens, plus `shared_shards`, `unread_shards` and `data_mixture`.
+
+Design notes: docs/internals.md, "From text files to shards and batches".
 """
 
 from __future__ import annotations

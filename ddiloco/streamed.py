@@ -1,24 +1,15 @@
 """A run over a pre-tokenized corpus: `.npy` token files in a directory or store prefix, read in place.
 
-Design choices:
-- `data.source` names a token corpus when it is a local directory, `file://` or `s3://` prefix holding
-  `.npy` files (`ddiloco.tokens`: 1-D uint16/uint32 token ids); anything else is text, tokenized by
-  prepare as before. The token ids must be the tokenizer's: `data.tokenizer` is `byte`, `model` (the
-  `model.hf` directory's own) or `auto`; `bpe` is refused (it is trained on text prepare never sees).
-- A corpus `ddiloco tokenize` wrote names its tokenizer (manifest.json): another tokenizer than the run's is
-  refused. Prepare reads only headers and, to check every id is below the vocabulary, the tokens themselves once
-  (streamed, bounded memory; up to `FULL_CHECK_TOKENS`, else a spread sample). Nothing of the corpus is
-  copied into the run root except the validation split (whole chunks held out before any learner reads,
-  at most `MAX_VAL_TOKENS`) and `data/corpus.json`: the source, the file list with sizes and digests
-  (sha256 of local files; sizes only on S3, where hashing means reading everything) and the range plan
-  (chunks per learner slot, `ddiloco.tokens.ranges`).
-- `data.sources` mixes several such corpora with weights: each is planned as above (the validation cap
-  shared), and a learner draws each batch from one of its slots (`ddiloco.tokens.mixture`).
-- Learner id i reads slot i (one slot per id the run may have, `diloco.max_learners`), streamed with range
-  reads and a bounded read-ahead (`ddiloco.tokens.stream.StreamLoader`): its memory does not depend on the
-  corpus size. Reports describe a slot as a shard (`ddiloco.shards`): shard i, its span in a notional
-  concatenation of the slots. DDP ranks inside a learner share their slot's chunks (rank r reads every
-  ranks-th chunk from the r-th) and open the corpus themselves (the pod's store credentials).
+`data.source` names a token corpus when it is a local directory, `file://` or `s3://` prefix holding `.npy`
+files (`ddiloco.tokens`); anything else is text, tokenized by prepare. The ids must be the run tokenizer's
+(`byte`, `model` or `auto`; `bpe` is refused), and a corpus `ddiloco tokenize` wrote must name that
+tokenizer. Prepare checks the ids against the vocabulary (streamed) and copies into the run root only the
+validation split and `data/corpus.json` (files, sizes, digests, the range plan of `ddiloco.tokens.ranges`).
+`data.sources` mixes several corpora with weights (`ddiloco.tokens.mixture`). Learner id i streams slot i
+with range reads and a bounded read-ahead (`ddiloco.tokens.stream`), so its memory does not depend on the
+corpus size.
+
+Design notes: docs/internals.md, "Pre-tokenized corpora".
 """
 
 from __future__ import annotations

@@ -2,28 +2,13 @@
 
 A world (`make_world(seed)`) is a set of made-up entities ("zorvak"), each with one value per attribute
 (color, job, pet, home, age). Documents (`synthetic_documents(world, seed, n_docs)`) are drawn from five
-kinds, each a few lines or sentences:
+kinds: facts, arithmetic, copy, agreement and count. Everything is lowercase ASCII, so byte and BPE
+tokenizers agree on the text, and every kind has cheap probes for evaluation (`ddiloco.posttrain.tasks`).
+Every random choice has a known probability and can be read back from the text, so `entropy_floor` gives
+the cross-entropy an ideal model that knows the world reaches, in nats per token. Generation is pure,
+seeded Python: about 10 MB of text in a few seconds.
 
-    facts      zorvak's pet is owl. q: what is the color of zorvak? a: teal. the age of zorvak is 42.
-    arithmetic 17+25=42 / 63-8=55 / 7*12=84, one per line
-    copy       copy: kqzt -> kqzt. / reverse: kqzt -> tzqk.
-    agreement  the dogs near the cat are happy. the key behind the kings is old.
-    count      count: 3 4 5 6 7.
-
-Design choices:
-- Everything is lowercase ASCII, so byte and BPE tokenizers agree on the text, and every kind has cheap
-  exact-match and multiple-choice probes for evaluation (fact recall, sums, copies, is/are).
-- Every random choice is made with a known probability and logged as -log p. The map from choices to text is
-  one-to-one (each choice is readable back from the text, document lengths included, since "stop" shows as
-  the end of the document), so the corpus's information content equals the summed -log p. `entropy_floor`
-  divides it by the number of tokens (document tokens + one <eos> per document, as `tokenize_corpus` lays
-  them out): the cross-entropy an ideal model reaches, in nats per token.
-- Assumptions of that floor: the model is credited with knowing the world (a fact's value costs nothing:
-  memorising facts is what lowers the loss late in training), it sees the whole document so far (windows
-  that start mid-document pay extra for their first tokens), and it is an estimate over the sampled
-  documents, not an expectation (it converges as n_docs grows).
-- Generation is pure Python with precomputed log-probabilities; about 10 MB of text takes a few seconds.
-  The document stream depends only on (world.seed, n_entities, seed): `random.Random` seeded with a string.
+Design notes (examples of each kind, the floor's assumptions): docs/internals.md, "The synthetic corpus".
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """Tokenizers: raw bytes, byte-level BPE trained locally on the corpus (never downloaded), or the tokenizer
 of a `model.hf` directory.
 
-Design choices:
-- Both are byte-level, so every string encodes losslessly and decode(encode(s)) == s. decode never raises:
-  ids out of range and special ids are dropped, and bytes that are not valid UTF-8 become U+FFFD.
-- Two special ids, `<eos>` (document separator) and `<pad>`. Special tokens are never produced from text:
-  a document that literally contains "<eos>" encodes it as ordinary bytes, so corpus text cannot forge
-  document boundaries.
-- A tokenizer travels as JSON (`to_json` / `tokenizer_from_json`, dispatching on "type"), stored next to the
-  data shards; the BPE and model flavours embed the `tokenizers` library's own JSON.
-- A model's tokenizer (`ModelTokenizer`) is the `tokenizers` pipeline `AutoTokenizer` builds from the model
-  directory, with the model's eos token as the document separator (pad: the model's pad token, else eos)
-  and its chat template. Its special tokens are not produced from text either; only a rendered chat
-  template (`chat_prompt_ids`) contains them.
+The byte and BPE tokenizers are byte-level: every string encodes losslessly, and decode never raises. Two
+special ids, `<eos>` (document separator) and `<pad>`, are never produced from text, so corpus text cannot
+forge document boundaries. A tokenizer travels as JSON (`to_json` / `tokenizer_from_json`), stored next to
+the data shards. A model's tokenizer (`ModelTokenizer`) is the `tokenizers` pipeline `AutoTokenizer`
+builds from the model directory, with the model's eos token as the document separator and its chat
+template; only a rendered chat template (`chat_prompt_ids`) contains its special tokens.
+
+Design notes: docs/internals.md, "Tokenizers".
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The Kubernetes chaos backend: delete the pods of one Argo workflow through the Kubernetes API.
 
 This is what the pipeline's chaos step runs next to the learners and the syncer (`ddiloco chaos`, with the
-runner of `ddiloco.chaos.runner`); `ddiloco run` fires at its own processes instead (`chaos.local`).
+runner of `ddiloco.chaos.runner`); `ddiloco run` fires at its own processes instead (`chaos.local`). The
+schedule and clock are every backend's (`schedule_from_config`, `at_s` from `prepared_at`). A pod is deleted
+only if the API lists it under the role's label selector and this run's workflow label, checked again here;
+nothing else is touched. A kill is a delete with grace period 0 (SIGKILL, like a node loss); the keeper, or
+KFP's retry of the task pod, starts the next incarnation (docs/cluster.md, "Retries"). The Kubernetes client
+is imported only when a backend connects, so importing this module pulls in neither kubernetes nor kfp.
 
-Design choices:
-- Same schedule, same clock as every backend: `schedule_from_config(config.chaos, learners)`, with `at_s`
-  counted from `prepared_at` in `data/meta.json` (the start of the step if that field is missing).
-- Who is a victim: the pod the store names (`chaos.victims`) is deleted only if it is in the list the API
-  returns for the role label selector *and* this run's Argo workflow label, and the labels are checked again
-  on our side. Nothing else is touched.
-- A kill is a delete with grace period 0 (the pod gets SIGKILL, like a node loss). With keepers (the
-  default) the victim is a worker pod and its keeper starts the next incarnation
-  (`ddiloco.components.keeper`); with `--no-keeper` it is the task pod, Argo marks the node `Error` and
-  stock KFP 2.17's `OnError` retries it (docs/cluster.md, "Retries").
-- The official client is imported only when a backend connects: importing this module (the pipelines read
-  its label names) pulls in neither kubernetes nor kfp.
+Design notes: docs/internals.md, "Chaos".
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """One runner fires a schedule's timed events through a backend: the launcher's processes, local pids, or pods.
 
-Design choices:
-- The runner owns the clock and the bookkeeping: which events are due, how long to wait for a victim that
-  is not running yet, when a stall ends, what was recorded. A backend only acts on one event at a time
-  (`fire`) and says what it did (an Outcome), or that its victim is not there yet (None).
-- What a backend cannot do is recorded as skipped, with why (`Backend.cannot`); what it does not fire at
-  all (`at_step` kills, slow learners, and on a cluster store outages) the learner/syncer processes fire
-  themselves (`ddiloco.chaos.inprocess`).
-- A backend that `persist`s (the chaos step of a pipeline) writes each record once to the store under
-  `chaos/{backend}/{id}.json` and skips events already recorded there, so a retried step never fires an
-  event twice. The local launcher keeps its records and writes them with its restarts.
-- A re-run chaos step (Argo retries its pod, and the stock `templateDefaults.retryStrategy` re-runs the whole
-  DAG it is in when that ends Error) never fires what it missed: an event that was due before this attempt
-  started and that no earlier attempt recorded is recorded as skipped ("missed"), not fired late with all
-  the others at once. The steps' start times are kept under `keys.chaos_step_key`; a first attempt that
-  starts late still fires its overdue events (a schedule's first events are due right after prepare).
-- The step ends when `done.json` appears, or when nothing is left to fire.
+The runner owns the clock and the bookkeeping (what is due, waiting for a victim, when a stall ends, what was
+recorded); a backend acts on one event at a time (`fire`) and says what it did (an Outcome) or that its
+victim is not there yet (None). What a backend cannot do is recorded as skipped, with why; what no backend
+fires, the processes fire themselves (`ddiloco.chaos.inprocess`). A backend that `persist`s writes each
+record once under `chaos/{backend}/{id}.json`, so a retried step never fires an event twice, and a re-run
+step records what it missed as skipped instead of firing it late. The step ends when `done.json` appears or
+nothing is left to fire.
+
+Design notes (retried and re-run steps): docs/internals.md, "Chaos".
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """The `ddiloco` command: the parser tree, dispatch, logging set-up and error handling.
 
 The commands live in their own modules, each with a `register(subparsers)`: `run` (local end to end),
-`roles` (`prepare`, `learner`, `syncer`, `summary`: what the Kubeflow components call), `simulate`,
-`posttrain` (`evaluate`, `sft`, `report`), `chaos`, `baseline`, `corpus`, `tokenize`, `logs`, and `ddiloco.pipelines.cli`
-(`pipeline compile|submit|schedule`, kfp imported only when used).
+`roles` (`prepare`, `learner`, `syncer`, `summary`), `simulate`, `posttrain` (`evaluate`, `sft`, `report`),
+`chaos`, `baseline`, `corpus`, `tokenize`, `logs`, and `ddiloco.pipelines.cli` (`pipeline
+compile|submit|schedule`, kfp imported only when used). This module alone assembles the tree, so there are
+no cycles. Errors a user can fix are one line on stderr with exit code 2 (`--debug` shows the traceback); a
+CUDA out-of-memory error is one line saying what to change, exit code 1. The roles that run in pods ship
+their log to the run root (`ddiloco.logship`). `--version` prints the installed version and,
+in a checkout, its git commit.
 
-Design choices:
-- This module is the one place that assembles the tree; command modules never import it (no cycles).
-- Errors a user can fix (bad config, missing data, store problems: ConfigError, StoreError, OSError,
-  TimeoutError, ValueError) are one line on stderr with exit code 2; `--debug` shows the traceback. A CUDA
-  out-of-memory error is one line that says what to change, exit code 1 (a crash: restarted like one).
-- The roles that run in a run's pods ship their log to the run root (`ddiloco.logship`).
-- `--version` is the installed distribution's (pyproject.toml) and the git commit of a checkout
-  (`ddiloco.cli.version`).
+Design notes: docs/internals.md, "The command line".
 """
 
 from __future__ import annotations

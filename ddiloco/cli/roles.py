@@ -1,21 +1,14 @@
 """The roles a run is made of, as commands: `prepare`, `learner`, `syncer` and `summary`.
 
 `ddiloco run` starts the learner and syncer roles as processes (`python -m ddiloco.cli learner|syncer`), the
-Kubeflow components start every role the same way.
+Kubeflow components start every role the same way. A role started during a store outage waits for the
+store (pods start in any order); a role on a run root that holds no run fails at once. `ddiloco syncer`
+takes the run's lease before it resumes, stands by while another syncer holds it, exits with `FENCED_EXIT`
+(3) when fenced and releases the lease when it ends. A learner none of whose answers was merged for
+`train.max_unmerged_s` exits with 4 (`ddiloco.learner.health`) to be restarted. torch-heavy modules are
+imported inside the handlers, so the cheap commands start fast.
 
-Design choices:
-- A role started during a store outage waits for the store (`until_store_answers`) instead of failing: on
-  a cluster the pods of a run start in any order and a restarted pod may come back mid-outage.
-- A role on a run root that holds no run fails at once, saying to run `ddiloco prepare` first.
-- `ddiloco syncer` takes the run's lease before it resumes (`ddiloco.syncer.lease`): a second syncer of the
-  same run (an Argo retry while the first still runs) stands by and takes over when the first stops
-  renewing. A syncer that finds a newer epoch than its own exits with `FENCED_EXIT` (3); one that ends (done,
-  `--max-seconds`, a crash) releases the lease so that a standby need not wait it out.
-- A learner none of whose answers was merged for `train.max_unmerged_s` while the store and the syncer were
-  up exits with 4 (`ddiloco.learner.health`): a restart (Argo's retry, `ddiloco run`'s restart policy) is
-  the cure for a learner stuck that way.
-- torch-heavy modules are imported inside the handlers, so `ddiloco --help` and the cheap commands start
-  fast.
+Design notes: docs/internals.md, "The command line".
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """A Hugging Face causal LM as the model a learner trains.
 
-Design choices:
-- `HFCausalLM` wraps `transformers.AutoModelForCausalLM` behind the interface the rest of the package uses
-  for the built-in GPT (`forward(idx, targets) -> (logits, loss)`, `embedding_names`, `num_params`,
-  `flops_per_token`, `generate`, `config.block_size` / `config.vocab_size`), so fragments, merges, codecs,
-  checkpoints, DDP, evaluation and SFT run unchanged. Parameter names are transformers' own under `lm.`.
-- Built from the config alone (`from_config`), attention through SDPA (PyTorch's fused kernels; flash on
-  GPU), fp32 parameters (bf16 autocast on GPU, as for the GPT). The init is transformers' own `_init_weights`
-  under a private RNG seeded with the run's seed: the same (config, seed) gives the same weights, and the
-  caller's RNG is left alone. A directory with weights is loaded with `from_pretrained` (its key renames and
-  fused-expert conversions included) once, at prepare; learners get those weights as global version 0.
-- Tied weights are one parameter (`named_parameters` lists it once), so a tied embedding / LM head is one
-  member of one fragment and is merged once. Buffers (rotary frequencies, scales) are rebuilt from the
-  config, never merged. Members merged by the plain mean (`embedding_names`): every `nn.Embedding` table
-  (token embeddings, Gemma's per-layer embeddings) and the output projection, as for the GPT's wte/wpe/head;
-  everything else (attention, MLP, MoE experts and routers, norms) by the configured merge (RDA by default).
-- The loss is `ddiloco.model.token_loss` (fp32, ignoring `IGNORE_INDEX`), not transformers' own, so the
-  targets a loader produces (already shifted) mean the same thing for both model families.
+`HFCausalLM` wraps `transformers.AutoModelForCausalLM` behind the interface the rest of the package uses for
+the built-in GPT (`forward(idx, targets) -> (logits, loss)`, `embedding_names`, `num_params`,
+`flops_per_token`, `generate`, `config.block_size` / `config.vocab_size`), so fragments, merges, codecs,
+checkpoints, DDP, evaluation and SFT need no model-specific code. Parameter names are transformers' own under
+`lm.`. The model is built from the config with SDPA attention and a seeded init, or loaded once at prepare
+from a directory with weights; tied weights are one member, buffers are never merged, and embedding tables
+and the output projection are merged by the plain mean. The loss is `ddiloco.model.token_loss`, so targets
+mean the same thing for both model families.
+
+Design notes: docs/internals.md, "Hugging Face causal LMs".
 """
 
 from __future__ import annotations

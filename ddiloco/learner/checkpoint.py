@@ -1,24 +1,15 @@
 """Learner checkpoints: what a rejoin needs (AdamW state, inner step, data cursor) as one safetensors payload.
 
-Design choices:
-- No parameters: a (re)started learner overwrites every fragment with the current global version before
-  its first step (`Exchange.join`, mixing or not), so stored parameters would never be read. That halves a
-  checkpoint (1b: ~8 GB of AdamW moments instead of ~13 GB with the parameters). Older checkpoints that
-  still hold `param/...` tensors load as before; those tensors are ignored.
-- safetensors + JSON header only (never torch.load/pickle): the optimizer state is flattened to tensors named
-  `opt/{param}/{field}` and the scalar bits (step counters, data cursor) live in the JSON header.
-- A checkpoint is write-once (`ckpt/step-N`) and a small `latest.json` pointer names it; the pointer is
-  written after the payload, then every other checkpoint of the learner is deleted (a listing of its
-  `ckpt/` prefix, so one a crash or another incarnation left behind goes too): one checkpoint per learner,
-  and a crash at any point leaves a loadable one.
-- Cadence scales with the state (`checkpoint_every_s`): about CHECKPOINT_WRITE_BYTES_S of checkpoint writes
-  per learner, never more often than every MIN_CHECKPOINT_S nor less than every MAX_CHECKPOINT_S. A late
-  checkpoint costs little: the parameters come from the globals anyway, so a rejoin only loses some AdamW
-  history and re-reads some data. At a 50k vocabulary: tiny, small 20 s; 125m ~40 s; 350m ~100 s; 1b
-  ~4.5 min, ~34 MB/s (was 20 s for all: ~670 MB/s of writes per 1b learner with the parameters).
-- Checkpoints are signed with the run key like every other payload. One that fails verification (or is
-  larger than the model can explain) is not loaded: the learner logs it and starts from the current
-  globals with fresh optimizer state, instead of crash-looping on a bad object.
+No parameters: a (re)started learner overwrites every fragment with the current globals before its first
+step, so stored parameters would never be read (a `1b` checkpoint is ~8 GB instead of ~13 GB). A checkpoint
+that holds `param/...` tensors still loads; those tensors are ignored. The optimizer state is tensors named
+`opt/{param}/{field}`, the scalars live in the JSON header; never pickle. A checkpoint is write-once
+(`ckpt/step-N`), named by a `latest.json` pointer written after it, and then every other checkpoint of the
+learner is deleted, so a crash at any point leaves one loadable checkpoint. The cadence scales with the state
+(`checkpoint_every_s`). Checkpoints are signed; one that fails verification is not loaded, and the learner
+starts from the current globals with fresh optimizer state.
+
+Design notes (the cadence's figures per preset): docs/internals.md, "Checkpoints".
 """
 
 from __future__ import annotations

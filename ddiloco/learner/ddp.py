@@ -1,30 +1,15 @@
 """Data parallelism inside one learner: `torchrun`-style ranks on the GPUs of a pod, only rank 0 on the store.
 
-Design choices:
-- Launched like any torch job (`torchrun --nproc-per-node=N -m ddiloco.cli.main learner ...`): `from_env` reads
-  RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT and returns None when WORLD_SIZE ≤ 1, which
-  is the ordinary single-process learner. Rank 0 is a full `ddiloco.learner.loop.Learner`; every other rank is a
-  `Follower`, which never touches the store (no config, data, signing key or metrics of its own).
-- Two process groups: the default one (NCCL on GPU, gloo on CPU) carries DDP's gradient all-reduces and the
-  parameter broadcasts; a gloo group on the hosts carries rank 0's small control messages, so a follower
-  learns what to do next without synchronising its GPU.
-- Hand-shake (rank 0's `Learner.start`, first): the run config, the layout and the learner id as JSON, then each
-  follower's slice of the learner's shard. The shard is cut into WORLD_SIZE contiguous slices; rank r
-  trains on slice r (seed `rank_seed`), so together the ranks read the shard once per epoch.
-- Start (`Learner.start`, after rank 0 restored its checkpoint and applied the current globals): rank 0
-  broadcasts every parameter, its AdamW state, its inner step and the followers' data cursors. From then on
-  all ranks hold identical parameters and optimizer state and stay identical: same averaged gradients,
-  same AdamW step.
-- Every step boundary rank 0 sends STEP with its inner step and the tokens merged it last read (together the
-  follower's learning rate, `ddiloco.schedule`) and the fragments it overwrote since the last step (new
-  global versions); all ranks then receive those fragments' values by
-  broadcast from rank 0, so mixing (α) and every other learner-side rule is applied once, on rank 0.
-  CURSOR gathers the data cursors for rank 0's checkpoint; STOP ends the followers (exit 0).
-- `train.parallel: fsdp` shards the model over the ranks instead (FSDP2); rank 0 then reads and writes whole
-  fragments and the AdamW state through collectives it announces on the control plane
-  (`ddiloco.learner.sharded`), and nothing is broadcast at start or with STEP.
-- A rank that dies takes the others down through the process groups; torchrun (or the pod's retry) restarts
-  the learner as a whole, which then rejoins from its checkpoint like a single-process learner.
+Launched like any torch job (`torchrun --nproc-per-node=N -m ddiloco.cli.main learner ...`): `from_env`
+reads the torchrun variables and returns None for a single process. Rank 0 is a full `Learner`; every other
+rank is a `Follower`, which never touches the store. DDP's all-reduces and the parameter broadcasts go over
+the default process group, rank 0's control messages (STEP, CURSOR, STOP) over a gloo group on the hosts.
+After a hand-shake (config, layout, each follower's slice of the shard) rank 0 broadcasts its state, and
+from then on every fragment it overwrites, so all ranks stay identical and every learner-side rule is
+applied once, on rank 0. `train.parallel: fsdp` shards the model instead (`ddiloco.learner.sharded`). A
+rank that dies takes the others down, and the learner restarts as a whole from its checkpoint.
+
+Design notes: docs/internals.md, "Ranks inside a learner: DDP".
 """
 
 from __future__ import annotations

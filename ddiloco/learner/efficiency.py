@@ -1,21 +1,14 @@
 """How efficiently a learner trains: processed tokens/s, MFU, data-loader wait and peak memory.
 
-Design choices:
-- Processed tokens/s: the tokens of one step (all ranks) over the wall seconds per step of the training loop
-  (`ddiloco.chiptime.StepCadence`: loop overhead included), compute time alone until the cadence is measured.
-  These are the tokens trained, merged or not.
-- MFU (PaLM appendix B, as nanoGPT's `estimate_mfu`): model FLOPs per token (`flops_per_token` of the GPT or
-  the Hugging Face model: 6·N non-embedding + 12·L·C·T attention) × processed tokens/s, over the peak FLOP/s
-  of the learner's devices together (one device's peak × ranks). The peak is `train.peak_flops` when given,
-  else the data-sheet figure for the GPU's name at the matmul precision (`ddiloco.peaks`); with neither (a CPU,
-  an unlisted GPU) MFU is omitted and ONE log line says how to give the peak.
-- Data-loader wait: the seconds each step spends in `next_batch`, summed; over the steps' seconds it is the
-  fraction of step time spent waiting for data (the summary's `data_wait_fraction`).
-- Peak memory: on CUDA the caching allocator's `max_memory_allocated` of the learner's device (rank 0's under
-  DDP/FSDP), kind `cuda_max_allocated`; on CPU the process's peak resident set (`ddiloco.procinfo`: VmHWM,
-  `getrusage` elsewhere), kind `peak_rss`.
-- Every figure is a plain scalar in the learner's report (`figures`) and a Prometheus metric, so trackers can
-  log them as they are.
+Processed tokens/s are a step's tokens (all ranks) over the loop's wall seconds per step
+(`ddiloco.chiptime.StepCadence`). MFU (PaLM appendix B, as nanoGPT's `estimate_mfu`) is model FLOPs per token
+× processed tokens/s over the peak FLOP/s of the learner's devices, from `train.peak_flops` or the GPU's
+data-sheet figure (`ddiloco.peaks`); without either, MFU is omitted with one log line saying how to give it.
+Data-loader wait is the time spent in `next_batch` (the summary's `data_wait_fraction`); peak memory is
+CUDA's `max_memory_allocated` or the process's peak resident set (`ddiloco.procinfo`). Every figure is a
+plain scalar in the learner's report (`figures`) and a Prometheus metric.
+
+Design notes: docs/internals.md, "Efficiency figures".
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """FSDP2 inside one learner: the model sharded over the learner's ranks, and full fragments in and out of it.
 
-Design choices:
-- `shard_model` applies `torch.distributed.fsdp.fully_shard` (per-parameter DTensors, `Shard(0)`) to every
-  transformer block, then to the root. Blocks are found generically: the GPT's `Block`s, a Hugging Face
-  model's `_no_split_modules` classes, or else any module whose class name ends with "DecoderLayer". The
-  embeddings, final norm and LM head fall to the root unit, so a tied embedding / LM head (one parameter,
-  as transformers ties it) stays within one FSDP unit, as torchtitan does.
-- Parameter names do not change (no wrapper modules): activation checkpointing replaces a block's bound
-  `forward` by a `torch.utils.checkpoint` call of the original, inside FSDP's own hooks on the block, so the
-  layout's member names, the optimizer groups and checkpoints keep working.
-- bf16 is FSDP's `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`: fp32 master shards and
-  AdamW state, bf16 all-gathered weights for compute, gradients reduced in fp32; no autocast needed.
-- Fragments move by rows, point to point, one member at a time: FSDP2 shards dim 0 like `torch.chunk`, so
-  rank r holds rows [r·c, (r+1)·c) with c = ceil(rows / world). `full_tensors` has each rank send rank 0
-  its rows of each requested member (whole tensor or a layout piece); `load_full` sends each rank its rows
-  of rank 0's values. Rank 0 holds one fragment and nothing else; the other ranks never hold more than their
-  shard. The alternatives measured in `benchmarks/fsdp_gather.py`: `DTensor.full_tensor()` all-gathers each
-  tensor onto every rank (world× the traffic, a full-size copy on every rank); `get_model_state_dict` with
-  `full_state_dict=True` gathers the whole model, not one fragment, so its time and rank-0 memory scale
-  with the model.
-- Names travel as JSON over the mesh's process group (never pickled objects): rank 0 decides what to load,
-  and checks every value's shape before any traffic. These are collectives: a rank that fails inside one
-  strands the others until the process group times out, as with DDP (torchrun restarts the learner).
-- A sharded parameter must be `Shard(0)` on a one-dimensional mesh (plain FSDP, not HSDP); anything else is
-  refused rather than guessed.
+`shard_model` applies `fully_shard` to every transformer block (found generically: the GPT's `Block`s, a
+Hugging Face model's `_no_split_modules`, or classes ending in "DecoderLayer") and then to the root, keeps
+parameter names unchanged (activation checkpointing without wrapper modules) and uses bf16 compute with fp32
+master shards. Fragments move by rows, point to point, one member at a time: `full_tensors` gathers a
+member's rows on rank 0 and `load_full` scatters rank 0's values back, so no rank ever holds more than its
+shard plus one member (all-gathering every tensor, or the whole state dict, scales with the model:
+`benchmarks/fsdp_gather.py`). Names travel as JSON, and only `Shard(0)` on a one-dimensional mesh is
+accepted.
+
+Design notes: docs/internals.md, "Ranks inside a learner: FSDP2".
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """The learner's health: exceptions of its I/O threads are never lost, and it stops training when none of its
 answers gets merged for too long.
 
-Design choices:
-- Every function the learner's I/O threads run goes through `IoErrors.guarded(kind, fn)`. A store error
-  (`StoreError`: the store's own retries with backoff ran out, `ddiloco.store.retry`) is counted
-  (`store_errors`: the merge bound pauses on it) and raised to the caller, which handles it as before. Any
-  other exception is a bug: logged at ERROR with its traceback, counted in
-  `ddiloco_learner_io_errors_total{kind}`, and then, by kind:
-  - `upload`, `heartbeat`, `checkpoint`: swallowed. The answer's tokens stay outstanding (the next answer
-    of that fragment carries them), the next heartbeat and the next checkpoint try again: one bad object
-    must not end hours of training. A bug that repeats is caught by the merge bound (below).
-  - `download`, `record` (a round record read): raised again; the loop reads the future at its next step
-    boundary and the learner exits non-zero (a learner that cannot take new globals or settle its answers
-    would only train on stale parameters).
-- Heartbeats run on their own thread (`Learner`), never behind uploads, downloads or checkpoints on the
-  shared I/O pool: a 1b fragment (~170 MB in fp32) takes minutes on a slow link, the syncer calls a learner
-  dead after max(3 s, 5 heartbeats) without a new report (`ddiloco.syncer.roster`).
-- The merge bound (`MergeBound`): a learner none of whose answers was merged for `train.max_unmerged_s`
-  seconds (null: max(UNMERGED_MIN_S, UNMERGED_SYNCS × sync_every × its wall seconds per step)) raises
-  `Unmerged`, and `ddiloco learner` exits with `UNMERGED_EXIT` (4) so that Argo or `ddiloco run` restarts
-  it. The time counts only while the run could merge it: the status was read and changed recently (the
-  syncer is alive and holds the lease: a syncer that is down, resuming or only standing by publishes
-  nothing) and no store error was seen since the last check. A store outage or a syncer outage pauses the
-  count, never restarts it, so a learner rides them out and keeps training. A learner whose answers are
-  always too late (a straggler under K < M without a grace window) never merges either and is restarted
-  every bound: it loses nothing the run would have kept; raise the bound where that is expected.
-- Cost at 1b with P = 24: one more thread per learner (heartbeats), at most one report in flight (~35 KB of
-  JSON: 24 fragment books and a 400-point history), a sum over P books per step; nothing per tensor.
+Every function the I/O threads run goes through `IoErrors.guarded(kind, fn)`: a store error is counted and
+raised to the caller; any other exception is a bug, logged with its traceback, counted, and then swallowed
+(`upload`, `heartbeat`, `checkpoint`: the next one tries again) or raised (`download`, `record`: the
+learner exits). Heartbeats have a thread of their own (`Heartbeats`), so a slow upload never makes the
+syncer think the learner dead. `MergeBound` raises `Unmerged` when no answer was merged for
+`train.max_unmerged_s` while the run could have merged one, and `ddiloco learner` exits with
+`UNMERGED_EXIT` (4) to be restarted; store and syncer outages pause that count.
+
+Design notes (each kind's handling, what the bound counts, its cost): docs/internals.md, "Health".
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """The learner's helpers around the loop: status poller, incarnations, history, the I/O schedule, reports and
 checkpoints off the loop.
 
-Design choices:
-- The poller thread keeps the newest syncer status in memory and survives an unavailable store with
-  backoff; the training loop only ever reads `latest`.
-- A checkpoint (AdamW state; `ddiloco.learner.checkpoint`) is snapshotted at a step boundary into host buffers
-  (`ddiloco.learner.accel.HostCopier`: pinned and asynchronous on CUDA) and written by an I/O thread: no
-  second copy of the model, nothing on the loop.
-- Reports are built on the loop (numbered by `seq`) and written by I/O threads through one `ReportWriter`:
-  one write at a time, never an older report over a newer one. An answer's report is written before its
-  update, so the store's report always names every answer the syncer may merge.
-- Whether an answer was merged is the syncer's round record (what `ddiloco.posttrain.summary` reads). The status
-  lists only the last 8P+16 merges; `RoundRecords` reads the record of a closed round it no longer lists
-  (a learner stopped for longer misses its own merge), on the I/O pool.
+The poller thread keeps the newest syncer status and survives an unavailable store; the loop only reads
+`latest`. A checkpoint is snapshotted at a step boundary into host buffers and written by an I/O thread.
+Reports are built on the loop (numbered by `seq`) and written through one `ReportWriter`, never an older over
+a newer; an answer's report is written before its update. Whether an answer was merged is the syncer's
+round record; the status lists only the last 8P+16 merges, so `RoundRecords` reads the record of a closed
+round the status does not list any more.
+
+Design notes: docs/internals.md, "Around the loop".
 """
 
 from __future__ import annotations

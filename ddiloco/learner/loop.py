@@ -1,35 +1,15 @@
 """A learner: inner AdamW steps on its own shard, answering the syncer's rounds without ever waiting for it.
 
-Design choices:
-- The training loop never blocks on the store. A poller thread keeps the latest syncer status; uploads,
-  downloads, reports and checkpoints run on a small thread pool. At each step boundary the main thread only
-  (a) applies finished downloads, (b) snapshots deltas for open rounds, (c) schedules I/O.
-- The loop is cut by responsibility: `Exchange` (`ddiloco.learner.exchange`) is the protocol with the syncer
-  (answers up, versions in through `VersionFeed`, the syncer's word on each answer), `FragmentLedger`
-  (`ddiloco.learner.ledger`) the token books, `IoSchedule` when heartbeats and checkpoints are due. The
-  `Learner` holds the model and runs start / tick / step / finish.
-- Token accounting is exact on the learner side: for every fragment, tokens processed by this incarnation =
-  merged + discarded + outstanding (c_tokens). The report (heartbeat, `LearnerReport`) is written *before*
-  each upload, and reports are written in order (`ReportWriter`), so a crash cannot make the syncer merge
-  tokens the reports never mention.
-- `Learner.open` does the store reads (run config, layout, shard) and claims the incarnation; the
-  constructor takes what it read, so it does no I/O. Which shard is `ddiloco.shards`' rule (an id with no
-  shard of its own shares one, with a warning), and every report names it (`data`).
-- A learner never publishes from a random init: it waits for global version 0 and overwrites its params
-  with the current globals before its first step (after restoring its own checkpoint, if any).
-- When the syncer closes the run (its status says `closing`: the budget is reached) the learner stops
-  stepping and only answers and applies versions until it says done, so the run's last answers hold all of
-  its compute (`ddiloco.syncer.drain`).
-- Health (`ddiloco.learner.health`): what the I/O threads raise is logged and counted, never dropped;
-  heartbeats have a thread of their own; a learner none of whose answers is merged for
-  `train.max_unmerged_s` while the store and the syncer are up stops (`Unmerged`) so that it is restarted.
-- Trust (`ddiloco.protocol.signing`): uploads and checkpoints are signed, every global, shard and checkpoint
-  read is verified; a global version that fails is skipped and training goes on until the next one.
-- Devices (`ddiloco.learner.accel`, `ddiloco.learner.ddp`): on CUDA, bf16 autocast, fused AdamW, answers and
-  checkpoints copied to pinned host buffers on a side stream, each loss read a step late; with torchrun
-  ranks this process is rank 0, the only one on the store, and broadcasts every fragment it overwrites.
-- Efficiency (`ddiloco.learner.efficiency`: processed tokens/s, MFU, data wait, peak memory) is in every report;
-  in a Kubeflow TrainJob the run's progress also goes to its status (`ddiloco.learner.trainer_status`).
+The training loop never blocks on the store: a poller thread keeps the latest status, uploads, downloads,
+reports and checkpoints run on a small thread pool, and at a step boundary the main thread only applies
+finished downloads, snapshots deltas for open rounds and schedules I/O. `Exchange` is the protocol with the
+syncer, `FragmentLedger` the token books (processed = merged + discarded + outstanding, per fragment),
+`IoSchedule` the cadence of heartbeats and checkpoints; the `Learner` holds the model and runs start, tick,
+step and finish. A report is written before each upload, so the syncer never merges tokens the reports do
+not mention. A learner starts from the current globals, never from a random init, and once the syncer
+closes the run it only answers and applies versions until done.
+
+Design notes (health, trust, devices, efficiency): docs/internals.md, "The training loop".
 """
 
 from __future__ import annotations

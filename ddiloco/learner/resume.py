@@ -6,7 +6,7 @@ Design choices:
   before every upload, checkpoints only every few minutes, so a learner killed between two checkpoints
   resumes its data from its previous incarnation's last report, not from its checkpoint: no token it
   reported as processed is read again in the same epoch. Its model state comes from the checkpoint and the
-  globals as before; the tokens it trained on after that report were never counted and are read again.
+  current globals; the tokens it trained on after that report were never counted and are read again.
 - The newest incarnation before this one that reported a cursor wins (an incarnation that died before its
   first report is skipped). A cursor the loader refuses (another shard, another sequence length: a run
   re-prepared) or one behind the checkpoint's is ignored with a log line: the checkpoint's cursor stays.

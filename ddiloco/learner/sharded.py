@@ -1,23 +1,14 @@
 """A learner's fragments and AdamW state when its ranks shard the model (FSDP2, `train.parallel: fsdp`).
 
-Design choices:
-- Rank 0 runs the ordinary `Learner`; it reaches the parameters through a members object instead of live
-  views: `LiveMembers` (one process, DDP: every rank holds every parameter) reads and writes the tensors in
-  place, `ShardedMembers` gathers a fragment's rows from the ranks to rank 0 (`ddiloco.learner.fsdp.
-  full_tensors`) and sends them back (`load_full`). Those are collectives, so rank 0 first tells the
-  followers on the control plane (GATHER, LOAD); a follower between two steps waits there, so it answers
-  whenever rank 0 asks: answering a round, taking a new global version, at start.
-- Rank 0 keeps the anchors (the versions received, what an answer's delta is taken against) and every
-  gathered value on the host: its device holds one member at a time beyond its shard, so a sharded learner
-  needs no GPU memory for a full copy of the model. Host memory on rank 0: the anchors (the model in the
-  global dtype) and, while a checkpoint is taken, the AdamW moments.
-- Checkpoints keep the single-process format (`opt/{param}/{field}`, full tensors, one object rank 0
-  writes): rank 0 gathers the moments member by member to its host (OPT_SAVE) and scatters them back
-  at a restart (OPT_LOAD, after creating the state on every rank). So a learner may come back with another
-  number of ranks, or as DDP. `torch.distributed.checkpoint`'s full state dicts were not used: they
-  all-gather every tensor onto every rank (the world size times the traffic), the point-to-point rows here
-  do not (`benchmarks/fsdp_gather.py`). A checkpoint written shard by shard by every rank is not built:
-  followers have no store access (`ddiloco.learner.ddp`).
+Rank 0 runs the ordinary `Learner` and reaches the parameters through a members object: `LiveMembers` (one
+process, or DDP) reads and writes the tensors in place, `ShardedMembers` gathers a fragment's rows to rank
+0 (`ddiloco.learner.fsdp.full_tensors`) and sends them back (`load_full`), announcing each collective to
+the followers on the control plane (GATHER, LOAD). Rank 0 keeps the anchors and gathered values on the
+host, so a sharded learner needs no GPU memory for a full copy of the model. Checkpoints keep the
+single-process format (rank 0 gathers the AdamW moments member by member: OPT_SAVE, OPT_LOAD), so a learner
+may come back with another number of ranks, or as DDP.
+
+Design notes: docs/internals.md, "Ranks inside a learner: FSDP2".
 """
 
 from __future__ import annotations

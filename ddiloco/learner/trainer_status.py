@@ -1,28 +1,16 @@
 """A learner's progress in the status of the Kubeflow Trainer `TrainJob` it runs in (`status.trainerStatus`).
 
-What the Trainer offers (kubeflow/trainer, read at 8c0f505, v2.3.0; the API came with v2.2.0 as an alpha behind
-the controller's `TrainJobStatus` feature gate):
-- pkg/apis/trainer/v1alpha1/trainjob_types.go: `TrainJobStatus.trainerStatus` (`TrainerStatus`):
-  `progressPercentage` (int32, 0..100), `estimatedRemainingSeconds` (int32 ≥ 0), `metrics` (at most 256
-  `{name, value}` pairs, both strings of 1..64 characters) and `lastUpdatedTime` (required).
-- pkg/runtime/framework/plugins/trainjobstatus/trainjobstatus.go: with the gate on, the controller gives every
-  trainer container `KUBEFLOW_TRAINER_SERVER_URL` (its status server, path
-  `/apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs/{name}/status`: pkg/statusserver/utils.go),
-  `KUBEFLOW_TRAINER_SERVER_CA_CERT` (the server's CA) and `KUBEFLOW_TRAINER_SERVER_TOKEN` (a projected service
-  account token for that TrainJob's audience, rotated hourly).
-- pkg/statusserver/server.go: `POST` an `UpdateTrainJobStatusRequest` (`{"trainerStatus": {...}}`) with
-  `Authorization: Bearer <token>`; the server applies it to the TrainJob's status. docs/user-guides/
-  trainjob-progress.md asks clients to post at most every 5 s and to re-read the token file (it rotates).
+The Trainer (kubeflow/trainer v2.2.0 and later, behind the controller's `TrainJobStatus` feature gate)
+gives each trainer container `KUBEFLOW_TRAINER_SERVER_URL`, `KUBEFLOW_TRAINER_SERVER_CA_CERT` and
+`KUBEFLOW_TRAINER_SERVER_TOKEN`; a POST of `{"trainerStatus": {...}}` with the token sets the TrainJob's
+progress, time left and metrics. Only where those variables are set (`components/trainjob.py`) is anything
+sent, and only by the learner process (rank 0); elsewhere `from_env` returns a reporter that does nothing.
+It sends merged tokens over the token budget, the time left at the last minute's merged rate
+(`ddiloco.progress`) and the learner's loss, tokens/s and MFU. It never gets in training's way: one post in
+flight on its own thread, at most every `MIN_INTERVAL_S`, and a failure is logged once and counted.
 
-Design choices:
-- Only where those three variables are set (a learner that is a TrainJob on a cluster with the gate on:
-  `components/trainjob.py`) is anything sent; elsewhere `from_env` returns a reporter that does nothing.
-  Only the learner process posts (rank 0: the one on the store); its TrainJob is one learner of the run.
-- What it sends is the run's progress as the syncer's status shows it: merged tokens over the token budget,
-  the time left at the merged rate of the last minute (`ddiloco.progress`), and as metrics the learner's loss,
-  processed tokens/s and MFU (`ddiloco.learner.efficiency`) and the run's merged tokens.
-- Never in training's way: at most one post in flight, on a thread of its own, at most every `MIN_INTERVAL_S`;
-  a failure is logged once (WARNING, with what to check) and counted, and training goes on.
+Design notes (the Trainer's API as read at v2.3.0): docs/internals.md, "Progress in a Kubeflow TrainJob's
+status".
 """
 
 from __future__ import annotations

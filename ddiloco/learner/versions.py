@@ -1,25 +1,15 @@
 """Global versions into a learner: waited for at start, downloaded off the loop, verified, mixed into the model.
 
-Design choices:
-- A learner never trains from a random init: `wait_for_latest` blocks until every fragment has a version,
-  and `first` takes the newest of them that verifies (an older one still in the store when the newest does
-  not).
-- Downloads run on the learner's I/O pool (passed in by the caller, who owns it); the loop only collects the
-  finished ones, at a step boundary, and only for fragments the caller says may be overwritten now.
-- A version that fails verification is never retried: it is logged, counted by reason (`rejected_globals`)
-  and skipped until a newer one appears. A store error is retried with the next request.
-- The anchor copies of the tensors (what an answer's delta is taken against) live here, next to the
-  parameters they overwrite, with the version and digest they hold (`held`).
-- Compressed downloads (`ddiloco.downlink`): a fragment that holds version v − 1 downloads only the signed
-  delta of v and applies it to its anchors at the step boundary (fp32 add, then rounding to the global
-  dtype: bit for bit what the full version holds). A (re)joining learner, or a fragment more than one
-  version behind, downloads the full version: a chain of deltas would be cheaper only while it is shorter
-  than full / delta (4 for int8 under fp32 globals, 2 under bf16), every link one more request and one more
-  object to retain, and in steady state a learner is one version behind (its status poll runs every step,
-  a fragment's rounds every H/P steps). A delta that is missing, fails verification, or whose base (version
-  and digest) is not what the learner holds is never applied: the full version is fetched instead.
-- `bytes_down` counts the objects' sizes as stored (full versions in the global dtype, deltas), start-up
-  downloads included.
+A learner never trains from a random init: `wait_for_latest` blocks until every fragment has a version, and
+`first` takes the newest that verifies. Downloads run on the learner's I/O pool; the loop collects finished
+ones at a step boundary, for the fragments the caller says may be overwritten now. A version that fails
+verification is logged, counted by reason (`rejected_globals`) and skipped, never retried. The anchors (what
+an answer's delta is taken against) live here with the version and digest they hold (`held`). With
+compressed downloads (`ddiloco.downlink`) a fragment one version behind applies the signed delta, bit for bit
+the full version; anything else (a join, a gap, a delta that does not fit) fetches the full version.
+`bytes_down` counts the objects' stored sizes.
+
+Design notes (why no chains of deltas): docs/internals.md, "Global versions into a learner".
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """`ddiloco evaluate --harness lm-eval`: a checkpoint scored by EleutherAI's lm-evaluation-harness.
 
-Design choices:
-- The model lm-eval sees is the run's checkpoint exported as a Hugging Face directory (`ddiloco.hf.export`,
-  the same directory `ddiloco export` writes: logits equal to the run's), loaded by lm-eval's own `hf` model
-  (`HFLM`), in fp32, on the evaluation device. Nothing is fetched: `HF_HUB_OFFLINE` and
-  `HF_DATASETS_OFFLINE` are set before lm-eval is imported, and the tasks read local files only.
-- This package's own tasks (`ddiloco.posttrain.tasks`: the synthetic world's probes, or cloze items of the
-  validation text) go to lm-eval as task YAMLs over local JSONL files, written per evaluation: multiple
-  choice as `multiple_choice` (acc: the choice with the highest summed log-likelihood), exact match as
-  `generate_until` (greedy, until the tokenizer's eos) scored by `lmeval_hooks.py` with the built-in
-  evaluator's rule. Each context is the eos token's text + the prompt, which the exported tokenizer encodes
-  to the ids the built-in evaluator scores (eos id + prompt ids), and `target_delimiter` is empty (the
-  answers carry their own leading space): on the same items both evaluators agree (a test holds them
-  within lm-eval's stderr). With the byte tokenizer they agree exactly; with a BPE or a model's tokenizer
-  lm-eval encodes context and choice as one string, so a merge across that boundary can differ from the
-  built-in evaluator's separate encodings (measured on a tiny Qwen3 run: cloze 0.30 vs 0.35, stderr 0.105).
-- `--tasks DIR`: a directory of the user's task YAMLs (with their own local data files) instead; every task
-  it defines runs unless names are given. lm-eval runs with DIR as its working directory, so a relative
-  `data_files` path in a YAML names a file of DIR (the pipeline's evaluate step copies a store prefix there:
-  `ddiloco.components.evaluation`); a Hub `dataset_path` loads from `HF_DATASETS_CACHE`, offline.
-- Results are lm-eval's own JSON (`results`, `versions`, `n-samples`, `configs`, `higher_is_better`,
-  `n-shot`), written to `eval/lm-{name}.json` in the run root, with the checkpoint's description.
+lm-eval scores the run's checkpoint exported as a Hugging Face directory (`ddiloco.hf.export`), loaded by
+its own `hf` model in fp32; nothing is fetched (`HF_HUB_OFFLINE`, `HF_DATASETS_OFFLINE`, local files only).
+This package's own tasks (`ddiloco.posttrain.tasks`) go to lm-eval as task YAMLs over local JSONL files,
+built so that both evaluators score the same ids (they agree exactly with the byte tokenizer, within
+lm-eval's stderr otherwise); exact match is scored by `lmeval_hooks.py` with the built-in rule.
+`--tasks DIR` runs the user's task YAMLs instead, with DIR as the working directory. Results are lm-eval's
+own JSON, written to `eval/lm-{name}.json` in the run root with the checkpoint's description.
+
+Design notes (how contexts are encoded, where the evaluators can differ): docs/internals.md,
+"lm-evaluation-harness".
 """
 
 from __future__ import annotations

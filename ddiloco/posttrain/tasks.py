@@ -1,31 +1,15 @@
 """Downstream tasks: item construction and scoring (exact match by greedy generation, multiple choice by
 summed log-likelihood).
 
-Task sets:
-- Synthetic corpus (`synthetic_tasks`), built from the run's world and an evaluation seed:
-    fact_mc       "the pet of zorvak is" -> " owl" among 4 values of that attribute   (recall, chance 1/4)
-    fact_em       the same probe, answer generated greedily                          (recall)
-    arithmetic    "17+25=" -> "42"                                                   (sums, differences, products)
-    copy          "copy: kqzte ->" -> " kqzte" / "reverse: kqzte ->" -> " etzqk"
-    agreement     "the dogs near the cat" -> " are" vs " is"                        (chance 1/2)
-    count         "count: 3 4 5 6" -> " 7"
-  Facts are the world's facts by design (recall of what pre-training saw is the point); arithmetic, copy,
-  agreement and count items are drawn with their own seed, not copied from training documents (with 5-8
-  letters a copy string repeats a training one with negligible probability; sums of two numbers below
-  100 are few enough that many were seen — that task measures arithmetic as memorised or computed).
-- User corpora (`cloze_tasks`): multiple choice from held-out text — the next word after ~24 words of
-  context, against 3 other words drawn from the held-out text.
+On the synthetic corpus (`synthetic_tasks`) the tasks probe the run's world with an evaluation seed: fact
+recall (`fact_mc`, `fact_em`), `arithmetic`, `copy`, `agreement` and `count`. On a user corpus
+(`cloze_tasks`) they are cloze items from held-out text: the next word after ~24 words, against 3 other
+words. Every prompt starts with <eos>, as every training document does. Exact match: a greedy continuation
+that starts with the answer and then does not go on with a letter or digit. Multiple choice: the highest
+summed log-probability, ties split so that a uniform model scores chance exactly. Scoring takes any module
+whose forward(idx) returns logits or (logits, loss); everything is deterministic given the seed.
 
-Design choices:
-- Every prompt starts with <eos>, as every training document does (`tokenize_corpus` puts one before each),
-  so a probe looks like the start of a document.
-- Exact match: greedy continuation of len(answer) + 2 tokens (stopping at <eos>); correct when it starts
-  with the answer and the next character is not a letter or digit (" 7" must not match " 71").
-- Multiple choice: the summed log-probability of each choice's tokens after the prompt; the choice order
-  is shuffled by the seed; a tie for the best score earns 1/(number tied) when the answer is among them,
-  so a model that is uniform over equal-length choices scores chance exactly.
-- Scoring takes any module whose forward(idx) returns logits or (logits, loss): tests use oracle stubs.
-- Everything is deterministic given the seed: `random.Random` seeded with a string, sorted iteration.
+Design notes (the task table, what each task measures): docs/internals.md, "Downstream tasks".
 """
 
 from __future__ import annotations

@@ -2,27 +2,14 @@
 claim. Pure functions and one small book (`Coverage`).
 
 An update's signed header claims `c_steps`, `c_tokens` and `c_seconds` since its base version, and the
-incarnation's `inner_step`. A learner's key proves only that a learner of the run sent it (every learner
-pod holds that key), so the claims are bounded by what the syncer can check:
+incarnation's `inner_step`. Every learner pod holds the learner key, so the syncer bounds each claim:
+tokens per step are exact (`bad_counters`); steps must fit in the time since the later of the base's
+publication and the incarnation's first report, on the syncer's monotonic clock, within the model's FLOPs
+floor and `OWN_SPEEDUP` × the incarnation's own cadence (`future_steps`, `steps`); and each inner step is
+credited once per fragment (`overlap`, `Coverage`). No bound refers to other learners.
 
-- Tokens per step are exact (`bad_counters`): batch_for(learner) × seq_len on 1..train.ranks ranks.
-- Steps not before the learner existed (`future_steps`, `steps`): an answer's steps fit in the time since
-  the later of its base's publication and the first time this syncer heard of the incarnation
-  (`first_heard`, its first report; a new incarnation counts from its join), on the syncer's steady clock
-  (monotonic: a step of the host's wall clock moves no bound), at no less than the model's FLOPs floor a
-  step, and no faster than `OWN_SPEEDUP` × the fastest cadence the incarnation itself reported. No bound
-  refers to other learners: a learner 10× faster than the rest (a bigger device, a smaller batch) is
-  merged at its own token weight.
-- Each step credited once per fragment (`overlap`, `Coverage`): an answer covers the incarnation's inner
-  steps (inner_step − c_steps, inner_step]; for one fragment, a covered range must not reach below the end
-  of a range already merged, nor may one incarnation have two answers in open rounds of a fragment. An
-  honest learner never does either (after a merge it applies the new version and counts afresh, and it
-  does not answer a fragment with an answer in flight), so answering every round on an old base, or again
-  on the same base, gets no step credited twice.
-
-What stays open (docs/operations.md, the threat model): a learner that lies consistently, claiming a
-faster device than it has from its first report on, is credited what a learner that fast would be: its
-claims are its evidence. Its weight is its claimed tokens' share; the robust merge bounds its direction.
+Design notes (the bounds in detail, what stays open): docs/internals.md, "What an update may claim", and
+the threat model in docs/operations.md.
 """
 
 from __future__ import annotations

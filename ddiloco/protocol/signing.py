@@ -1,20 +1,14 @@
 """Run keys and signatures: only a learner of the run can answer, and only its syncer can publish.
 
-Design choices:
-- The secret never lives in the store. The master key comes from `DDILOCO_RUN_KEY` (hex, at least 16
-  bytes) in the prepare, syncer and post-training pods; learner pods get only their share
-  (`DDILOCO_LEARNER_KEY` and `DDILOCO_SYNCER_PUBKEY`, `learner_env`; `ddiloco keys` prints them).
-  `ddiloco run` generates a master key per run and keeps it in `{workdir}/{run_id}.key` (mode 0600).
-- Keys per role (`ddiloco.protocol.rolekeys`): learners sign updates, checkpoints and reports with an
-  HMAC key per run; the syncer signs everything else with Ed25519, which learners can verify but not
-  forge. Which role signs a payload follows from its `kind` (`role_of`); a reader requires that role.
-- A payload signature covers the canonical JSON of its header (sorted keys, no spaces, ASCII), which holds
-  the run id and the SHA-256 of the data region and of the tensor table (`wire.pack`). A JSON document's
-  signature (`sign_doc`) covers its canonical JSON and the run id.
-- `key_id` (a short hash of the key, safe to log) tells "signed with another key" apart from "altered
-  after signing"; both count as `bad_signature`.
-- Without a key the roles run unsigned (a warning, once per process): in-process tests and quick local
-  experiments keep working, and nothing pretends to be authenticated.
+The secret never lives in the store: the master key comes from `DDILOCO_RUN_KEY` in the prepare, syncer and
+post-training pods, and learner pods get only their share (`DDILOCO_LEARNER_KEY`, `DDILOCO_SYNCER_PUBKEY`;
+`ddiloco keys` prints them). Learners sign with an HMAC key per run, the syncer with Ed25519, which learners
+can verify but not forge (`ddiloco.protocol.rolekeys`); a payload's `kind` says which role must have signed
+it (`role_of`). A signature covers the canonical JSON of a header or document and the run id. `key_id` tells
+"another key" from "altered after signing". Without a key the roles run unsigned, with one warning per
+process, so local experiments work and nothing pretends to be authenticated.
+
+Design notes: docs/internals.md, "Keys and signatures"; the threat model: docs/operations.md.
 """
 
 from __future__ import annotations

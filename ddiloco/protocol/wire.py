@@ -1,22 +1,14 @@
 """Object-store keys and the payload format: the only place that knows key names and byte layouts.
 
-Design choices:
-- One run = one prefix; every key below is relative to the run root.
-- Payloads are safetensors files (no pickle: nothing read from the store can execute code). We write the
-  format ourselves so the header can carry a SHA-256 of the data region in one pass, and read it back with
-  the `safetensors` library, which validates offsets and dtypes.
-- The JSON header (`__metadata__["ddiloco"]`) carries run_id, kind, fragment, versions, counters, codec,
-  the SHA-256 of the data region and of the tensor table (names, dtypes, shapes, offsets), and, when the
-  writer holds the run key, an HMAC over that header (`ddiloco.protocol.signing`): one MAC authenticates header,
-  layout and bytes.
-- `unpack` trusts nothing: it reads the header itself (size-capped, duplicate JSON keys refused), checks
-  that the tensor table tiles the data region exactly with known dtypes, verifies both checksums, the run
-  id and the signature, and only then lets safetensors parse, cross-checking what it read. Every problem
-  is a `PayloadError(reason)` (never another exception) so callers can count rejections by reason; a
-  property-based test fuzzes this promise.
-- Format 2 (tensor-table checksum and optional MAC) replaced format 1; format-1 objects are `malformed`.
-- `RunSigner` is one run on the wire (its id and signing key): what the learner, the syncer and the run
-  root pack and unpack goes through it, so no caller passes a key or a run id to each call.
+One run is one prefix; every key is relative to the run root. Payloads are safetensors files (no pickle:
+nothing read from the store can execute code), written here so the JSON header (`__metadata__["ddiloco"]`)
+can carry the SHA-256 of the data region and of the tensor table and, with a key, a signature over that
+header (`ddiloco.protocol.signing`), which authenticates header, layout and bytes at once. `unpack` trusts
+nothing: it checks the header, the table, both checksums, the run id and the signature before safetensors
+parses, and every problem is a `PayloadError(reason)` (a property-based test fuzzes this). The format is 2;
+format-1 objects are `malformed`. `RunSigner` is one run on the wire, so no caller passes keys or run ids.
+
+Design notes: docs/internals.md, "The payload format".
 """
 
 from __future__ import annotations

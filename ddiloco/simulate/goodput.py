@@ -1,23 +1,14 @@
 """Goodput of data-parallel, elastic data-parallel and Decoupled DiLoCo under chip failures (seeded DES).
 
 Goodput is useful chip-time / allocated chip-time; uptime is the fraction of wall time during which the job
-(any learner, for Decoupled DiLoCo) is training. Design choices, each a place where the paper is silent:
+(any learner, for Decoupled DiLoCo) is training. The failure domain is a slice, simulated as alternating up
+and repair periods, which is exact and costs O(failures), not O(chips). Data-parallel stops on every
+failure until repair and restart; elastic data-parallel pauses for a reconfiguration and goes on with the
+healthy slices; Decoupled DiLoCo with M learners is M independent elastic jobs, since the syncer never
+blocks. All three share the parameters `calibrate` fits to the paper's two data-parallel rows; the learner
+rows are predictions, on the same hardware timeline (common random numbers).
 
-- Failure domain = slice. Chips fail as a Poisson process (per-chip MTBF); a chip failure takes its whole
-  slice of `slice_chips` chips out of service for one `repair` draw. Each slice alternates up
-  (exponential, rate slice_chips / MTBF) and down (repair), so the hardware timeline is exact per slice
-  and costs O(failures), not O(chips): 2.4M chips at MTBF 1 y is one failure every ~13 s, ~200k a month.
-- Data-parallel stops on every failure until the failed slice is repaired (or swapped) and the job has
-  restarted: outage = repair + restart. Failures during an outage are handled by that same outage (the
-  restart puts a healthy slice everywhere), so after a restart all N chips run again.
-- Elastic data-parallel pauses the whole job for one `reconfig` draw on every slice failure and then goes
-  on with the healthy slices; a failure during a pause is folded into it (renewal, not union of pauses);
-  a repaired slice rejoins at the next step boundary at no cost.
-- Decoupled DiLoCo with M learners: M independent elastic jobs over n_slices/M slices each. The syncer
-  never blocks (K = 1), so a learner's pause or outage costs only that learner's chips.
-- All three share the same calibrated parameters (`calibrate` fits them to the paper's DP and elastic-DP
-  rows only); the learner rows are predictions. Elastic DP and every learner count at one chip count see
-  the same hardware timeline (common random numbers), so their differences are not sampling noise.
+The model, each choice where the paper is silent, and the calibration: docs/simulate.md, "Goodput model".
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """The Store protocol every backend implements, its errors, key rules and I/O counters.
 
-Design choices:
-- Keys are '/'-separated relative paths with a small character set, so the same key is a valid file path, a
-  valid S3 object name and a valid Prometheus-safe label; anything else is a programming error (ValueError).
-- The public methods live here and do validation, prefixing and counting once; a backend implements the
-  raw operations (`_put`, `_get`, `_get_range`, `_size`, `_exists`, `_list`, `_delete`) and `_create` on
-  *full* keys relative to its own root (and may override `_sizes`, which otherwise reads every object to
-  measure it). That is what makes `child()` cheap: a child is a shallow copy with a longer prefix, sharing
-  the backend's connection and the same `StoreStats` object.
-- `get_range(key, offset, length)` reads part of an object (a seek, a slice, an HTTP Range GET), how large
-  objects such as token files are streamed in bounded memory. A range reaching past the end returns the
-  bytes that exist (b"" at or after the end), as a file read does; the caller compares the length it got.
-- `list(prefix)` matches whole path segments: `list("updates/3")` returns keys under `updates/3/`, never
-  `updates/30/...`. Keys are returned relative to the store (not to the prefix), sorted.
-- Errors a caller can act on are distinct types: `NotFound` (absent key), `StoreUnavailable` (transient,
-  retries exhausted: keep going and try later), `StoreConfigError` (the user must fix something; the message
-  is one line saying what), `ObjectTooLarge` (refuse to read an oversized, likely hostile, object).
-- `create` is the one write that is conditional: write-once, atomic on every backend that can do it (memory:
-  under its lock; file: hard link of a complete temp file; S3: `If-None-Match: *`). It is how racing
-  processes claim something exactly once. A backend that retried a create after an ambiguous failure (the
-  first attempt may have landed) and then finds the object already there compares the stored bytes with its
-  own: identical means it was this call's write, so True. Claimants should therefore write content unique
-  to themselves (an incarnation id, a random nonce): then True is exact even across retries.
+Keys are '/'-separated relative paths over a small character set, valid as file paths, S3 object names and
+metric labels. The public methods validate, prefix and count once; a backend implements only the raw
+operations on full keys (`_put`, `_get`, `_get_range`, `_size`, `_exists`, `_list`, `_delete`, `_create`),
+which makes `child()` a cheap shallow copy. `get_range` streams large objects in bounded memory; `list`
+matches whole path segments. Errors a caller can act on are distinct types (`NotFound`, `StoreUnavailable`,
+`StoreConfigError`, `ObjectTooLarge`). `create` is the one conditional write: write-once and atomic, how
+racing processes claim something exactly once; claimants should write content unique to themselves, so a
+create retried after an ambiguous failure can tell its own write by its bytes.
+
+Design notes: docs/internals.md, "The protocol every backend implements".
 """
 
 from __future__ import annotations

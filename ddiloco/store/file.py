@@ -1,20 +1,14 @@
 """Directory-backed store: `file:///abs/dir` (or a plain path). Several processes may share one directory.
 
-Design choices:
-- Atomic put: write `.{name}.tmp-{pid}-{tid}-{hex}` in the target's directory, then `os.replace` it over
-  the target. Readers see the old object, the whole new one, or nothing; temp names are unique per
-  process, thread and call, so concurrent writers never share a temp file, and `list` never shows them.
-- fsync is off by default: a lost write after a machine crash is equivalent to a learner dying before it
-  wrote, which the protocol already tolerates; turn it on for a store that must survive power loss.
-- Atomic create (write-once): the same complete temp file, then `os.link(tmp, final)`, which fails with
-  EEXIST if anything is there, and the temp is unlinked either way. The final name only ever appears with
-  all its bytes, and of racing creators (threads, processes, NFS clients) exactly one link succeeds. A file
-  system without hard links raises AtomicCreateUnsupported (there is no safe fallback). A create retried
-  after a transient errno that finds the key taken compares bytes (see base.Store.create).
-- Deleting a key prunes the directories it leaves empty, so a deleted `a/b/c` does not block a later `a/b`
-  (as on S3). A writer racing with that pruning recreates the directory and tries again.
-- Errors: EIO/ESTALE/EAGAIN/... (network file systems) are retried under the RetryPolicy and end as
-  StoreUnavailable; EACCES/EROFS become StoreConfigError; anything else OSError becomes StoreError.
+A put writes a temporary file unique per process, thread and call and `os.replace`s it over the target, so
+readers see the old object, the whole new one or nothing. A create hard-links the same complete temporary
+file to the final name (`os.link` fails if anything is there), so of racing creators exactly one wins; a file
+system without hard links raises AtomicCreateUnsupported. fsync is off by default: a write lost in a machine
+crash is a learner dying before it wrote, which the protocol tolerates. Deleting a key prunes the directories
+it leaves empty, as on S3. Transient errnos (EIO, ESTALE, EAGAIN, ...) are retried and end as
+StoreUnavailable; EACCES and EROFS are StoreConfigError; any other OSError is StoreError.
+
+Design notes: docs/internals.md, "Directories".
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """S3 store over the minio SDK: `s3://bucket[/prefix]`, endpoint and credentials from the environment.
 
-Design choices:
-- Our RetryPolicy is the only retry layer: the urllib3 pool has `retries=False` and short timeouts, so a
-  dead endpoint turns into StoreUnavailable within the policy's deadline instead of minio's default
-  five retries of five-minute timeouts.
-- Objects up to 5 GiB go up in one PUT (no multipart): a PUT is atomic and a retry simply re-sends it.
-- `get(max_bytes=...)` issues one GET and checks Content-Length before reading the body (and reads at most
-  max_bytes + 1 bytes when the length is absent), so a hostile object costs one round trip, not a download.
-- The bucket is checked once, lazily, on first use (shared with child stores): a missing bucket or rejected
-  credentials become StoreConfigError saying what to set, instead of a NotFound on every key.
-- The client always knows its region, so minio never asks the bucket for it (GetBucketLocation): a Kubeflow
-  profile's store key (KFP 2.17's profile controller, sync.py) may touch only objects under its namespace's
-  prefixes, and SeaweedFS refuses that bucket-level read with AccessDenied, which failed every step's first
-  call. The region is DDILOCO_S3_REGION (or AWS_REGION / AWS_DEFAULT_REGION); unset, it is us-east-1
-  (SeaweedFS ignores it, MinIO's default) except on AWS hosts, where minio takes it from the host name or asks
-  the bucket as before; `DDILOCO_S3_REGION=auto` asks the bucket anywhere. Every call made here (HEAD bucket,
-  single PUT, conditional PUT, GET (whole or a byte range), HEAD object, ListObjectsV2 under the store's prefix, DELETE,
-  DeleteObjects) is one the profile's user and bucket policy grant inside its prefixes
-  (tests/integration/test_s3_profile_identity.py).
-- Transient: connection errors, timeouts, truncated bodies, HTTP 5xx (but 501 Not Implemented)/429 and the
-  SlowDown/RequestTimeout/InternalError/ConditionalRequestConflict family. Everything else fails at once.
-- `create` (write-once, `If-None-Match: *`, probed once per connection) lives in s3_create.py.
+Our `RetryPolicy` is the only retry layer (urllib3 without retries, short timeouts), so a dead endpoint is
+`StoreUnavailable` within the policy's deadline. Objects up to 5 GiB go up in one PUT; `get(max_bytes=...)`
+checks Content-Length before reading a body. The bucket is checked once, lazily, so missing buckets and
+rejected credentials are one `StoreConfigError`. The client always knows its region (`DDILOCO_S3_REGION`,
+`AWS_REGION`, else us-east-1 off AWS; `auto` asks the bucket), so it never sends the bucket-level read a
+Kubeflow profile's key may not make; every call made here is one a profile's policy grants inside its
+prefixes (tests/integration/test_s3_profile_identity.py). `create` lives in s3_create.py, bodies in
+s3_io.py, credentials without static keys in s3_credentials.py.
+
+Design notes (transient errors, regions): docs/internals.md, "S3".
 """
 
 from __future__ import annotations

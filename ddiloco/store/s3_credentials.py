@@ -1,21 +1,14 @@
 """The S3 store's credentials when no static keys are set: the standard AWS chain after the keys in the
-environment (`s3_settings.CREDENTIAL_VARS`): a web-identity token file (EKS IRSA, `AWS_WEB_IDENTITY_TOKEN_FILE`
-+ `AWS_ROLE_ARN`, exchanged at STS `AssumeRoleWithWebIdentity`), container credentials (EKS Pod Identity /
-ECS, `AWS_CONTAINER_CREDENTIALS_FULL_URI` or `_RELATIVE_URI`; minio reads `AWS_CONTAINER_AUTHORIZATION_TOKEN
-[_FILE]` from the process environment itself),
-and the instance's role (EC2 instance metadata, IMDSv2).
+environment (`s3_settings.CREDENTIAL_VARS`): a web-identity token file (EKS IRSA), container credentials
+(EKS Pod Identity / ECS) and the instance's role (EC2 instance metadata, IMDSv2).
 
-Design choices:
-- minio's `IamAwsProvider` does the fetching and refreshes before expiry (minio/credentials/providers.py; it
-  takes the first of web identity, relative URI, full URI, instance metadata that is configured); this
-  module decides whether the chain applies and names what was tried when it fails, in one line.
-- Instance metadata is tried only for an AWS S3 endpoint (`*.amazonaws.com`), and never with
-  `AWS_EC2_METADATA_DISABLED=true`: elsewhere 169.254.169.254 is someone else's or nobody's, and a run would
-  wait on it instead of saying which keys to set.
-- The STS endpoint is AWS's regional one unless `AWS_ENDPOINT_URL_STS` names another (the AWS SDKs'
-  service-specific endpoint variable): an S3-compatible store with an STS of its own, or a test's stand-in.
-- GCS through its S3-compatible endpoint (storage.googleapis.com) takes HMAC keys as static keys; GKE Workload
-  Identity has no S3-style token exchange (docs/cluster.md).
+minio's `IamAwsProvider` fetches and refreshes them; this module decides whether the chain applies and,
+when it fails, names in one line what was tried. Instance metadata is tried only for an AWS S3 endpoint and
+never with `AWS_EC2_METADATA_DISABLED=true`, so a run elsewhere says which keys to set instead of waiting on
+169.254.169.254. `AWS_ENDPOINT_URL_STS` may name another STS endpoint. GCS takes HMAC keys as static keys;
+GKE Workload Identity has no S3-style token exchange (docs/cluster.md).
+
+Design notes (the variables each source reads): docs/internals.md, "S3", "Credentials".
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """S3 object bodies sent and received without extra passes over them: what a syncer publishing a 193 MB
 fragment several times a second pays per byte.
 
-Design choices:
-- minio 7.2.20 hashes every PUT body before it sends it (`Minio._build_headers`): SHA-256 for the signature
-  over plain HTTP (`x-amz-content-sha256`), MD5 for `Content-MD5` over HTTPS; and a server checks that hash
-  again. Bodies of at least `UNSIGNED_MIN` now go up as `UNSIGNED-PAYLOAD` (SigV4 then signs the request's
-  headers, not its body) and without `Content-MD5`. AWS S3 documents the value for any request; MinIO skips
-  the payload check for it whatever the transport (cmd/signature-v4-utils.go, `skipContentSha256Cksum`);
-  SeaweedFS 4.48 takes it (tests/integration/test_s3_store.py). Smaller bodies (JSON: status, pointers,
-  round records) are hashed as minio always does. `Client` is minio's client with that one method changed
-  (minio is pinned exactly; tests/unit/test_s3_io.py guards the method's signature and what it returns).
-- What that gives up: the server no longer checks that the body it stored is the one the client hashed. TCP's
-  checksum (and TLS's MAC over HTTPS) still guard the transfer; every payload the syncer and learners
-  exchange (updates, global versions and deltas, the syncer's momentum and master) carries the SHA-256 of its
-  data, which every reader verifies, and in signed runs an HMAC; a tokenized corpus file or an exported model
-  has no such check on S3 (corpora are checked by size there, `ddiloco.streamed`). Over plain HTTP a party
-  on the path could already change every GET's body (responses are not signed), so signing PUT bodies
-  protected nothing that reads left open: use HTTPS where the path is not trusted.
-- A `Blob`'s parts are sent as they are (urllib3 `sendall`s each part of an iterable body under an explicit
-  Content-Length) instead of being joined into one bytes object first: a fresh copy of every payload.
-- `read_into`: a GET's body lands in memory the caller lends, 1 MiB at a time, instead of a fresh bytes object of
-  the object's size that is then copied (a read-back of a 193 MB fragment faulted in 193 MB of new pages).
+minio hashes every PUT body before it sends it; bodies of at least `UNSIGNED_MIN` go up as
+`UNSIGNED-PAYLOAD` without `Content-MD5` instead (accepted by AWS S3, MinIO and SeaweedFS), small JSON bodies
+are hashed as minio always does. Every payload learners and the syncer exchange carries the SHA-256 of its
+data, which readers verify, so the server's check adds nothing they need; use HTTPS where the path is not
+trusted. `Client` is minio's client with that one method changed (minio is pinned exactly;
+tests/unit/test_s3_io.py guards it). A `Blob`'s parts are sent as they are, never joined, and `read_into`
+lands a GET's body in memory the caller lends instead of a fresh copy.
+
+Design notes (what skipping the hash gives up, and why that is safe): docs/internals.md, "S3",
+"Bodies without extra passes".
 """
 
 from __future__ import annotations

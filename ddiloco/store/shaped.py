@@ -1,22 +1,14 @@
 """Link shaping: a learner behind a slow WAN link, emulated in the store client so it works on every backend.
 
-Design choices:
-- A link is a bandwidth limit and an added one-way latency (`Link`), parsed from strings a person writes:
-  `10Mbit`, `100Mbit`, `1Gbit`, `2.5Gbps` (bits/s, decimal prefixes) or `5MB/s`, `512KiB/s` (bytes/s), and
-  `50ms`, `0.2s`, `800us`. Anything else is refused with a message that shows the accepted forms.
-- `ShapedStore` wraps any store (`DelegatingStore`). Uploads and downloads are limited separately (a
-  full-duplex link: two token buckets of the same rate), and every request pays one round trip (2 × the
-  one-way latency): a put waits latency + its transfer before the object lands and latency for the answer;
-  a get waits latency for the request, then its transfer and latency for the answer; exists, list and
-  delete pay the round trip only; a create is priced like a put, even when the key is taken (the body went
-  up before the store refused it). One `ShapedStore` per process = per learner; its children share the
-  buckets, so concurrent transfers of one learner share its link (first come, first served).
-- The token bucket never busy-waits: a reservation may drive the bucket into debt and returns how long the
-  caller must sleep, so later reservations queue behind it. Clock and sleep are injectable (tests).
-- The same `Link` prices the data-parallel baseline's communication (`allreduce_seconds`, a ring
-  all-reduce: 2(M−1) hops of payload/M each), so both methods are compared under one limit.
-- Shaping never blocks training by itself: the learner does all store I/O on background threads. Time slept
-  on the main thread is counted separately (`LinkStats.main_thread_seconds`) so tests can check that.
+A `Link` is a bandwidth limit and an added one-way latency, parsed from strings such as `10Mbit`, `5MB/s`,
+`50ms` (anything else is refused with the accepted forms). `ShapedStore` wraps any store: uploads and
+downloads are limited separately (a full-duplex link: two token buckets), and every request pays a round
+trip. One `ShapedStore` per process, its children sharing the buckets, so one learner's transfers share its
+link. The bucket never busy-waits (a reservation returns how long to sleep); clock and sleep are
+injectable. The same `Link` prices the baseline's ring all-reduce (`allreduce_seconds`), and time slept on
+the main thread is counted apart (`LinkStats.main_thread_seconds`), since shaping must never block training.
+
+Design notes (how each request is priced): docs/internals.md, "Slow links".
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Documents out of one input file, streamed: text, JSON lines (plain, gzip, zstd), Parquet, Arrow.
 
-Design choices:
-- A `.txt`/`.md` file is one document (as `ddiloco.data.load_texts` reads it), so it is read whole, at most
-  `MAX_DOCUMENT_BYTES`; a larger one is refused (split it, or make it JSON lines).
-- A `.jsonl` file is read line by line (one document per line, a string field, `text` by default); a line
-  that is not a JSON object, lacks the field or holds a non-string is an error naming file:line, never
-  skipped, so a corpus is never silently smaller than its files. `.jsonl.gz` streams through gzip,
-  `.jsonl.zst` through `zstandard` (the `data` extra) when it is installed.
-- Parquet streams record batches of the one column (pyarrow reads a row group's column chunk at a time,
-  so that is the bound); the Arrow files of a `datasets.save_to_disk` directory are Arrow IPC streams
-  (the file format is accepted too) read batch by batch with pyarrow. `datasets` itself is not used: its
-  `load_from_disk` memory-maps every file, and pyarrow alone reads the same bytes in bounded batches. To
-  take one split of a `DatasetDict`, point the input at that split's directory.
-- Empty and whitespace-only documents are dropped, as `load_texts` drops them; null cells too.
-- pyarrow is imported only for Parquet and Arrow input (`pip install 'ddiloco[data]'`).
+A `.txt`/`.md` file is one document, read whole up to `MAX_DOCUMENT_BYTES`. A `.jsonl` file is read line by
+line (a string field, `text` by default); a bad line is an error naming file:line, never skipped, so a
+corpus is never silently smaller than its files. `.jsonl.gz` streams through gzip, `.jsonl.zst` through
+`zstandard` when installed. Parquet and the Arrow files of a `datasets.save_to_disk` directory are read
+batch by batch with pyarrow, in bounded memory (`datasets` itself memory-maps every file, so it is not
+used). Empty and whitespace-only documents and null cells are dropped. pyarrow is imported only for Parquet
+and Arrow input (`pip install 'ddiloco[data]'`).
+
+Design notes: docs/internals.md, "Input formats of `ddiloco tokenize`".
 """
 
 from __future__ import annotations

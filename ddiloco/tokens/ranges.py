@@ -1,21 +1,14 @@
 """Token ranges of a corpus manifest: fixed-size chunks, a validation hold-out, and disjoint learner slots.
 
-Design choices:
-- Chunks are `chunk_tokens` (default 1<<20: 2 MiB of uint16, the unit a loader reads in one range read)
-  and never cross a file boundary; a file's last chunk may be shorter. A chunk is `[file, start, count]`:
-  the file's index in the manifest (sorted key order), its first token, its tokens.
-- Validation is held out first, deterministically (no seed) and spread over the corpus: with n chunks and
-  m = ceil(val_tokens / chunk_tokens) wanted, stride k = max(1, n // m) and the chunks 0, k, 2k, ... (then
-  1, k+1, ... if those were short) are taken until they hold at least `val_tokens`. So validation samples
-  every part of the corpus instead of one file, and never changes with the seed or the learner count.
-- The remaining chunks are shuffled once by `seed` and dealt round-robin to `max_learners = num_slots +
-  reserve` slots: slot i gets shuffled positions i, i + max_learners, ... Slot id = learner id. The
-  `reserve` slots are the unassigned chunks: a learner added mid-run takes the next free learner id
-  (num_slots, num_slots + 1, ...) and reads that slot's chunks, disjoint from every other slot's and from
-  validation, without re-cutting anything the running learners read. A learner id >= max_learners has no
-  slot (`slot_chunks` says so): plan with a larger reserve.
-- Everything here is a pure function of the manifest and the arguments, and the plan is JSON-able; its
-  `corpus` fingerprint (keys, dtypes, counts, digests) lets a reader refuse a plan of another corpus.
+Chunks of `chunk_tokens` (default 1<<20) never cross a file boundary; a chunk is `[file, start, count]`.
+Validation is held out first, deterministically and spread over the corpus (every k-th chunk), so it never
+changes with the seed or the learner count. The rest is shuffled once by `seed` and dealt round-robin to
+`max_learners = num_slots + reserve` slots (slot id = learner id); the reserve slots let a learner added
+mid-run read chunks no one else reads without re-cutting anything. Everything is a pure function of the
+manifest and the arguments, and the JSON plan's `corpus` fingerprint lets a reader refuse a plan of
+another corpus.
+
+Design notes: docs/internals.md, "Pre-tokenized corpora".
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Resumable (x, y) batches streamed from a learner's token chunks, with a bounded read-ahead thread.
 
-Design choices:
-- The interface is `ddiloco.data.ShardLoader`'s (`next_batch`, `tokens_per_batch`, `epochs_read`,
-  `state_dict`, `load_state_dict`), so a learner can use either; here the shard is a list of chunks
-  (`ddiloco.tokens.ranges`) read with `Store.get_range`, never the whole shard.
-- Order is fixed by the seed: each epoch a permutation of the chunks drawn from (seed, epoch), and within a
-  chunk a permutation of its windows drawn from (seed, epoch, chunk). Windows hold seq_len + 1 tokens and
-  start at multiples of seq_len in their chunk (consecutive windows share one token, as ShardLoader's);
-  a window never crosses a chunk, a batch may. A chunk shorter than seq_len + 1 tokens has no windows.
-- The cursor is (epoch, chunk position in the epoch's order, window position in the chunk's order) plus
-  a fingerprint of the assignment (files and chunks) and seq_len: `load_state_dict` continues at exactly
-  the next unread window and refuses a cursor of another assignment.
-- A daemon thread (`ddiloco.tokens.readahead`) fetches chunks in cursor order ahead of use. It takes a
-  permit per chunk and the consumer gives it back when it has read the chunk's last window; with
-  read_ahead + 1 permits, at most read_ahead + 1 chunks (the one being read and read_ahead ahead) are in
-  memory, whatever the corpus size (the loader's own lists grow with its chunk count: a few bytes per
-  chunk). Chunks stay uint16/uint32; only a batch's windows are widened to int64.
-- A failed fetch (StoreUnavailable, a changed file) is raised by the `next_batch` that needed it, which
-  leaves the cursor where that batch began; the thread is gone then, and the next call starts a new one
-  there, so a retried call gives the batch the failed one would have given.
+The interface is `ddiloco.data.ShardLoader`'s, so a learner can use either; here the shard is a list of
+chunks (`ddiloco.tokens.ranges`) read with `Store.get_range`, never the whole shard. The order is fixed by
+the seed (chunks per epoch, windows per chunk), and the cursor (epoch, chunk, window, plus a fingerprint of
+the assignment) lets `load_state_dict` continue at exactly the next unread window. A daemon thread
+(`ddiloco.tokens.readahead`) fetches chunks ahead under permits, so at most read_ahead + 1 chunks are in
+memory whatever the corpus size. A failed fetch is raised by the `next_batch` that needed it and leaves the
+cursor where that batch began, so a retry gives the same batch.
+
+Design notes: docs/internals.md, "Pre-tokenized corpora".
 """
 
 from __future__ import annotations

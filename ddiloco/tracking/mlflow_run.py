@@ -1,22 +1,14 @@
 """The run's MLflow run: params, metrics and model artifacts, for the syncer and post-training.
 
-Design choices:
-- One MLflow run per ddiloco run, whatever the number of processes: the first role that logs creates it
-  and claims `tracking/mlflow.json` in the run root with `Store.create` (write-once); the others (a syncer
-  restarted, the evaluate/sft/report pods) read it and log into the same run. A role that lost the race
-  deletes the run it created.
-- `MlflowClient(tracking_uri=...)`, never `mlflow.set_tracking_uri`: no process-wide state. Everything runs
-  on the channel's thread (`ddiloco.tracking.channel`), so a server that does not answer (MLflow retries
-  HTTP for minutes: MLFLOW_HTTP_REQUEST_MAX_RETRIES / _TIMEOUT) only fills that queue.
-- A `file://` URI is a local MLflow file store. MLflow 3 keeps that backend in maintenance mode and refuses
-  it unless MLFLOW_ALLOW_FILE_STORE=true; a ddiloco config that names a file:// URI asks for exactly that,
-  so it is set (for file:// URIs only) before the client opens.
-- Metrics go in `log_batch` requests (at most 1000 metrics and 100 params each, MLflow's limits); params
-  are the resolved config flattened to `section.key` strings, cut at 500 characters (older servers' limit).
-- Artifacts are store prefixes (`final/`, `sft/`): copied to a temporary directory in bounded chunks, then
-  `log_artifacts`.
-- `mlflow` is the `mlflow` extra (mlflow-skinny); without it every batch fails with one warning saying
-  what to install.
+One MLflow run per ddiloco run, whatever the number of processes: the first role that logs creates it and
+claims `tracking/mlflow.json` with `Store.create`; the others log into it, and a role that lost the race
+deletes the run it created. `MlflowClient(tracking_uri=...)` keeps no process-wide state, and everything runs
+on the channel's thread (`ddiloco.tracking.channel`), so a server that does not answer only fills that queue.
+A `file://` URI sets MLFLOW_ALLOW_FILE_STORE=true, which MLflow 3 requires for it. Metrics and params go in
+`log_batch` requests within MLflow's limits; artifacts are store prefixes copied in bounded chunks.
+Without the `mlflow` extra every batch fails with one warning saying what to install.
+
+Design notes: docs/internals.md, "Experiment tracking backends"; what a user sees: docs/tracking.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """A role's TensorBoard run in the store: event files under `tb/{role}/`, uploaded through the Store API.
 
-Design choices:
-- Event files are encoded here (`ddiloco.tracking.tfevents`) rather than by `torch.utils.tensorboard`'s
-  SummaryWriter: that needs the `tensorboard` package (protobuf, grpcio, ...) in every image that trains,
-  and writes to a local directory that would then have to be mirrored to S3. Building the records in
-  memory and putting them through the `Store` works the same on `file://` and `s3://` run roots, and what
-  Kubeflow's Tensorboards app (or `tensorboard --logdir s3://bucket/run/tb/`) reads is the store itself.
-- S3 objects cannot be appended to, so a process writes *segments*: the current one is rewritten whole at
-  each flush (at most `SEGMENT_BYTES`), then sealed and the next one begun. Names sort in write order
-  (process start in ms, then the segment number), which is how TensorBoard reads a run's files: one after
-  the other, each from its start. Segments go up in order; a failed upload keeps them all and is retried
-  at the next flush, up to `MAX_PENDING_BYTES` held in memory (past that, new events are refused: dropped
-  and counted by the channel).
-- A process killed by SIGKILL loses at most its last flush interval, as shipped logs do (`ddiloco.logship`).
-- The store is opened on the first flush, in the tracking thread, when given as a URL: a role never waits
-  on it. A store of its own, too: its I/O does not count in the role's traffic or retries.
+Event files are encoded here (`ddiloco.tracking.tfevents`), not by `torch.utils.tensorboard`, so no image
+that trains needs the `tensorboard` package and nothing is mirrored from a local directory: what TensorBoard
+reads is the store itself, on `file://` and `s3://` alike. S3 objects cannot be appended to, so a process
+writes segments, rewriting the current one whole at each flush up to `SEGMENT_BYTES`; names sort in write
+order, as TensorBoard reads them. A failed upload is retried at the next flush, up to `MAX_PENDING_BYTES`. A
+SIGKILLed process loses at most its last flush interval. The store is opened on the first flush, in the
+tracking thread, and is a store of its own, so its I/O never counts in the role's traffic.
+
+Design notes: docs/internals.md, "Experiment tracking backends"; what a user sees: docs/tracking.md.
 """
 
 from __future__ import annotations

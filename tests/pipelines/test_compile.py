@@ -393,7 +393,7 @@ def test_join_pipeline_checks_the_run_then_starts_learners_with_their_site(compi
 def test_a_learner_pod_starts_one_rank_per_gpu(tmp_path, pretrain):
     """`--gpus-per-learner 4`: the learner's worker (keeper) or task (direct) starts 4 ranks
     (`ddiloco learner --local-ranks 4`) and prepare sets train.ranks=4, so the syncer bounds an answer's
-    tokens by 4 ranks' batches; one GPU (the golden YAML) starts one process as before."""
+    tokens by 4 ranks' batches; one GPU (the golden YAML) starts one process."""
     from ddiloco.components.runtime import command, prepare_settings
     from ddiloco.pipelines.pretrain import ClusterOptions
 

@@ -40,7 +40,7 @@ def test_the_gpus_seen_are_the_variables_entries_up_to_an_invalid_one_else_the_d
         (4, 2, 2, ["0,1", "2,3"]),
         (2, 3, 1, ["0", "1", "0"]),  # more learners than GPUs: they share, in turn
         (3, 2, 2, ["0,1", "2,0"]),  # never two ranks of one learner on one GPU
-        (1, 4, 1, ["0", "0", "0", "0"]),  # the one-GPU laptop: as before
+        (1, 4, 1, ["0", "0", "0", "0"]),  # the one-GPU laptop: every learner on GPU 0
     ],
 )
 def test_each_learner_gets_its_ranks_gpus_in_turn(gpus, count, learners, ranks, expected):

@@ -1,4 +1,4 @@
-"""Rules the codebase keeps (DESIGN §3, STYLE, issue 15): checked, not hoped for.
+"""Rules the codebase keeps (issue 15): checked, not hoped for.
 
 The library is `ddiloco/` plus `components/` and `pipelines/` (installed as `ddiloco.components` and
 `ddiloco.pipelines`); the structural rules cover all three, the import rules the core package `ddiloco/`.

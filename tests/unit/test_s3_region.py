@@ -19,7 +19,7 @@ BASE = {"DDILOCO_S3_ACCESS_KEY": "k", "DDILOCO_S3_SECRET_KEY": "s"}
         ("seaweedfs.kubeflow:9000", {"AWS_DEFAULT_REGION": "eu-west-2"}, "eu-west-2"),
         ("minio:9000", {"DDILOCO_S3_REGION": "eu-central-1", "AWS_REGION": "x"}, "eu-central-1"),
         ("seaweedfs.kubeflow:9000", {"DDILOCO_S3_REGION": "auto"}, None),
-        ("https://s3.amazonaws.com", {}, None),  # minio takes it from the host or the bucket, as before
+        ("https://s3.amazonaws.com", {}, None),  # minio takes it from the host or the bucket
         ("https://s3.eu-west-1.amazonaws.com", {"AWS_REGION": "eu-west-1"}, "eu-west-1"),
     ],
 )

@@ -103,7 +103,8 @@ def test_every_recipe_decays_by_default(name):
 
 def test_auto_decays_only_over_enough_outer_steps_for_the_global_model_to_follow():
     # The small-budget check (docs/results.md §12): 2.5M tokens, M = 4, H = 48 -> ~6.4 rounds per fragment,
-    # fewer than the outer momentum's horizon 1/(1 - 0.9) = 10: constant. §11's 40M tokens: cosine.
+    # fewer than the outer momentum's horizon 1/(1 - 0.9) = 10: constant. The 40M tokens of docs/results.md
+    # §11: cosine.
     small = load_config(overrides=["diloco.token_budget=2500000", "diloco.sync_every=48"])
     assert outer_steps_in_decay(small) == pytest.approx(2_500_000 / (4 * 16 * 128) / 48)
     assert resolve(small) == "constant" and learner_train(small).lr_schedule == "constant"
