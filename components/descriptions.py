@@ -1,13 +1,14 @@
-"""What every pipeline parameter and component input/output means: the one table the KFP UI and the docs read.
+"""What every component input and output means, for the KFP UI.
 
-KFP 2.17 takes the descriptions of a pipeline's or component's inputs and outputs from its function's
-Google-style docstring (`Args:` for inputs, `Returns:` for outputs: kfp/dsl/component_factory.py
+KFP 2.17 takes the descriptions of a component's inputs and outputs from its function's Google-style
+docstring (`Args:` for inputs, `Returns:` for outputs: kfp/dsl/component_factory.py
 `extract_component_interface`, parsed with `docstring_parser`); `described` writes that docstring from
-`DESCRIPTIONS`, and the parameter tables of docs/cluster.md are rendered from it too
-(`ddiloco.pipelines.params_doc`). A name missing here fails the compile, so no input goes undescribed.
+`DESCRIPTIONS`, and an input a run-time parameter feeds under its own name from that parameter's row
+(`ddiloco.components.params`, which describes the pipelines' own parameters). A name missing in both fails
+the compile, so no input goes undescribed.
 
-Keys: a plain name (`store`), or `function.name` where one function means something else by it (the join
-pipeline's `learners`, `prepare.Output`); the qualified key wins. Outputs of one value are named `Output`.
+Keys: a plain name (`store`), or `function.name` where one function means something else by it
+(`join_check.learners`, `prepare.Output`); the qualified key wins. Outputs of one value are named `Output`.
 """
 
 import functools
@@ -15,58 +16,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ddiloco.components import params
 from kfp.dsl.types import type_annotations
 
 DESCRIPTIONS: dict[str, str] = {
-    # --- run-time parameters of pretrain and smoke (the KFP UI's "Run parameters") ---
-    "recipe": "The recipe the run starts from: tiny-cpu, small-gpu, paper-like or sync-diloco.",
-    "overrides": 'JSON list of config overrides key=value applied to the recipe, e.g. ["diloco.codec=int4", '
-    '"model.preset=350m"]; unknown keys are refused with a did-you-mean when the pipeline is compiled or '
-    "submitted.",
-    "learners": "M, the learners of this run (at most the compiled --max-learners).",
-    "quorum": "K, the minimum learner answers per merge; 0 keeps the recipe's.",
-    "token_budget": "Tokens to merge before the run ends; 0 keeps the recipe's.",
-    "chaos": 'The chaos section as JSON/YAML, e.g. {"events": [{"kind": "kill_learner", "learner": 1, '
-    '"at_s": 600}], "poisson": {"mean_interval_s": 900}}; empty: no chaos.',
-    "model_hf": "A Hugging Face model directory or store prefix to train (model.hf); empty: the built-in GPT.",
-    "corpus": "A pre-tokenized corpus read in place: a store prefix of .npy token files (data.source); "
-    "empty: the recipe's data.",
-    "text_corpus": "A store prefix of .txt/.jsonl/.parquet/datasets files, tokenized (one pod per file, "
-    "--tokenize-parallelism at once) under "
-    "s3://bucket/prefix/corpora/corpus-KEY (content-addressed: a rerun on the same text reuses it) and read "
-    "in place; empty: none.",
-    "lm_eval": "Also run lm-evaluation-harness on the package's tasks in the evaluate steps.",
-    "lm_eval_tasks": "A store prefix (s3://bucket/prefix or file:///dir) of lm-evaluation-harness task YAMLs with "
-    "their data files and utils.py, e.g. folders copied from lm_eval/tasks/; the evaluate steps copy it and "
-    "run every task it defines (TaskManager include_path), offline; a relative data_files path in a YAML is a "
-    "file of the prefix. Results: eval/lm-final-tasks.json, metrics lm_eval.TASK.METRIC. Empty: none.",
-    "lm_eval_datasets": "A store prefix holding a Hugging Face datasets cache (a copy of "
-    "~/.cache/huggingface/datasets after loading the benchmarks once), used as HF_DATASETS_CACHE with "
-    "HF_DATASETS_OFFLINE=1 so tasks with a Hub dataset_path (hellaswag, arc_easy, ...) load without internet. "
-    "Empty: none.",
-    "store_bucket": "Bucket of the run data: s3://store_bucket/store_prefix/<run id>.",
-    "store_prefix": "Prefix of the run data in the bucket; {namespace} is the run's namespace.",
-    "s3_endpoint": "The S3 endpoint, host:port or https://host:port (KFP >= 2.16: seaweedfs.kubeflow:9000, "
-    "older: minio-service.kubeflow:9000).",
-    "store_secret": "Kubernetes Secret with the store credentials (keys accesskey / secretkey).",
-    "gpu_node_selector": "Node selector of learners, evaluation and SFT (JSON object; the GPU request already "
-    'needs a GPU node), e.g. {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}.',
-    "gpu_tolerations": "Tolerations of learners, evaluation and SFT (JSON list of v1 Tolerations).",
-    "cpu_node_selector": "Node selector of the CPU steps: tokenize, prepare, syncer, chaos, export, report.",
-    "kueue_queue": "Kueue LocalQueue of the worker pods and TrainJobs the keepers create; empty: no Kueue.",
-    "pod_settings": "Settings of the worker pods the keepers create (JSON object): priority_class, affinity, "
-    "image_pull_secrets, labels, annotations.",
-    # --- run-time parameters of join ---
-    "run_root": "The owner's run root, s3://BUCKET/PREFIX/KFP_RUN_ID of its pretrain run.",
-    "site": "Label of this cluster's learners in the owner's reports and metrics, e.g. eu-west.",
-    "join.learners": "Learners this cluster adds to the owner's run.",
-    "join.s3_endpoint": "How this cluster reaches the owner's store (host:port or https://host:port).",
-    "join.store_secret": "This cluster's Secret for the owner's store (keys accesskey / secretkey).",
-    "join.gpu_node_selector": "Node selector of this cluster's learners (JSON object).",
-    "join.gpu_tolerations": "Tolerations of this cluster's learners (JSON list of v1 Tolerations).",
-    "join.cpu_node_selector": "Node selector of the check step (JSON object).",
-    "link_bandwidth": "Emulated bandwidth of this site's link, e.g. 100Mbit; empty: none.",
-    "link_latency": "Emulated one-way latency of this site's link, e.g. 50ms; empty: none.",
     # --- component inputs ---
     "store": "The store base s3://bucket/prefix ({namespace}: the pod's namespace); the run root is "
     "{store}/{run_id}.",
@@ -120,7 +73,13 @@ def describe(owner: str, name: str) -> str:
     for key in (f"{owner}.{name}", name):
         if DESCRIPTIONS.get(key, "").strip():
             return DESCRIPTIONS[key]
-    raise ValueError(f"no description of {owner}'s {name!r}: add it to ddiloco.components.descriptions")
+    for table in (params.PRETRAIN, params.JOIN):
+        if text := params.description(table, name):
+            return text
+    raise ValueError(
+        f"no description of {owner}'s {name!r}: add it to ddiloco.components.descriptions (a run parameter's "
+        "row in ddiloco.components.params describes an input of its name)"
+    )
 
 
 def _outputs(func: Callable[..., Any]) -> tuple[list[str], list[str]]:
@@ -148,9 +107,9 @@ def docstring(func: Callable[..., Any]) -> str:
 
 
 def described(func: Callable[..., Any]) -> Callable[..., Any]:
-    """A copy of `func` whose docstring describes every input and output (for `dsl.component` and
-    `dsl.pipeline`; the original function is left as it is). inspect follows `__wrapped__` to `func` for the
-    signature and the source a lightweight component embeds."""
+    """A copy of `func` whose docstring describes every input and output (for `dsl.component`; the original
+    function is left as it is). inspect follows `__wrapped__` to `func` for the signature and the source a
+    lightweight component embeds."""
 
     @functools.wraps(func)
     def copy(*args: Any, **kwargs: Any) -> Any:

@@ -43,10 +43,10 @@ def prepare(
     model_hf names a Hugging Face model directory or store prefix to train (`model.hf`), empty: the recipe's;
     corpus: a pre-tokenized corpus read in place (`data.source`; the `tokenize` step's output);
     learner_ranks: the ranks each learner pod starts (`train.ranks`, unless an override raises it)."""
+    inputs = dict(locals())  # by name: the run-config keys come from ddiloco.components.params
     from ddiloco.components.runtime import ddiloco, prepare_settings, run_root
 
-    knobs = (learners, quorum, token_budget, chaos, max_learners, model_hf, corpus, learner_ranks)
-    settings = prepare_settings(overrides, *knobs)
+    settings = prepare_settings(inputs)
     root = run_root(store, run_id)
     ddiloco("prepare", store=root, recipe=recipe, run_id=run_id, set=settings, s3_endpoint=s3_endpoint)
     return list(range(learners))
@@ -79,22 +79,12 @@ def tokenize_plan(
     `{store}/corpora/corpus-KEY` (content-addressed: a rerun or a schedule on the same text reuses it, and
     has no units), with the tokenizer of `model_hf` if it has one, else bytes; or `corpus` (a pre-tokenized
     prefix) passed on; or neither (the recipe's data). Units: one per input file."""
+    inputs = dict(locals())  # by name: every run parameter this step checks
     from collections import namedtuple
 
     from ddiloco.components.runtime import tokenize_plan as plan
 
-    knobs = {"learners": learners, "quorum": quorum, "token_budget": token_budget, "chaos": chaos}
-    limits = {"max_learners": max_learners, "learner_ranks": learner_ranks}
-    placement = {"gpu_node_selector": gpu_node_selector, "gpu_tolerations": gpu_tolerations}
-    placement |= {
-        "cpu_node_selector": cpu_node_selector,
-        "kueue_queue": kueue_queue,
-        "pod_settings": pod_settings,
-    }
-    run = {"recipe": recipe, "overrides": overrides, **knobs, **limits, **placement} if recipe else None
-    return namedtuple("Plan", ["units", "corpus", "tokenized"])(
-        *plan(store, text_corpus, corpus, model_hf, s3_endpoint, run)
-    )
+    return namedtuple("Plan", ["units", "corpus", "tokenized"])(*plan(inputs))
 
 
 def tokenize_unit(corpus: str, unit: int, s3_endpoint: str = ""):

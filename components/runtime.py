@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddiloco.components import params
+
 from ddiloco import keys
 
 NAMESPACE_ENV = "DDILOCO_K8S_NAMESPACE"
@@ -183,54 +185,43 @@ def publish_file(src: str | Path, artifact: Any) -> bool:
     return True
 
 
-def prepare_settings(
-    overrides: Sequence[str],
-    learners: int,
-    quorum: int,
-    token_budget: int,
-    chaos: str,
-    max_learners: int,
-    model_hf: str = "",
-    corpus: str = "",
-    learner_ranks: int = 1,
-) -> list[str]:
-    """The `--set` list of the prepare step: one shard per learner id up to the pipeline's `max_learners`
-    (learners joined mid-run read data of their own; an override of diloco.max_learners wins), the UI's
-    overrides, then the UI's headline knobs (which win; model_hf: a Hugging Face model directory or store
-    prefix, `model.hf`; corpus: a pre-tokenized corpus, `data.source`; learner_ranks: the ranks of a learner
-    pod, `train.ranks`, before the overrides)."""
+def prepare_settings(inputs: Mapping[str, Any]) -> list[str]:
+    """The `--set` list of the prepare step, from its inputs by name: one shard per learner id up to the
+    pipeline's `max_learners` (learners joined mid-run read data of their own; an override of
+    diloco.max_learners wins), `learner_ranks` > 1 as train.ranks, the UI's `overrides`, then the config key
+    of each run parameter that has one (`ddiloco.components.params`: learners, quorum, model_hf, corpus, ...)
+    whose input is not empty, which win over the overrides."""
+    learners, max_learners = int(inputs.get("learners", 1)), int(inputs["max_learners"])
     if not 1 <= learners <= max_learners:
         raise ValueError(
             f"learners={learners}: this pipeline was compiled for 1..{max_learners} concurrent learners; "
             "recompile with `ddiloco pipeline compile --max-learners N` for more"
         )
+    overrides = inputs.get("overrides") or []
     bad = [o for o in overrides if not isinstance(o, str) or "=" not in o]
     if bad:
         raise ValueError(f"overrides must be strings like 'diloco.codec=int4', got {bad}")
     out = [f"diloco.max_learners={max_learners}"]
-    if learner_ranks > 1:
-        out.append(f"train.ranks={learner_ranks}")
-    out += [*overrides, f"diloco.learners={learners}"]
-    if quorum > 0:
-        out.append(f"diloco.quorum={quorum}")
-    if token_budget > 0:
-        out.append(f"diloco.token_budget={token_budget}")
-    if chaos.strip():
-        out.append(f"chaos={chaos.strip()}")
-    if model_hf.strip():
-        out.append(f"model.hf={model_hf.strip()}")
-    if corpus.strip():
-        out.append(f"data.source={corpus.strip()}")
+    if int(inputs.get("learner_ranks", 1)) > 1:
+        out.append(f"train.ranks={int(inputs['learner_ranks'])}")
+    out += overrides
+    for param in params.configured():
+        value = inputs.get(param.name)
+        value = None if value is None else param.type(value)
+        if isinstance(value, str):
+            value = value.strip()
+        if value:
+            out.append(f"{param.config}={value}")
     return out
 
 
 def check_run(values: Mapping[str, Any], max_learners: int, learner_ranks: int = 1) -> None:
-    """The config the prepare step would build from these run parameters (recipe, overrides, learners,
-    quorum, token_budget, chaos, model_hf, corpus) is valid: `prepare_settings`, then the recipe loaded with
-    them, which refuses an unknown key with a did-you-mean (`ddiloco.overrides.apply_dict`); and the
-    placement parameters among `values` (`ddiloco.components.clusterparams`). Used where the parameters are
-    given (`ddiloco pipeline compile | submit | schedule`) and by a run's first step, for runs started from
-    the KFP UI. No `recipe`: the placement parameters only."""
+    """The config the prepare step would build from these run parameters (recipe, overrides and those with a
+    config key) is valid: `prepare_settings`, then the recipe loaded with them, which refuses an unknown key
+    with a did-you-mean (`ddiloco.overrides.apply_dict`); and the placement parameters among `values`
+    (`ddiloco.components.clusterparams`). Used where the parameters are given (`ddiloco pipeline compile |
+    submit | schedule`) and by a run's first step, for runs started from the KFP UI. No `recipe`: the
+    placement parameters only."""
     from ddiloco.components.clusterparams import check_placement
 
     from ddiloco.errors import ConfigError
@@ -242,40 +233,26 @@ def check_run(values: Mapping[str, Any], max_learners: int, learner_ranks: int =
     overrides = values.get("overrides") or []
     if not isinstance(overrides, list):
         raise ConfigError(f"parameter overrides={overrides!r} must be a list of key=value strings")
-    settings = prepare_settings(
-        overrides,
-        int(values.get("learners", 1)),
-        int(values.get("quorum", 0)),
-        int(values.get("token_budget", 0)),
-        str(values.get("chaos", "")),
-        max_learners,
-        str(values.get("model_hf", "")),
-        str(values.get("corpus", "")),
-        learner_ranks,
-    )
+    limits = {"max_learners": max_learners, "learner_ranks": learner_ranks}
+    settings = prepare_settings({**values, "overrides": overrides, **limits})
     try:
         load_config(str(values["recipe"]), overrides=settings)
     except ConfigError as e:
         raise ConfigError(f"the run parameters do not make a valid run config: {e}") from None
 
 
-def tokenize_plan(
-    store: str,
-    text_corpus: str,
-    corpus: str,
-    model_hf: str = "",
-    s3_endpoint: str = "",
-    run: Mapping[str, Any] | None = None,
-) -> tuple[list[int], str, bool]:
-    """The tokenize-plan step, the run's first: (units to tokenize, the corpus URL prepare will read, whether
-    it is tokenized here). `run`: the run parameters and the pipeline's max_learners / learner_ranks, checked
-    first (`check_run`), so a run started from the KFP UI with a misspelt override fails here, in seconds,
-    not at prepare after tokenizing. Text: `ddiloco tokenize --stage plan` under `{store}/corpora` (no units
-    when an earlier run tokenized the same text); a pre-tokenized `corpus`: passed on; neither: "" (the
-    recipe's data)."""
-    if run:
-        limits = {k: int(run.get(k, 1)) for k in ("max_learners", "learner_ranks")}
-        check_run({**run, "model_hf": model_hf, "corpus": corpus}, **limits)
+def tokenize_plan(inputs: Mapping[str, Any]) -> tuple[list[int], str, bool]:
+    """The tokenize-plan step, the run's first, from its inputs by name: (units to tokenize, the corpus URL
+    prepare will read, whether it is tokenized here). With a `recipe`, the run parameters among the inputs
+    and the pipeline's max_learners / learner_ranks are checked first (`check_run`), so a run started from
+    the KFP UI with a misspelt override fails here, in seconds, not at prepare after tokenizing. Text
+    (`text_corpus`): `ddiloco tokenize --stage plan` under `{store}/corpora` (no units when an earlier run
+    tokenized the same text); a pre-tokenized `corpus`: passed on; neither: "" (the recipe's data)."""
+    text_corpus, corpus = str(inputs.get("text_corpus", "")), str(inputs.get("corpus", ""))
+    model_hf, s3_endpoint = str(inputs.get("model_hf", "")), str(inputs.get("s3_endpoint", ""))
+    if inputs.get("recipe"):
+        limits = {k: int(inputs.get(k, 1)) for k in ("max_learners", "learner_ranks")}
+        check_run(inputs, **limits)
     if text_corpus.strip() and corpus.strip():
         raise ValueError("give text_corpus (to tokenize) or corpus (already tokenized), not both")
     if not text_corpus.strip():
@@ -284,7 +261,7 @@ def tokenize_plan(
         "tokenize",
         stage="plan",
         input=text_corpus.strip(),
-        out=f"{run_root(store).rstrip('/')}/corpora",
+        out=f"{run_root(str(inputs['store'])).rstrip('/')}/corpora",
         tokenizer="auto",
         model_hf=model_hf.strip() or None,
         s3_endpoint=s3_endpoint,

@@ -19,64 +19,43 @@ Design choices:
   --pipeline join --registry REGISTRY`.
 """
 
-# No `from __future__ import annotations`: kfp reads the pipeline signature's types at definition time.
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from ddiloco.components.descriptions import described
+from ddiloco.components import params
 from ddiloco.components.roles import build
-from ddiloco.pipelines.pretrain import DEFAULTS, ClusterOptions, _Wiring, run_defaults
+from ddiloco.pipelines.pretrain import ClusterOptions, _Wiring, run_defaults, task
 from kfp import dsl
 
 OPTIONS = ClusterOptions(
     name="ddiloco-join",
     description="Learners of this cluster join a ddiloco run owned by another cluster (cross-region training).",
-    defaults={
-        "run_root": "s3://mlpipeline/ddiloco/RUN_ID",
-        "site": "remote",
-        "learners": 2,
-        "link_bandwidth": "",
-        "link_latency": "",
-    },
 )
 
 
 def pipeline_function(opts: ClusterOptions = OPTIONS) -> Callable[..., Any]:
-    """The `@dsl.pipeline` function of the join pipeline for these options."""
-    d = run_defaults(DEFAULTS, opts)
+    """The `@dsl.pipeline` function of the join pipeline for these options: one parameter per row of
+    `ddiloco.components.params.JOIN`, each passed by name to the steps its row names."""
+    table = params.JOIN
+    d = run_defaults(table, opts)
     c = build(opts.registry, gpu=opts.gpu)
 
-    @dsl.pipeline(name=opts.name, description=opts.description)
-    @described
-    def join(
-        run_root: str = d["run_root"],
-        site: str = d["site"],
-        learners: int = d["learners"],
-        s3_endpoint: str = d["s3_endpoint"],
-        store_secret: str = d["store_secret"],
-        link_bandwidth: str = d["link_bandwidth"],
-        link_latency: str = d["link_latency"],
-        gpu_node_selector: dict = d["gpu_node_selector"],
-        gpu_tolerations: list = d["gpu_tolerations"],
-        cpu_node_selector: dict = d["cpu_node_selector"],
-    ):
-        k8s = _Wiring(opts, store_secret, gpu_node_selector, gpu_tolerations, cpu_node_selector)
-        check = c.join_check(
-            store=run_root, s3_endpoint=s3_endpoint, learners=learners, max_learners=opts.max_learners
-        )
-        k8s.cpu_step(check, "check-run")
+    def join(p: dict[str, Any]) -> None:
+        step = functools.partial(task, c, table, p)
+        placement = p["gpu_node_selector"], p["gpu_tolerations"], p["cpu_node_selector"]
+        k8s = _Wiring(opts, p["store_secret"], *placement)
+        check = k8s.cpu_step(step("join_check", max_learners=opts.max_learners), "check-run")
         with dsl.ParallelFor(items=check.output, parallelism=opts.max_learners, name="learners") as slot:
-            learner = c.joiner(
-                store=run_root,
-                site=site,
+            learner = step(
+                "joiner",
                 run_tag=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                 slot=slot,
-                s3_endpoint=s3_endpoint,
-                link_bandwidth=link_bandwidth,
-                link_latency=link_latency,
                 metrics_port=opts.metrics_port,
                 restarts=opts.crash_restarts,
             )
             k8s.learner(learner.after(check))
 
-    return join
+    return dsl.pipeline(name=opts.name, description=opts.description)(
+        params.pipeline_func("join", table, d, join)
+    )

@@ -1,22 +1,26 @@
-"""The run-time parameter tables of docs/cluster.md, rendered from the descriptions the KFP UI shows
-(`ddiloco.components.descriptions`) and the pipelines' defaults, between `<!-- params:NAME -->` markers.
+"""The run-time parameter tables of docs/cluster.md, rendered from the parameters' table
+(`ddiloco.components.params`: the descriptions the KFP UI shows, the defaults) between `<!-- params:NAME -->`
+markers.
 
-`tests/pipelines/test_descriptions.py` checks that the docs hold what this renders (UPDATE_GOLDEN=1 rewrites).
+`python -m ddiloco.pipelines.params_doc [DOC]` rewrites them in place (default: the repository's
+docs/cluster.md); `tests/pipelines/test_descriptions.py` fails when the docs hold anything else.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
-from ddiloco.components.descriptions import describe
+from ddiloco.components import params
 from ddiloco.pipelines import join, smoke
-from ddiloco.pipelines.pretrain import DEFAULTS, ClusterOptions, pipeline_function, run_defaults
+from ddiloco.pipelines.pretrain import ClusterOptions, run_defaults
 
 TABLES = ("pretrain", "join")
 """The tables in the docs: pretrain's (with smoke's defaults where they differ) and join's."""
+DOC = Path(__file__).resolve().parents[1] / "docs" / "cluster.md"
 
 
 def _value(value: Any) -> str:
@@ -25,23 +29,19 @@ def _value(value: Any) -> str:
     return f"`{value}`" if isinstance(value, str) else f"`{json.dumps(value)}`"
 
 
-def _signature(name: str) -> list[str]:
-    func = join.pipeline_function() if name == "join" else pipeline_function()
-    return list(inspect.signature(func.pipeline_func).parameters)
-
-
 def render(name: str) -> str:
     """The Markdown table of pipeline `name`'s run-time parameters: name, meaning, default."""
     if name == "join":
-        defaults, others = run_defaults(DEFAULTS, join.OPTIONS), {}
+        table, defaults, others = params.JOIN, run_defaults(params.JOIN, join.OPTIONS), {}
     else:
-        defaults, others = run_defaults(DEFAULTS, ClusterOptions()), run_defaults(DEFAULTS, smoke.OPTIONS)
+        table = params.PRETRAIN
+        defaults, others = run_defaults(table, ClusterOptions()), run_defaults(table, smoke.OPTIONS)
     rows = ["| parameter | meaning | default |", "|---|---|---|"]
-    for param in _signature(name):
-        default = _value(defaults[param])
-        if param in others and others[param] != defaults[param]:
-            default += f" (smoke: {_value(others[param])})"
-        rows.append(f"| `{param}` | {describe(name, param).replace('|', '/')} | {default} |")
+    for param in table:
+        default = _value(defaults[param.name])
+        if param.name in others and others[param.name] != defaults[param.name]:
+            default += f" (smoke: {_value(others[param.name])})"
+        rows.append(f"| `{param.name}` | {param.description.replace('|', '/')} | {default} |")
     return "\n".join(rows)
 
 
@@ -63,3 +63,8 @@ def rendered(text: str) -> str:
         current(text, name)
         text = _markers(name).sub(lambda m, n=name: f"{m[1]}{render(n)}\n{m[3]}", text)
     return text
+
+
+if __name__ == "__main__":
+    doc = Path(sys.argv[1]) if len(sys.argv) > 1 else DOC
+    doc.write_text(rendered(doc.read_text()))

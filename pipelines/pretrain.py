@@ -4,7 +4,7 @@ evaluate → [sft → evaluate → export ∥ export] → report.
 Design choices:
 - Two kinds of settings. Run-time parameters are what a person turns in the KFP UI (recipe, overrides,
   learners, quorum, token budget, chaos schedule, a Hugging Face model to train, lm-evaluation-harness in the
-  evaluate steps, store bucket/prefix/endpoint/secret, node pools); compile-time
+  evaluate steps, store bucket/prefix/endpoint/secret, node pools: `ddiloco.components.params`); compile-time
   `ClusterOptions` are what a platform engineer fixes once per cluster (registry, GPUs per learner, resources,
   retries, timeouts, the ParallelFor cap). `ddiloco pipeline compile` exposes the latter as flags.
 - Learners are a ParallelFor over the ids `prepare` returns, with parallelism = `max_learners` (all of a
@@ -61,23 +61,22 @@ Design choices:
   prepare only verifies a prepared root, learners and syncer exit on a done run, chaos fires nothing twice.
 """
 
-# No `from __future__ import annotations`: kfp reads the pipeline signature's types at definition time.
+import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddiloco.components.descriptions import described
+from ddiloco.components import params
 from ddiloco.components.images import DEFAULT_REGISTRY, LEARNER, SYNCER, image
 from ddiloco.components.keeper import KEEPER_LABEL, SHM_MEDIUM, SHM_PATH, SHM_VOLUME
-from ddiloco.components.roles import build
+from ddiloco.components.roles import Components, build
 from ddiloco.components.runtime import NAMESPACE_ENV
 from kfp import dsl, kubernetes
 
 from ddiloco.chaos.k8s import DEFAULT_SELECTOR, ROLE_LABEL
 from ddiloco.hostname import POD_NAME_ENV
 
-KFP_SECRET = "mlpipeline-minio-artifact"
 RUN_KEY_ENV = "DDILOCO_RUN_KEY"  # ddiloco.protocol.signing.ENV_VAR (pipelines import no torch-heavy modules)
 LEARNER_KEY_ENVS = {"learner": "DDILOCO_LEARNER_KEY", "syncer_pub": "DDILOCO_SYNCER_PUBKEY"}
 """The learner Secret's entries -> the variables a learner reads (`signing.LEARNER_KEY_VAR`, `SYNCER_PUBKEY_VAR`)."""
@@ -159,7 +158,7 @@ class ClusterOptions:
     metrics_port: int = 9400
     """Port of the learners' and syncer's Prometheus /metrics (`--metrics-port`; manifests/monitoring scrapes it)."""
     defaults: dict[str, Any] = field(default_factory=dict)
-    """Run-time parameter defaults (overriding `DEFAULTS`)."""
+    """Run-time parameter defaults, over those of the parameters' table (`ddiloco.components.params`)."""
 
     @property
     def learner_pod_shm(self) -> str:
@@ -174,33 +173,6 @@ class ClusterOptions:
         return self.gpus_per_learner if self.gpu else 1
 
 
-DEFAULTS: dict[str, Any] = {
-    "recipe": "small-gpu",
-    "overrides": [],
-    "learners": 4,
-    "quorum": 0,
-    "token_budget": 0,
-    "chaos": "",
-    "model_hf": "",
-    "corpus": "",
-    "text_corpus": "",
-    "lm_eval": False,
-    "lm_eval_tasks": "",
-    "lm_eval_datasets": "",
-    "store_bucket": "mlpipeline",
-    "store_prefix": "private/{namespace}/ddiloco",
-    "s3_endpoint": "seaweedfs.kubeflow:9000",
-    "store_secret": KFP_SECRET,
-    "gpu_node_selector": {},
-    "gpu_tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    "cpu_node_selector": {},
-    "kueue_queue": "",
-    "pod_settings": {},
-}
-"""Run-time parameters and their defaults (KFP ≥ 2.16 ships SeaweedFS at seaweedfs.kubeflow:9000; older
-releases MinIO at minio-service.kubeflow:9000). `{namespace}` in store_prefix is the run's namespace.
-`kueue_queue` and `pod_settings` (priority_class, affinity, image_pull_secrets, labels, annotations,
-service_account) reach the pods the keepers create (`ddiloco.components.podsettings`; docs/cluster.md, "Your cluster")."""
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 """Always passed as a parameter's whole value: the only form the KFP 2.17 driver replaces."""
 
@@ -214,9 +186,13 @@ def duration_s(text: str) -> float:
     raise ValueError(f"backoff {text!r}: write a duration like 10s, 2m or 1h")
 
 
-def run_defaults(defaults: dict[str, Any], opts: ClusterOptions) -> dict[str, Any]:
-    """A pipeline's run-time parameter defaults with the options' overrides, learners within the options."""
-    d = {**defaults, **opts.defaults}
+def run_defaults(table: Sequence[params.Param], opts: ClusterOptions) -> dict[str, Any]:
+    """A pipeline's run-time parameter defaults: the table's with the options' over them, learners within the
+    options."""
+    unknown = sorted(set(opts.defaults) - {p.name for p in table})
+    if unknown:
+        raise ValueError(f"defaults for {unknown}: {opts.name} has no such run parameter")
+    d = {**params.defaults(table), **opts.defaults}
     if not 1 <= d["learners"] <= opts.max_learners:
         raise ValueError(
             f"default learners={d['learners']} must be within 1..max_learners={opts.max_learners}"
@@ -224,9 +200,25 @@ def run_defaults(defaults: dict[str, Any], opts: ClusterOptions) -> dict[str, An
     return d
 
 
+def task(
+    c: Components, table: Sequence[params.Param], values: dict[str, Any], name: str, **given: Any
+) -> Any:
+    """A task of component `name`: the arguments `given`, and the run parameters whose rows send it theirs."""
+    component, sent = getattr(c, name), params.arguments(table, values, name)
+    missing = sorted(set(sent) - set(component.component_spec.inputs or {}))
+    if missing:
+        raise ValueError(
+            f"the run parameters' table sends step {name!r} inputs {missing} it does not have: add them to "
+            "the signature of its function (components/roles.py, components/keepers.py)"
+        )
+    return component(**given, **sent)
+
+
 def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., Any]:
-    """The `@dsl.pipeline` function for these options (compile it with `kfp.compiler.Compiler`)."""
-    d = run_defaults(DEFAULTS, opts)
+    """The `@dsl.pipeline` function for these options (compile it with `kfp.compiler.Compiler`): one parameter
+    per row of `ddiloco.components.params.PRETRAIN`, each passed by name to the steps its row names."""
+    table = params.PRETRAIN
+    d = run_defaults(table, opts)
     if opts.learner_shm and not QUANTITY.fullmatch(opts.learner_shm):  # the driver's MustParse would panic
         raise ValueError(f"learner_shm {opts.learner_shm!r}: write a Kubernetes quantity like 4Gi or 512Mi")
     if opts.learner_nodes < 1 or (opts.learner_nodes > 1 and not opts.keeper):
@@ -236,116 +228,56 @@ def pipeline_function(opts: ClusterOptions = ClusterOptions()) -> Callable[..., 
         )
     c = build(opts.registry, gpu=opts.gpu)
 
-    @dsl.pipeline(name=opts.name, description=opts.description)
-    @described
-    def pretrain(
-        recipe: str = d["recipe"],
-        overrides: list = d["overrides"],
-        learners: int = d["learners"],
-        quorum: int = d["quorum"],
-        token_budget: int = d["token_budget"],
-        chaos: str = d["chaos"],
-        model_hf: str = d["model_hf"],
-        corpus: str = d["corpus"],
-        text_corpus: str = d["text_corpus"],
-        lm_eval: bool = d["lm_eval"],
-        lm_eval_tasks: str = d["lm_eval_tasks"],
-        lm_eval_datasets: str = d["lm_eval_datasets"],
-        store_bucket: str = d["store_bucket"],
-        store_prefix: str = d["store_prefix"],
-        s3_endpoint: str = d["s3_endpoint"],
-        store_secret: str = d["store_secret"],
-        gpu_node_selector: dict = d["gpu_node_selector"],
-        gpu_tolerations: list = d["gpu_tolerations"],
-        cpu_node_selector: dict = d["cpu_node_selector"],
-        kueue_queue: str = d["kueue_queue"],
-        pod_settings: dict = d["pod_settings"],
-    ):
-        store = f"s3://{store_bucket}/{store_prefix}"
-        k8s = _Wiring(opts, store_secret, gpu_node_selector, gpu_tolerations, cpu_node_selector)
-        report = k8s.cpu_step(c.report(store=store, run_id=RUN_ID, s3_endpoint=s3_endpoint), "report")
+    def pretrain(p: dict[str, Any]) -> None:
+        step = functools.partial(task, c, table, p)
+        store = f"s3://{p['store_bucket']}/{p['store_prefix']}"
+        placement = p["gpu_node_selector"], p["gpu_tolerations"], p["cpu_node_selector"]
+        gpu_selector, tolerations, cpu_selector = placement
+        k8s = _Wiring(opts, p["store_secret"], *placement)
+        report = k8s.cpu_step(step("report", store=store, run_id=RUN_ID), "report")
         with dsl.ExitHandler(report, name="run"):
-            knobs = {"learners": learners, "quorum": quorum, "token_budget": token_budget, "chaos": chaos}
             limits = {"max_learners": opts.max_learners, "learner_ranks": opts.learner_ranks}
-            plan = c.tokenize_plan(
-                store=store,
-                s3_endpoint=s3_endpoint,
-                text_corpus=text_corpus,
-                corpus=corpus,
-                model_hf=model_hf,
-                recipe=recipe,
-                overrides=overrides,
-                **knobs,
-                **limits,
-                gpu_node_selector=gpu_node_selector,
-                gpu_tolerations=gpu_tolerations,
-                cpu_node_selector=cpu_node_selector,
-                kueue_queue=kueue_queue,
-                pod_settings=pod_settings,
-            )
-            k8s.cpu_step(plan, "tokenize-plan")
+            plan = k8s.cpu_step(step("tokenize_plan", store=store, **limits), "tokenize-plan")
             units = plan.outputs["units"]
             with dsl.ParallelFor(items=units, parallelism=opts.tokenize_parallelism, name="tokenize") as unit:
-                one = c.tokenize_unit(corpus=plan.outputs["corpus"], unit=unit, s3_endpoint=s3_endpoint)
+                one = step("tokenize_unit", corpus=plan.outputs["corpus"], unit=unit)
                 k8s.cpu_step(one, "tokenize-unit")
-            tok = c.tokenize_finish(
-                corpus=plan.outputs["corpus"], tokenized=plan.outputs["tokenized"], s3_endpoint=s3_endpoint
-            ).after(one)
-            k8s.cpu_step(tok, "tokenize-finish")
-            prep = c.prepare(
-                store=store,
-                run_id=RUN_ID,
-                s3_endpoint=s3_endpoint,
-                recipe=recipe,
-                overrides=overrides,
-                **knobs,
-                **limits,
-                model_hf=model_hf,
-                corpus=tok.output,
-            )
+            tok = step("tokenize_finish", corpus=plan.outputs["corpus"], tokenized=plan.outputs["tokenized"])
+            k8s.cpu_step(tok.after(one), "tokenize-finish")
+            prep = step("prepare", store=store, run_id=RUN_ID, corpus=tok.output, **limits)
             k8s.cpu_step(prep, "prepare")
-            roles = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
+            roles = {"store": store, "run_id": RUN_ID}
             roles.update(metrics_port=opts.metrics_port, restarts=opts.crash_restarts)
-            cluster = {"kueue_queue": kueue_queue, "pod_settings": pod_settings} if opts.keeper else {}
             with dsl.ParallelFor(items=prep.output, parallelism=opts.max_learners, name="learners") as lid:
                 if opts.keeper:
-                    learner = c.learner_keeper(
+                    learner = step(
+                        "learner_keeper",
                         learner_id=lid,
                         worker=k8s.worker("learner"),
-                        store_secret=store_secret,
-                        node_selector=gpu_node_selector if opts.gpu else cpu_node_selector,
-                        tolerations=gpu_tolerations if opts.gpu else [],
+                        node_selector=gpu_selector if opts.gpu else cpu_selector,
+                        tolerations=tolerations if opts.gpu else [],
                         **roles,
-                        **cluster,
                     )
                     k8s.keeper(learner.after(prep), "learner", opts.learner_retries)
                 else:
                     ranks = {"local_ranks": opts.learner_ranks} if opts.learner_ranks > 1 else {}
-                    k8s.learner(c.learner(learner_id=lid, **roles, **ranks).after(prep))
+                    k8s.learner(step("learner", learner_id=lid, **roles, **ranks).after(prep))
             if opts.keeper:
-                sync = c.syncer_keeper(
-                    worker=k8s.worker("syncer"),
-                    store_secret=store_secret,
-                    node_selector=cpu_node_selector,
-                    **roles,
-                    **cluster,
-                )
+                sync = step("syncer_keeper", worker=k8s.worker("syncer"), node_selector=cpu_selector, **roles)
                 sync = k8s.keeper(sync.after(prep), "syncer", opts.syncer_retries)
             else:
-                sync = k8s.syncer(c.syncer(**roles).after(prep))
-            chaos_task = c.chaos(
-                store=store, run_id=RUN_ID, s3_endpoint=s3_endpoint, selector=DEFAULT_SELECTOR
-            )
-            k8s.chaos(chaos_task.after(prep))
-            common = {"store": store, "run_id": RUN_ID, "s3_endpoint": s3_endpoint}
-            lm = {"lm_eval": lm_eval, "lm_eval_tasks": lm_eval_tasks, "lm_eval_datasets": lm_eval_datasets}
-            pre = k8s.gpu_step(c.evaluate(model="final", **lm, **common).after(sync), "evaluate-final")
-            k8s.cpu_step(c.export_final(**common).after(pre), "export-final")
-            tune = k8s.gpu_step(c.sft(**common).after(pre), "sft")
-            post = k8s.gpu_step(c.evaluate(model="sft", **lm, **common).after(tune), "evaluate-sft")
-            k8s.cpu_step(c.export_sft(**common).after(post), "export-sft")
+                sync = k8s.syncer(step("syncer", **roles).after(prep))
+            k8s.chaos(step("chaos", store=store, run_id=RUN_ID, selector=DEFAULT_SELECTOR).after(prep))
+            common = {"store": store, "run_id": RUN_ID}
+            pre = k8s.gpu_step(step("evaluate", model="final", **common).after(sync), "evaluate-final")
+            k8s.cpu_step(step("export_final", **common).after(pre), "export-final")
+            tune = k8s.gpu_step(step("sft", **common).after(pre), "sft")
+            post = k8s.gpu_step(step("evaluate", model="sft", **common).after(tune), "evaluate-sft")
+            k8s.cpu_step(step("export_sft", **common).after(post), "export-sft")
 
-    return pretrain
+    return dsl.pipeline(name=opts.name, description=opts.description)(
+        params.pipeline_func("pretrain", table, d, pretrain)
+    )
 
 
 @dataclass

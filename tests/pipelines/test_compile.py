@@ -405,7 +405,8 @@ def test_a_learner_pod_starts_one_rank_per_gpu(tmp_path, pretrain):
     assert direct.tasks["learner"][1]["inputs"]["parameters"]["local_ranks"]["runtimeValue"]["constant"] == 4
     assert "ranks" not in _worker(pretrain, "learner")[0]
     assert ClusterOptions(gpus_per_learner=4, gpu=False).learner_ranks == 1  # CPU nodes: one process
-    assert prepare_settings(["train.ranks=8"], 2, 0, 0, "", 8, learner_ranks=4)[:3] == [
+    given = {"overrides": ["train.ranks=8"], "learners": 2, "max_learners": 8, "learner_ranks": 4}
+    assert prepare_settings(given)[:3] == [
         "diloco.max_learners=8",
         "train.ranks=4",
         "train.ranks=8",  # an override given in the UI wins

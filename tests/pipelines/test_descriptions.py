@@ -4,7 +4,8 @@ Where KFP 2.17 puts them: `kfp.dsl.component_factory.extract_component_interface
 pipeline function's docstring with `docstring_parser` (`Args:` -> InputSpec.description, `Returns:` ->
 OutputSpec.description), and `kfp.compiler.pipeline_spec_builder._build_component_spec_from_component_spec_structure`
 copies them into `inputDefinitions` / `outputDefinitions`, for the pipeline's root too (`create_pipeline_spec`).
-`ddiloco.components.descriptions.described` writes those docstrings from `DESCRIPTIONS`.
+`ddiloco.components.descriptions.described` writes the components' docstrings from `DESCRIPTIONS`,
+`ddiloco.components.params.pipeline_func` the pipelines' from the parameters' table.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ddiloco.components.descriptions import DESCRIPTIONS, describe, docstring
+from ddiloco.components.params import JOIN, PRETRAIN, description
 from ddiloco.pipelines.compile import PIPELINES, compile_pipeline, golden_path
 from ddiloco.pipelines.params_doc import TABLES, current, render, rendered
 
@@ -57,9 +59,11 @@ def test_the_pipeline_compiled_without_keepers_is_described_too(tmp_path):
 def test_the_root_parameters_carry_the_tables_text():
     ir = next(yaml.safe_load_all(golden_path("pretrain").read_text()))
     params = ir["root"]["inputDefinitions"]["parameters"]
-    assert params["overrides"]["description"] == DESCRIPTIONS["overrides"]
+    assert {name: p["description"] for name, p in params.items()} == {p.name: p.description for p in PRETRAIN}
     join = next(yaml.safe_load_all(golden_path("join").read_text()))["root"]["inputDefinitions"]["parameters"]
-    assert join["learners"]["description"] == DESCRIPTIONS["join.learners"]
+    assert (
+        join["learners"]["description"] == description(JOIN, "learners") != description(PRETRAIN, "learners")
+    )
 
 
 def test_a_name_without_a_description_fails_the_build_naming_it():

@@ -54,23 +54,28 @@ def test_command_line_of_a_role():
 
 
 def test_prepare_settings_put_the_ui_knobs_last():
-    got = prepare_settings(["diloco.learners=9", "diloco.codec=int4"], 4, 2, 5000, " {events: []} ", 8)
+    def settings(overrides, learners, quorum=0, token_budget=0, chaos="", **more):
+        given = {"overrides": overrides, "learners": learners, "quorum": quorum, "token_budget": token_budget}
+        return prepare_settings({**given, "chaos": chaos, "max_learners": 8, **more})
+
+    got = settings(["diloco.learners=9", "diloco.codec=int4"], 4, 2, 5000, " {events: []} ")
     assert got == ["diloco.max_learners=8", "diloco.learners=9", "diloco.codec=int4", "diloco.learners=4",
                    "diloco.quorum=2", "diloco.token_budget=5000", "chaos={events: []}"]  # fmt: skip
-    assert prepare_settings([], 1, 0, 0, "", 8) == ["diloco.max_learners=8", "diloco.learners=1"]
-    hf = prepare_settings(["model.hf=s3://b/old"], 1, 0, 0, "", 8, " s3://models/qwen3 ")
+    assert settings([], 1) == ["diloco.max_learners=8", "diloco.learners=1"]
+    assert settings([], 1, 0.0, 400000.0)[-1] == "diloco.token_budget=400000"  # a compiled default's float
+    hf = settings(["model.hf=s3://b/old"], 1, model_hf=" s3://models/qwen3 ")
     assert hf[-1] == "model.hf=s3://models/qwen3"  # the UI's model parameter wins over an override
-    data = prepare_settings(["data.source=old.jsonl"], 1, 0, 0, "", 8, "", " s3://b/corpora/corpus-1 ")
+    data = settings(["data.source=old.jsonl"], 1, corpus=" s3://b/corpora/corpus-1 ")
     assert data[-1] == "data.source=s3://b/corpora/corpus-1"  # the tokenize step's corpus wins too
-    assert tokenize_plan("s3://b/p", "", " s3://b/tokens ") == ([], "s3://b/tokens", False)  # passed on
-    assert tokenize_plan("s3://b/p", "", "") == ([], "", False)  # neither: the recipe's data
+    assert tokenize_plan({"store": "s3://b/p", "corpus": " s3://b/tokens "}) == ([], "s3://b/tokens", False)
+    assert tokenize_plan({"store": "s3://b/p"}) == ([], "", False)  # neither: the recipe's data
     assert tokenize_finish("s3://b/tokens", False) == "s3://b/tokens"  # nothing tokenized: nothing to finish
     with pytest.raises(ValueError, match="not both"):
-        tokenize_plan("s3://b/p", "s3://b/text", "s3://b/tokens")
+        tokenize_plan({"store": "s3://b/p", "text_corpus": "s3://b/text", "corpus": "s3://b/tokens"})
     with pytest.raises(ValueError, match="compiled for 1..8"):
-        prepare_settings([], 9, 0, 0, "", 8)
+        settings([], 9)
     with pytest.raises(ValueError, match="strings like"):
-        prepare_settings(["diloco.codec"], 2, 0, 0, "", 8)
+        settings(["diloco.codec"], 2)
 
 
 def test_the_first_step_refuses_a_misspelt_override_with_the_did_you_mean_before_anything_else():
@@ -80,11 +85,13 @@ def test_the_first_step_refuses_a_misspelt_override_with_the_did_you_mean_before
     from ddiloco.errors import ConfigError
 
     run = {"recipe": "tiny-cpu", "overrides": ["diloco.sync_evry=8"], "max_learners": 8}
-    with pytest.raises(ConfigError, match="did you mean 'diloco.sync_every'"):
-        tokenize_plan("s3://nowhere/p", "s3://nowhere/text", "", run=run)  # no store touched first
+    with pytest.raises(ConfigError, match="did you mean 'diloco.sync_every'"):  # no store touched first
+        tokenize_plan({**run, "store": "s3://nowhere/p", "text_corpus": "s3://nowhere/text"})
     with pytest.raises(ValueError, match="compiled for 1..8"):
-        tokenize_plan("s3://b/p", "", "", run={**run, "overrides": [], "learners": 9})
-    assert tokenize_plan("s3://b/p", "", "s3://b/t", run={**run, "overrides": ["diloco.sync_every=8"]})[1]
+        tokenize_plan({**run, "store": "s3://b/p", "overrides": [], "learners": 9})
+    assert tokenize_plan(
+        {**run, "store": "s3://b/p", "corpus": "s3://b/t", "overrides": ["diloco.sync_every=8"]}
+    )[1]
     with pytest.raises(ConfigError, match="unknown recipe"):  # the component body passes every parameter
         first_step(store="s3://b/p", recipe="nope", learners=2, max_learners=8)
     assert first_step(store="s3://b/p").corpus == ""  # no recipe (by hand): nothing to check

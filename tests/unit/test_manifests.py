@@ -139,11 +139,12 @@ def test_there_are_overlays_for_kubeflow_and_standalone():
 def test_standalone_uses_the_store_current_kfp_ships_and_a_seaweedfs_of_its_own_is_an_option():
     """KFP >= 2.16 standalone ships SeaweedFS (seaweedfs.kubeflow:9000), which the pipeline defaults name;
     standalone-own-store deploys the same server (no MinIO anywhere) with the store Secret's keys."""
-    from ddiloco.pipelines.pretrain import DEFAULTS
+    from ddiloco.components.params import PRETRAIN, defaults
 
     kinds = {(o["kind"], o["metadata"]["name"]) for o in kustomize(MANIFESTS / "overlays" / "standalone")}
     assert not any("seaweedfs" in name for _, name in kinds)
-    assert DEFAULTS["s3_endpoint"] == "seaweedfs.kubeflow:9000" and DEFAULTS["store_bucket"] == "mlpipeline"
+    default = defaults(PRETRAIN)
+    assert default["s3_endpoint"] == "seaweedfs.kubeflow:9000" and default["store_bucket"] == "mlpipeline"
     own = {
         (o["kind"], o["metadata"]["name"]): o
         for o in kustomize(MANIFESTS / "overlays" / "standalone-own-store")
