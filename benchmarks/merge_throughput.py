@@ -23,7 +23,7 @@ import torch
 
 from ddiloco.accumulate import RoundSums
 from ddiloco.bufferpool import BufferPool
-from ddiloco.compression import CODECS, encode, encoded_nbytes
+from ddiloco.codec.registry import CODECS, encode, encoded_nbytes
 from ddiloco.encoded import EncodedTensor
 from ddiloco.merge import OuterNesterov, token_weight
 

@@ -18,7 +18,7 @@ import time
 import torch
 
 from ddiloco.accumulate import RoundSums
-from ddiloco.compression import encode
+from ddiloco.codec.registry import encode
 from ddiloco.encoded import EncodedTensor
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ Each measured round drives the syncer's own parts on synthetic answers of the re
 1. untimed setup: fragment p's global version 0 is published (random fp32) and read back into a
    `GlobalFragment` (`SyncerFiles.load_fragment`, outer momentum in steady state); M learners' answers are
    generated one at a time, packed the learner's way (`ddiloco.learner.io.pack_update`: the upload codec of
-   `ddiloco.compression` + `ddiloco.protocol.wire`) and put in the store;
+   `ddiloco.codec` + `ddiloco.protocol.wire`) and put in the store;
 2. timed: `Intake.collect` (list, get, unpack, verify and check each answer on `--threads` workers, then
    decode it chunk by chunk into the round's running sums, `ddiloco.encoded` + `ddiloco.accumulate`;
    workers read ahead while the sums grow), `GlobalFragment.propose` (finalise the sums,
@@ -86,9 +86,8 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
-from ddiloco.compression import CODECS, encoded_nbytes
+from ddiloco.codec.registry import CODECS, download_choices, encoded_nbytes
 from ddiloco.config import DilocoConfig
-from ddiloco.downlink import DOWNLOAD_CODECS
 from ddiloco.fragments import imbalance, partition
 from ddiloco.globalmodel import Layout, make_layout, publish_global
 from ddiloco.learner.accel import HostSnapshot
@@ -458,7 +457,7 @@ def main() -> None:
     ap.add_argument("--global-dtype", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument(
         "--download-codec",
-        choices=DOWNLOAD_CODECS,
+        choices=download_choices(),
         default=DilocoConfig().download_codec,
         help="what publishing writes besides the full version (default: the config's)",
     )

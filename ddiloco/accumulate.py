@@ -24,7 +24,9 @@ import torch
 from torch import Tensor
 
 from ddiloco.bufferpool import BufferPool
-from ddiloco.encoded import HINT_RTOL, EncodedTensor, chunk_buffer, norm64
+from ddiloco.codec.base import chunk_buffer, norm64
+from ddiloco.codec.float import FP32
+from ddiloco.encoded import HINT_RTOL, EncodedTensor
 from ddiloco.merge import METHODS
 from ddiloco.robust import MIN_ANSWERS, trimmed_merge
 
@@ -135,7 +137,9 @@ class RoundSums:
                     f"answer {key!r}: {name} must be a float tensor of shape {list(self.shapes[name])}"
                 )
             try:
-                encoded[name] = EncodedTensor.check({"data": t.detach().float().reshape(-1)}, "fp32", t.shape)
+                encoded[name] = EncodedTensor.check(
+                    {"data": t.detach().float().reshape(-1)}, FP32.name, t.shape
+                )
             except ValueError as e:
                 raise ValueError(f"answer {key!r}: {name}: {e}") from None
         return self.add_encoded(key, weight, encoded)

@@ -25,6 +25,7 @@ from typing import Any
 from ddiloco import errors
 from ddiloco.chaos.events import schedule_from_config
 from ddiloco.chaos.section import ChaosConfig  # the `chaos` section lives next to its events
+from ddiloco.codec import registry as codecs
 from ddiloco.data_config import DataConfig
 from ddiloco.lease_config import LeaseConfig
 from ddiloco.overrides import apply_dict
@@ -32,8 +33,6 @@ from ddiloco.retention import RetentionConfig  # the `retention` section lives n
 from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
 from ddiloco.tracking.config import TrackingConfig  # the `tracking` section lives next to the tracker
 
-CODECS = ("fp32", "bf16", "int8", "int4", "int2")
-DOWNLOAD_CODECS = ("none", "int8", "int4", "int2")
 MERGES = ("rda", "mean")
 PRECISIONS = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("auto", "cosine", "linear", "wsd", "constant")
@@ -273,9 +272,9 @@ class DilocoConfig:
         _choose("diloco.sync_from", self.sync_from, ("publish", "open"))
         _choose("diloco.closing_step", self.closing_step, ("mean", "outer"))
         _check(self.merge in MERGES, f"diloco.merge={self.merge!r}: choose one of {', '.join(MERGES)}")
-        _check(self.codec in CODECS, f"diloco.codec={self.codec!r}: choose one of {', '.join(CODECS)}")
+        _choose("diloco.codec", self.codec, codecs.names("upload"))
         _choose("diloco.global_dtype", self.global_dtype, ("fp32", "bf16"))
-        _choose("diloco.download_codec", self.download_codec, DOWNLOAD_CODECS)
+        _choose("diloco.download_codec", self.download_codec, codecs.download_choices())
         _check(0.0 <= self.mixing < 1.0, f"diloco.mixing={self.mixing} must be in [0, 1)")
         _check(
             self.robust_clip is None or self.robust_clip >= 1.0,

@@ -4,7 +4,7 @@ With int4 uploads a learner would otherwise download ~8x what it uploads (full f
 Θ_v is the syncer's fp32 master after version v's outer step; L_v are the values learners hold for v.
 
     L_0 = the values prepare published (v0 is always full)
-    D_v = Q(Θ_v − L_{v−1})                  blockwise int8/int4/int2 codes + fp32 scales (`ddiloco.compression`)
+    D_v = Q(Θ_v − L_{v−1})                  blockwise codes + fp32 scales (`ddiloco.codec.blockwise`)
     L_v = round_dtype(L_{v−1} + deq(D_v))   one fp32 add per element, then bf16 rounding for bf16 globals
 
 Design choices:
@@ -16,7 +16,7 @@ Design choices:
   L_{v−1} and a learner that fetches version v hold bit-identical values, and the bases the syncer takes
   answers against (`GlobalFragment.recent`) are L_v. The fp32 master stays on the syncer (persisted per
   version by `ddiloco.syncer.state`), as with bf16 globals.
-- Deterministic elementwise: `deq` is decoded on the CPU by `compression.decode` (int -> fp32 cast, one fp32
+- Deterministic elementwise: `deq` is decoded on the CPU by the codec's `decode` (int -> fp32 cast, one fp32
   multiply by the block scale), shipped as fp32, and `apply_delta` does a plain IEEE fp32 add (correctly
   rounded on CPU and CUDA alike, no FMA, no reduction) followed by round-to-nearest-even to bf16 when the
   globals are bf16. The syncer computes L_v with the same two functions, so CPU and CUDA learners agree
@@ -25,22 +25,23 @@ Design choices:
   of v−1 stores it (`wire.data_sha256`: the data region `wire.pack` checksums), and the SHA-256 of L_v. A
   learner applies a delta only to the version *and digest* it holds; anything else is refused and the full
   version fetched instead.
-- Codec `none` (`diloco.download_codec`) publishes full versions only: L_v = round_dtype(Θ_v), as before.
+- Codec `none` (`diloco.download_codec`, `ddiloco.codec.registry.NONE`) publishes full versions only:
+  L_v = round_dtype(Θ_v).
 - Pure tensor code: no store, no I/O (`ddiloco.globalmodel` reads and writes the payloads).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from ddiloco import compression
-from ddiloco.config import DOWNLOAD_CODECS
+from ddiloco.codec import registry
 from ddiloco.protocol import wire
 
-__all__ = ["DOWNLOAD_CODECS", "DeltaStep", "apply_delta", "decode_delta", "digest", "encode_step"]
+__all__ = ["DeltaStep", "apply_delta", "decode_delta", "digest", "encode_step"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -82,8 +83,7 @@ def encode_step(
     can lend a flat fp32 `scratch` of at least the fragment's size: Θ_v − L_{v−1} and its decoding go
     there, and L_v is summed into `held`'s fp32 tensors, which are overwritten (scratch's content is
     undefined after)."""
-    if codec not in DOWNLOAD_CODECS or codec == "none":
-        raise ValueError(f"download codec must be one of {', '.join(DOWNLOAD_CODECS[1:])}, got {codec!r}")
+    quantize = registry.get(codec, "download")
     parts: Tensors = {}
     values: Tensors = {}
     for name in sorted(theta):
@@ -93,8 +93,8 @@ def encode_step(
             diff = torch.sub(target, base, out=scratch[: base.numel()].view(base.shape))
         else:
             diff = target - base
-        enc = compression.encode(diff, codec)
-        deq = compression.decode(enc, codec, list(base.shape), out=diff)  # Θ − L is no longer needed
+        enc = quantize.encode(diff)
+        deq = quantize.decode(enc, list(base.shape), out=diff)  # Θ − L is no longer needed
         # L_v = apply_delta(base, deq) without another copy: in L_{v−1}'s memory, or in deq's own
         values[name] = round_to(base.add_(deq) if scratch is not None else deq.add_(base), dtype)
         for part, t in enc.items():
@@ -105,14 +105,13 @@ def encode_step(
 def decode_delta(tensors: Mapping[str, torch.Tensor], shapes: Mapping[str, list[int]], codec: str) -> Tensors:
     """deq(D_v) per tensor name from a payload's parts (untrusted): `ValueError` naming the problem for a
     missing, extra or malformed part. `shapes`: the fragment's tensor names and shapes."""
-    expected = {f"{n}/{part}" for n in shapes for part in ("q", "scale")}
+    c = registry.get(codec, "download")
+    parts = {n: tuple(c.part_specs(math.prod(shape))) for n, shape in shapes.items()}
+    expected = {f"{n}/{part}" for n, names in parts.items() for part in names}
     if set(tensors) != expected:
         extra, missing = sorted(set(tensors) - expected)[:3], sorted(expected - set(tensors))[:3]
         raise ValueError(f"delta parts do not match the fragment (extra {extra}, missing {missing})")
-    return {
-        n: compression.decode({"q": tensors[f"{n}/q"], "scale": tensors[f"{n}/scale"]}, codec, shape)
-        for n, shape in shapes.items()
-    }
+    return {n: c.decode({p: tensors[f"{n}/{p}"] for p in parts[n]}, shape) for n, shape in shapes.items()}
 
 
 def digest(values: Mapping[str, torch.Tensor], dtype: str) -> str:

@@ -23,8 +23,10 @@ from typing import Any
 import torch
 
 from ddiloco import keys
-from ddiloco.compression import PACKING, all_finite
-from ddiloco.downlink import DOWNLOAD_CODECS, DeltaStep, decode_delta
+from ddiloco.codec import registry
+from ddiloco.codec.base import all_finite
+from ddiloco.codec.blockwise import PACKING
+from ddiloco.downlink import DeltaStep, decode_delta
 from ddiloco.fragments import Fragment, Piece, balanced
 from ddiloco.model import GPT, GPTConfig, gpt_config, init_model
 from ddiloco.protocol import wire
@@ -339,7 +341,7 @@ def read_global_delta(
     )
     meta = payload.meta
     codec = meta.get("codec")
-    if codec not in DOWNLOAD_CODECS or codec == "none":
+    if codec not in registry.names("download"):
         raise wire.PayloadError(
             "malformed", f"delta of fragment {p} v{version} has codec {str(codec)[:20]!r}"
         )

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from ddiloco.compression import all_finite
+from ddiloco.codec.base import all_finite
 
 __all__ = ["METHODS", "OuterNesterov", "staleness_discount", "token_weight"]
 

@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ddiloco.encoded import EncodedTensor, norm64
+from ddiloco.codec.base import norm64
+from ddiloco.encoded import EncodedTensor
 
 CHUNK = 1 << 16
 """Coordinates per chunk: M answers × CHUNK values sorted at once (16 answers: 4 MiB of values, ~24 MiB of

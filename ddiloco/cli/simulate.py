@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddiloco.codec import registry as codecs
 from ddiloco.simulate import bandwidth as bw
 from ddiloco.simulate import goodput as gp
 from ddiloco.simulate import tables
@@ -214,9 +215,9 @@ def run_bandwidth(args: argparse.Namespace) -> int:
     dtypes = args.dtype
     if s is not None:
         codec = str(s["codec"]).lower()
-        if codec not in tables.CODEC_DTYPES:
+        if codec not in codecs.names("upload"):
             raise tables.SummaryError(f"{args.from_summary}: unknown codec {s['codec']!r}")
-        dtypes = dtypes or [tables.CODEC_DTYPES[codec]]
+        dtypes = dtypes or [codec]
         fragment_values = tuple(float(b) / 4 for b in s["fragment_bytes"])  # fp32 bytes → values
     work = bw.Workload(
         params=float(_pick(args.params, s, "model_params", bw.PAPER_PARAMS)),

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from ddiloco import keys
-from ddiloco.compression import PACKING, encode
+from ddiloco.codec import registry
+from ddiloco.codec.blockwise import PACKING
 from ddiloco.encoded import EncodedTensor
 from ddiloco.hostname import host_name
 from ddiloco.learner.accel import HostCopier, HostSnapshot
@@ -254,8 +255,9 @@ def pack_update(snap: HostSnapshot, codec: str, header: dict, signer: wire.RunSi
     tensors: dict[str, torch.Tensor] = {}
     norms: dict[str, float] = {}
     try:
+        upload = registry.get(codec)
         for name, d in snap.wait().items():
-            parts = encode(d, codec)
+            parts = upload.encode(d)
             # The norm of what the syncer will decode, so it can add Δ/‖Δ‖ in one pass (`ddiloco.encoded`).
             norms[name] = EncodedTensor(codec, d.shape, parts).norm()
             for part, t in parts.items():

@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from ddiloco import keys
+from ddiloco.codec.registry import publishes_deltas
 from ddiloco.config import DilocoConfig
 from ddiloco.downlink import apply_delta
 from ddiloco.globalmodel import (
@@ -79,7 +80,7 @@ class VersionFeed:
             metrics,
         )
         self.root, self.signer, self.learner_id, self.errors = root, root.signer, learner_id, errors
-        self.deltas = diloco is not None and diloco.download_codec != "none"
+        self.deltas = diloco is not None and publishes_deltas(diloco.download_codec)
         self.held: dict[int, tuple[int, str]] = {}
         """p -> (version, digest) of the values in `anchors` (what a download delta must be based on)."""
         self.fetched: Counter[str] = Counter()

@@ -59,7 +59,7 @@ class UpdateHeader:
     norms: dict[str, Any] | None = None
     """tensor name -> L2 norm of its decoded delta (added at packing; None in a header not yet packed)."""
     packing: Any = None
-    """How int4/int2 codes are packed (`ddiloco.compression.PACKING`); None when the header has none."""
+    """How int4/int2 codes are packed (`ddiloco.codec.blockwise.PACKING`); None when the header has none."""
 
     def to_json(self) -> dict[str, Any]:
         """The header as the learner packs it (without `norms` and `packing`, which packing adds)."""

@@ -61,7 +61,8 @@ from typing import Any
 
 import torch
 
-from ddiloco.compression import BLOCK, CODECS, PACKING, all_finite, decode, encoded_nbytes
+from ddiloco.codec import registry
+from ddiloco.codec.base import all_finite
 from ddiloco.encoded import EncodedTensor
 from ddiloco.protocol.update import UpdateHeader
 from ddiloco.protocol.wire import PayloadError
@@ -89,15 +90,16 @@ def identity(header: UpdateHeader, named: tuple[int, int], round_: int) -> None:
 
 
 def packing(codec: Any, packed: Any, what: str) -> None:
-    """int4/int2 codes must be packed as this version packs them (`compression.PACKING`): a payload of
-    another layout would decode to valid-looking wrong values, so it is refused by name (`bad_codec`).
+    """Codes must be packed as this version packs them (`Codec.packing`: int4/int2 block-planar): a payload
+    of another layout would decode to valid-looking wrong values, so it is refused by name (`bad_codec`).
     `codec`, `packed`: the payload header's `codec` and `packing` (None when it has none)."""
-    if codec in ("int4", "int2") and packed != PACKING:
+    wanted = registry.get(codec).packing if codec in registry.names() else None
+    if wanted is not None and packed != wanted:
         was = "interleaved (an older ddiloco)" if packed is None else packed
         raise PayloadError(
             "bad_codec",
             f"{what}: {codec} codes packed {str(was)[:40]}"
-            f", this ddiloco reads {PACKING!r}; run learners and syncer of the same ddiloco version",
+            f", this ddiloco reads {wanted!r}; run learners and syncer of the same ddiloco version",
         )
 
 
@@ -169,25 +171,14 @@ class StepClock:
             self._last.popitem(last=False)
 
 
-def _parts_spec(codec: str, numel: int) -> dict[str, tuple[torch.dtype, int]]:
-    if codec == "fp32":
-        return {"data": (torch.float32, numel)}
-    if codec == "bf16":
-        return {"data": (torch.bfloat16, numel)}
-    n_blocks = -(-numel // BLOCK)
-    return {
-        "q": (torch.uint8, encoded_nbytes(numel, codec) - 4 * n_blocks),
-        "scale": (torch.float32, n_blocks),
-    }
-
-
 def _delta_parts(
     tensors: Mapping[str, torch.Tensor], codec: str, names: Sequence[str], shapes: Mapping[str, Sequence[int]]
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Per tensor name, its payload parts (flat), with names, dtypes and sizes checked."""
-    if codec not in CODECS:
+    if codec not in registry.names("upload"):
         raise PayloadError("bad_codec", f"unknown codec {codec[:20]!r}")
-    specs = {n: _parts_spec(codec, math.prod(shapes[n])) for n in names}
+    part_specs = registry.get(codec).part_specs
+    specs = {n: part_specs(math.prod(shapes[n])) for n in names}
     expected = {f"{n}/{part}" for n, spec in specs.items() for part in spec}
     if set(tensors) != expected:
         odd = sorted(set(tensors) ^ expected)[:3]
@@ -243,7 +234,7 @@ def decode_delta(
             if t.is_floating_point() and not all_finite(t):
                 raise PayloadError("non_finite", f"{name}/{part} has NaN/Inf")
         try:
-            d = decode(parts, codec, shapes[name], out=None if out is None else out[name])
+            d = registry.get(codec).decode(parts, shapes[name], out=None if out is None else out[name])
         except ValueError as e:
             raise PayloadError("malformed", f"{name}: {e}") from None
         if not all_finite(d):  # e.g. a huge int8 scale overflowing on decode

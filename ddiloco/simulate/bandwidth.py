@@ -12,8 +12,9 @@ Design choices:
   within τ inner steps, deadline  B ≥ frag_bits·f / (τ·T - 2(k-1)·ℓ), and (b) keep up with the pacing
   of P fragments every H steps, sustained  B ≥ Σ frag_bits·f / (H·T). The requirement is the larger.
   The paper's figures match (a) alone; with P = H one fragment leaves every step and (b) binds.
-- int8 / int4 / int2 payloads carry one absmax scale per block of 128 values: bf16 scales by default
-  (int4: 4.125 bits a value), fp32 for a real run of this package (its codec stores fp32 scales).
+- A payload's dtype is a codec (`ddiloco.codec.registry`): its bits per value, plus for a codec with block
+  scales (int8 / int4 / int2) one scale per block of 128 values: bf16 scales by default (int4: 4.125 bits a
+  value), fp32 for a real run of this package (its codecs store fp32 scales).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import logging
 import math
 from dataclasses import dataclass
 
+from ddiloco.codec import registry
+
 logger = logging.getLogger(__name__)
 
-DTYPES = ("fp32", "bf16", "int8", "int4", "int2")
+DTYPES = registry.CODECS
+"""The built-in codecs' names (command-line choices); `Network.bits_per_value` takes any registered one."""
 # Paper (5B parameters, 1 s step, 90% utilization), Gbit/s; key: (method, sites, dtype).
 PAPER_BANDWIDTH: dict[tuple[str, int, str], float] = {
     ("dp", 2, "bf16"): 104.0,
@@ -58,10 +62,10 @@ class Network:
             raise ValueError("block must be >= 1 and scale_bits >= 0")
 
     def bits_per_value(self, dtype: str) -> float:
-        base = {"fp32": 32.0, "bf16": 16.0, "int8": 8.0, "int4": 4.0, "int2": 2.0}.get(dtype)
-        if base is None:
-            raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-        return base + (self.scale_bits / self.block if dtype.startswith("int") else 0.0)
+        if dtype not in registry.names():
+            raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(registry.names())}")
+        codec = registry.get(dtype)
+        return codec.bits + (self.scale_bits / self.block if codec.scaled else 0.0)
 
 
 @dataclass(kw_only=True, slots=True)

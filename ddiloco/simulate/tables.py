@@ -22,14 +22,6 @@ from ddiloco.simulate import goodput as gp
 logger = logging.getLogger(__name__)
 
 METHOD_LABELS = {"dp": "data-parallel", "elastic_dp": "elastic DP", "decoupled": "decoupled M={m}"}
-CODEC_DTYPES = {
-    "int2": "int2",
-    "int4": "int4",
-    "int8": "int8",
-    "bf16": "bf16",
-    "fp32": "fp32",
-    "none": "fp32",
-}
 
 
 class SummaryError(ValueError):

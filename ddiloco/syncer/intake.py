@@ -47,8 +47,8 @@ from typing import Any
 import torch
 
 from ddiloco import keys
+from ddiloco.codec.base import chunk_buffer
 from ddiloco.config import RunConfig
-from ddiloco.encoded import chunk_buffer
 from ddiloco.globalmodel import Layout
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol import claims, validation, wire

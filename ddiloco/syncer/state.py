@@ -49,7 +49,8 @@ import torch
 
 from ddiloco import failpoints, keys
 from ddiloco.bufferpool import SYNCER_POOL, Loan
-from ddiloco.compression import all_finite
+from ddiloco.codec.base import all_finite
+from ddiloco.codec.registry import publishes_deltas
 from ddiloco.downlink import digest, encode_step
 from ddiloco.globalmodel import (
     Layout,
@@ -158,7 +159,7 @@ class SyncerFiles:
     def keeps_master(self) -> bool:
         """Whether published versions differ from the fp32 master (bf16 globals or download deltas), so the
         master is persisted per version."""
-        return self.dtype != "fp32" or self.download_codec != "none"
+        return self.dtype != "fp32" or publishes_deltas(self.download_codec)
 
     # --- documents ----------------------------------------------------------------------------------------
     def load_state(self) -> SyncerState | None:
@@ -408,7 +409,9 @@ def _values_to_publish(
 ) -> tuple[Tensors, str | None, Blob | None]:
     """(L_v, its digest when already known, the signed download delta or None) of a publish. With a
     download codec, L_{v−1} is read back into `loan`'s memory and L_v is computed there."""
-    if files.download_codec == "none":  # Θ_p rounded to the dtype: packing converts it (no copy for fp32)
+    if not publishes_deltas(
+        files.download_codec
+    ):  # Θ_p rounded to the dtype: packing converts it (no copy for fp32)
         return proposal.theta, None, None
     try:
         held = files.read_global(p, version - 1, lend=loan)  # L_{v−1}, in pooled memory we may overwrite

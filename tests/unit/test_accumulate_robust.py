@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddiloco.accumulate import RoundSums
-from ddiloco.compression import decode, encode
+from ddiloco.codec.registry import decode, encode
 from ddiloco.encoded import EncodedTensor
 from ddiloco.protocol.validation import clip_outliers
 from ddiloco.robust import trim_count

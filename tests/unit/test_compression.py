@@ -4,7 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from ddiloco.compression import BLOCK, CODECS, PACKING, all_finite, decode, encode, encoded_nbytes
+from ddiloco.codec.base import BLOCK, all_finite
+from ddiloco.codec.blockwise import PACKING
+from ddiloco.codec.registry import CODECS, decode, encode, encoded_nbytes
 
 INT_CODECS = ("int8", "int4", "int2")
 

@@ -13,7 +13,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
-from ddiloco.compression import PACKING
+from ddiloco.codec.blockwise import PACKING
 from ddiloco.config import DilocoConfig
 from ddiloco.downlink import apply_delta, digest, encode_step
 from ddiloco.fragments import Fragment

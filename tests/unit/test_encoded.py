@@ -1,6 +1,6 @@
 """`ddiloco.encoded`: answers checked whole while encoded, then decoded chunk by chunk into running sums.
 
-References: `ddiloco.compression.decode` of the same parts, fp64 norms, and the batch merge
+References: `ddiloco.codec.registry.decode` of the same parts, fp64 norms, and the batch merge
 (`merge.merge_with_stats`, itself checked against independent references in test_merge*.py).
 """
 
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from ddiloco.accumulate import RoundSums
-from ddiloco.compression import BLOCK, codes_in_range, decode, encode
+from ddiloco.codec.base import BLOCK
+from ddiloco.codec.blockwise import codes_in_range
+from ddiloco.codec.registry import decode, encode
 from ddiloco.encoded import EncodedTensor
 from tests.merge_reference import merge_with_stats
 
@@ -86,7 +88,7 @@ def test_a_check_that_measures_finds_out_of_range_codes_in_its_own_pass(codec, n
     parts = {"q": q, "scale": encode(_x(n), codec)["scale"]}
     good = EncodedTensor.check(parts, codec, (n,), measure=True)
     assert good.known_norm == EncodedTensor.check(parts, codec, (n,)).norm()
-    monkeypatch.setattr("ddiloco.encoded.codes_in_range", lambda *a: pytest.fail("a pass of its own"))
+    monkeypatch.setattr("ddiloco.codec.blockwise.codes_in_range", lambda *a: pytest.fail("a pass of its own"))
     for byte in (0, q.numel() // 2, q.numel() - 1):  # the last byte is in the padding of the last block
         for slot in range(8 // bits):
             bad = q.clone()

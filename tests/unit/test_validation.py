@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddiloco.compression import PACKING
+from ddiloco.codec.blockwise import PACKING
 from ddiloco.protocol import validation
 from ddiloco.protocol.wire import PayloadError
 

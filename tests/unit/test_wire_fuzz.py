@@ -150,7 +150,7 @@ def test_delta_decoding_after_unpack(spec, codec):
 
 
 def test_real_codec_parts_decode():
-    from ddiloco.compression import encode
+    from ddiloco.codec.registry import encode
 
     shapes = {"w": [3, 50], "v": [7]}
     for codec in ("fp32", "bf16", "int8", "int4", "int2"):
