@@ -67,7 +67,7 @@ def train_in_process(store, num_learners: int) -> int:
     from ddiloco.learner.loop import Learner
     from ddiloco.syncer.loop import Syncer
 
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(num_learners)]
     for learner in learners:
         learner.start()

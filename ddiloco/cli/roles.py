@@ -157,7 +157,7 @@ def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: byt
     try:
         threads = getattr(args, "threads", None) or syncer_threads()
         syncer = until_store_answers(
-            lambda: Syncer(store, secret=secret, lease=lease, threads=threads), "syncer"
+            lambda: Syncer.open(store, secret=secret, lease=lease, threads=threads), "syncer"
         )
         logship.bind(args.store, incarnation=syncer.books.incarnation)
         serve(syncer.registry, args.metrics_port, args.metrics_host)

@@ -43,10 +43,10 @@ Design choices:
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
 
-from ddiloco.syncer.commit import close_round
+from ddiloco.config import RunConfig
 from ddiloco.syncer.rounds import Round
 
 log = logging.getLogger(__name__)
@@ -55,14 +55,19 @@ MIN_WAIT_S = 1.0
 """The least a closing round waits for the answers of stopped learners (seconds)."""
 
 
-def merges_to_the_mean(syncer: Any) -> bool:
-    """Whether the round `syncer` merges now is its fragment's last move and goes to the learners' weighted
-    mean (`propose(final=True)`): the run is closing and `diloco.closing_step` is `mean` (module docstring)."""
-    return syncer.closing is not None and syncer.cfg.diloco.closing_step == "mean"
+def wait_s(cfg: RunConfig, xi_link: float) -> float:
+    """How long a closing round waits for answers, with ξ_link the transport time measured so far (module
+    docstring)."""
+    d = cfg.diloco
+    cap = d.grace.cap_seconds if d.grace is not None else 0.0
+    return max(MIN_WAIT_S, 2 * min(xi_link, cap) + 4 * cfg.train.poll_every_s)
 
 
 @dataclass(slots=True)
 class Closing:
+    """The run's closing: what is left to open, what opened and merged. Its owner
+    (`ddiloco.syncer.lifecycle.RoundLifecycle`) opens and closes the rounds; this only decides."""
+
     reason: str
     """Why the run ends: `budget` or `deadline` (`loop.finished_by`)."""
     began: float
@@ -77,14 +82,21 @@ class Closing:
     """Tokens merged when closing began (the summary says how many the closing rounds added)."""
 
     @classmethod
-    def begin(cls, syncer: Any, reason: str, now: float) -> Closing:
-        """Close the run (`syncer.closing`) and say so in the status, so learners stop stepping; closing
-        rounds go to the fragments without an open round, from the next in round-robin order."""
-        busy = {r.fragment_id for r in syncer.open.values()}
-        first = syncer.books.next_round % syncer.P
-        order = [(first + i) % syncer.P for i in range(syncer.P)]
+    def begin(
+        cls,
+        reason: str,
+        now: float,
+        *,
+        next_round: int,
+        num_fragments: int,
+        busy: Collection[int],
+        merged: float,
+    ) -> Closing:
+        """Closing rounds go to the fragments without an open round (`busy`: those with one), from the next
+        in round-robin order (`next_round` mod P); `merged`: tokens merged so far."""
+        first = next_round % num_fragments
+        order = [(first + i) % num_fragments for i in range(num_fragments)]
         todo = [p for p in order if p not in busy]
-        merged = syncer.tokens_merged()
         log.info(
             "syncer: closing (%s) at %d tokens merged: learners stop stepping; closing rounds for fragments "
             "%s (%s still open)",
@@ -93,46 +105,16 @@ class Closing:
             todo,
             sorted(busy),
         )
-        syncer.closing = cls(reason, now, todo, merged_before=merged)
-        syncer.publish_status()  # after `syncer.closing` is set: this status says `closing`
-        return syncer.closing
+        return cls(reason, now, todo, merged_before=merged)
 
-    def wait_s(self, syncer: Any) -> float:
-        """How long a closing round waits for answers (module docstring)."""
-        d, b = syncer.cfg.diloco, syncer.books
-        cap = d.grace.cap_seconds if d.grace is not None else 0.0
-        return max(MIN_WAIT_S, 2 * min(b.xi_link, cap) + 4 * syncer.cfg.train.poll_every_s)
-
-    def step(self, syncer: Any, now: float) -> bool:
-        """The closing part of a syncer pass: True once closing finished, else open what may open."""
-        if self.finished(syncer, syncer.clock()):
-            return True
-        self.open_next(syncer, now)
-        return False
-
-    def settle_short(self, syncer: Any, rnd: Round, now: float, wait_s: float) -> bool:
-        """Close `rnd` if it is short and due (`is_short_and_due`): abandoned when it has answers, closed
-        quietly when it has none. True if it was closed."""
-        if not self.is_short_and_due(rnd, now, wait_s):
-            return False
-        if rnd.answers:
-            syncer._abandon(rnd)
-        else:
-            close_round(syncer, rnd)
-            syncer.publish_status()
-        return True
-
-    def open_next(self, syncer: Any, now: float) -> None:
-        """Open the next closing rounds while fewer than τ rounds are in flight (none without a live
-        learner: nobody would answer)."""
-        if not syncer.roster.live():
+    def take(self, in_flight: int, overlap: int, live: bool) -> list[int]:
+        """The fragments whose closing rounds open now: as many as keep at most τ (`overlap`) rounds in
+        flight, none without a live learner (nobody would answer)."""
+        if not live:
             self.todo.clear()
-        while self.todo and len(syncer.open) < syncer.cfg.diloco.overlap:
-            p, b = self.todo.pop(0), syncer.books
-            syncer.open[b.next_round] = Round(b.next_round, p, now, syncer.wall())
-            self.rounds.add(b.next_round)
-            b.next_round += 1
-            syncer.publish_status()
+        room = max(overlap - in_flight, 0)
+        taken, self.todo = self.todo[:room], self.todo[room:]
+        return taken
 
     def is_short_and_due(self, rnd: Round, now: float, wait_s: float) -> bool:
         """An open round without its quorum `wait_s` after it opened and after closing began: no answer
@@ -140,26 +122,30 @@ class Closing:
         they have none to send, now that they do not step)."""
         return rnd.quorum_at is None and now - max(rnd.opened_at, self.began) >= wait_s
 
-    def finished(self, syncer: Any, now: float) -> bool:
-        """Every closing round closed and committed; or closing ran `round_timeout_s` (logged)."""
-        if not self.todo and not syncer.open and not syncer.unpublished:
+    def finished(
+        self, now: float, *, open_rounds: Collection[int], unpublished: Collection[int], timeout_s: float
+    ) -> bool:
+        """Every closing round closed and committed (`open_rounds` and `unpublished` merges: what is still in
+        flight); or closing ran `timeout_s` (`diloco.round_timeout_s`, logged)."""
+        if not self.todo and not open_rounds and not unpublished:
             return True
-        if now - self.began > syncer.cfg.diloco.round_timeout_s:
+        if now - self.began > timeout_s:
             log.warning(
                 "syncer: closing took over round_timeout_s=%ss; finishing with rounds %s open and fragments "
                 "%s without a closing round",
-                syncer.cfg.diloco.round_timeout_s,
-                sorted(syncer.open),
+                timeout_s,
+                sorted(open_rounds),
                 self.todo,
             )
             return True
         return False
 
-    def summary(self, syncer: Any, now: float) -> dict[str, float]:
-        """What the done marker says about closing: rounds, seconds, tokens it merged."""
+    def summary(self, now: float, merged: float) -> dict[str, float]:
+        """What the done marker says about closing: rounds, seconds, tokens it merged (`merged`: the run's
+        tokens merged now)."""
         return {
             "closing_rounds": len(self.rounds),
             "closing_rounds_merged": self.merged,
             "closing_seconds": round(now - self.began, 3),
-            "closing_tokens_merged": syncer.tokens_merged() - self.merged_before,
+            "closing_tokens_merged": merged - self.merged_before,
         }

@@ -41,7 +41,7 @@ Design choices:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -284,3 +284,9 @@ class GlobalFragment:
         self.published_at[self.version] = published_at
         self.published_at.pop(self.version - KEEP_PUBLISHED, None)
         self.merged_clock = clock
+
+
+def merged_tokens(fragments: Sequence[GlobalFragment]) -> float:
+    """The run's merged tokens: the fragments' merged tokens, averaged over the P fragments (each fragment's
+    ledger counts the tokens of the answers merged into it)."""
+    return sum(f.ledger.merged_tokens for f in fragments) / len(fragments)

@@ -8,7 +8,7 @@ Design choices:
   loop's overhead included, each measured on the learner's own clock (`ddiloco.chiptime`): compute time alone
   would open rounds faster than every H/P real steps.
 - When a round has its quorum, waits out its grace window, merges or is abandoned is decided by
-  `ddiloco.syncer.rounds` (pure); this loop applies the verdicts.
+  `ddiloco.syncer.rounds` (pure); the round owner (`ddiloco.syncer.lifecycle`) applies the verdicts.
 - Answers are parsed and validated as they arrive (`ddiloco.syncer.intake`; every rule and reason is listed in
   `ddiloco.protocol.validation`) and added to their round's running sums at once (`ddiloco.accumulate`), so
   an open round holds two fragment-sized buffers whatever the number of answers, and a merge finalises the
@@ -26,8 +26,9 @@ Design choices:
 - Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped
   answers are still merged and counted under `clipped` (state, status, metrics, round record).
 - Rounds of different fragments are in flight at once: a merge's publish runs on the publisher's thread
-  (`ddiloco.syncer.publisher`) while this loop collects and merges other rounds, and is committed here
-  once it returned (`ddiloco.syncer.commit`); a round stays open until then. Persist order per merge:
+  (`ddiloco.syncer.publisher`) while this loop collects and merges other rounds, and is committed once it
+  returned; a round stays open until then. One object owns every round from its opening to its commit or
+  abandon (`ddiloco.syncer.lifecycle`). Persist order per merge:
   outer momentum → fp32 master (bf16 globals, download deltas) → round record → download delta → global
   payload + latest pointer → status → state; a restart adopts what a crash left between them
   (`ddiloco.syncer.state`, `ddiloco.syncer.adopt`). A store error inside a publish leaves the round open
@@ -56,43 +57,30 @@ import math
 import os
 import time
 from collections.abc import Callable
-from functools import partial
 
 import torch
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
+from ddiloco.config import RunConfig
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
-from ddiloco.protocol import wire
-from ddiloco.protocol.messages import Status
+from ddiloco.protocol.messages import RoundRecord, Status, SyncerState
 from ddiloco.run import RunRoot
 from ddiloco.schedule import learner_train
-from ddiloco.stateful import restore
-from ddiloco.store.base import NotFound, Store, StoreError
-from ddiloco.syncer.commit import abandon_round, close_round, commit_published, state_of
-from ddiloco.syncer.drain import Closing, merges_to_the_mean
-from ddiloco.syncer.fragment import MergeRule
+from ddiloco.stateful import Stateful, gather, restore
+from ddiloco.store.base import Store, StoreError
+from ddiloco.syncer.commit import track_merge
+from ddiloco.syncer.fragment import MergeRule, merged_tokens
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.lease import Lease
+from ddiloco.syncer.lifecycle import RoundLifecycle
 from ddiloco.syncer.pace import Pace
-from ddiloco.syncer.publisher import Pending, Publisher
+from ddiloco.syncer.publisher import Publisher
 from ddiloco.syncer.retention import Retention
 from ddiloco.syncer.roster import Roster
-from ddiloco.syncer.rounds import (
-    DEFAULT_EMA,
-    DEFAULT_STEP_S,
-    GraceRule,
-    OpenRule,
-    QuorumRule,
-    Round,
-    Verdict,
-    decide,
-    ema,
-    grace_window,
-    open_rounds,
-)
-from ddiloco.syncer.state import SyncerFiles
+from ddiloco.syncer.rounds import DEFAULT_STEP_S, GraceRule, Round, grace_window, open_rounds
+from ddiloco.syncer.state import Resumed, SyncerFiles
 from ddiloco.tracking.tracker import OFF, Tracker
 
 log = logging.getLogger(__name__)
@@ -112,12 +100,13 @@ def syncer_threads() -> int:
 
 
 class Syncer:
-    def __init__(
-        self,
+    @classmethod
+    def open(
+        cls,
         store: Store,
         *,
-        clock=time.monotonic,
-        wall=time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         poll_s: float = 0.02,
         registry: CollectorRegistry | None = None,
         secret: bytes | None = None,
@@ -125,63 +114,104 @@ class Syncer:
         threads: int | None = None,
         lease: Lease | None = None,
         publish_beside: bool = True,
-    ) -> None:
-        """`secret`: the master key from DDILOCO_RUN_KEY (None: unsigned). `robust_clip`: robust mode
-        factor; default `cfg.diloco.robust_clip` when the config has it. `lease`: held (`Lease.acquire`)
-        before the syncer resumes from the store; None seizes the next epoch at once and renews it from
-        `step` (in-process use). `publish_beside`: publishes run beside the loop (False: each merge waits for
-        its publish, so an in-process run driven pass by pass is deterministic)."""
-        self.store, self.clock, self.wall, self.poll_s = store, clock, wall, poll_s
-        self.steady_of = steady(wall, clock)
-        self.cfg = cfg = RunRoot.read_config(store)
-        self.run_id, d = cfg.run_id, cfg.diloco
-        self.lease = lease if lease is not None else Lease.seized(store, self.run_id, cfg.lease)
-        self.root = RunRoot.keyed(store, self.run_id, secret, role="syncer")
-        self.layout = self.root.layout()
-        self.P = self.layout.num_fragments
-        self.threads = threads or 1
+    ) -> Syncer:
+        """The syncer of the run at `store`, resumed from what the store holds: the config, the layout, the
+        saved state and any version published after it, the pace, the retention record and the base times
+        of recent merges. `secret`: the master key from DDILOCO_RUN_KEY (None: unsigned). `robust_clip`:
+        robust mode factor; default `cfg.diloco.robust_clip` when the config has it. `lease`: held
+        (`Lease.acquire`) before the syncer resumes from the store; None seizes the next epoch at once and
+        renews it from `step` (in-process use). `publish_beside`: publishes run beside the loop (False: each
+        merge waits for its publish, so an in-process run driven pass by pass is deterministic)."""
+        steady_of = steady(wall, clock)
+        cfg = RunRoot.read_config(store)
+        d = cfg.diloco
+        lease = lease if lease is not None else Lease.seized(store, cfg.run_id, cfg.lease)
+        root = RunRoot.keyed(store, cfg.run_id, secret, role="syncer")
+        layout = root.layout()
         if threads is not None:  # the merge's passes use those the intake's readers leave (None: as it is)
             torch.set_num_threads(split_threads(threads)[1])
-        self.rule = MergeRule.of(d, self.layout, robust_clip, learner_train(cfg))
-        self.quorum_rule = QuorumRule.of(d)
-        self.grace_rule = GraceRule.of(d)
-        self.open_rule = OpenRule.of(d, self.P)
-        self.ema_alpha = d.grace.ema if d.grace is not None else DEFAULT_EMA
-        self.files = SyncerFiles(self.root, self.layout, d.global_dtype, d.download_codec)
-        resumed = self.files.resume(self.rule, wall(), self.lease.epoch)
-        self.books, self.fragments = resumed.books, resumed.fragments
-        self.open: dict[int, Round] = {  # resume collecting; answers are re-read from the store
+        rule = MergeRule.of(d, layout, robust_clip, learner_train(cfg))
+        files = SyncerFiles(root, layout, d.global_dtype, d.download_codec)
+        resumed = files.resume(rule, wall(), lease.epoch)
+        open_ = {  # resume collecting; answers are re-read from the store
             r.round: Round(r.round, r.fragment_id, clock(), r.opened_wall) for r in resumed.open_rounds
         }
-        self.unpublished: dict[int, Pending] = {}
-        """Round -> a merge not handed to the publisher yet (it was busy) or whose publish failed: published
-        (again) as it is, never merged twice."""
-        self.publisher = Publisher(self.files, beside=publish_beside)
-        self.pace = Pace.from_json(store.get_json_or_none(keys.SYNCER_PACE, max_bytes=1 << 16), since=clock())
-        self.last_open = -math.inf
-        self.opened_clock: dict[int, float] = {}
-        """Fragment -> the syncer's clock when its last round opened (`diloco.sync_from: open`)."""
+        pace = Pace.from_json(store.get_json_or_none(keys.SYNCER_PACE, max_bytes=1 << 16), since=clock())
+        retention = Retention(store, cfg.retention, layout.num_fragments)  # pruned after each merge
+        run_start = root.prepared_at()
+        deadline = None if d.deadline_s is None else (run_start or wall()) + d.deadline_s
+        kw = {"signer": root.signer, "retained": retention.keeps, "run_start": run_start}
+        validator = UpdateValidator(cfg, layout, resumed.fragments, wall=lambda: steady_of(clock()), **kw)
+        validator.learn_base_times(store, resumed.books.merged_recent)
+        syncer = cls(
+            store,
+            cfg=cfg,
+            root=root,
+            lease=lease,
+            files=files,
+            rule=rule,
+            resumed=resumed,
+            open_rounds=open_,
+            publisher=Publisher(files, beside=publish_beside),
+            pace=pace,
+            retention=retention,
+            validator=validator,
+            registry=registry if registry is not None else CollectorRegistry(),
+            deadline=deadline,
+            clock=clock,
+            wall=wall,
+            steady_of=steady_of,
+            poll_s=poll_s,
+            threads=threads or 1,
+        )
+        if resumed.state is not None:  # `resume` restored the books, fragments and quarantine
+            restore((syncer.roster, syncer.intake), resumed.state)
+        return syncer
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        cfg: RunConfig,
+        root: RunRoot,
+        lease: Lease,
+        files: SyncerFiles,
+        rule: MergeRule,
+        resumed: Resumed,
+        open_rounds: dict[int, Round],
+        publisher: Publisher,
+        pace: Pace,
+        retention: Retention,
+        validator: UpdateValidator,
+        registry: CollectorRegistry,
+        deadline: float | None,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+        steady_of: Callable[[float], float],
+        poll_s: float,
+        threads: int,
+    ) -> None:
+        """The syncer's parts as `open` read them from the store; the ones that call back into the syncer
+        (metrics, roster, intake, the round owner) are wired here, without store I/O."""
+        self.store, self.clock, self.wall, self.poll_s, self.steady_of = store, clock, wall, poll_s, steady_of
+        self.cfg, self.run_id, self.root, self.lease = cfg, cfg.run_id, root, lease
+        self.files, self.layout, self.P, self.threads = (
+            files,
+            files.layout,
+            files.layout.num_fragments,
+            threads,
+        )
+        self.rule, self.grace_rule = rule, GraceRule.of(cfg.diloco)
+        self.books, self.fragments = resumed.books, resumed.fragments
+        self.publisher, self.pace, self.retention, self.deadline = publisher, pace, retention, deadline
         self._next_refresh = 0.0
         self._status_due = -math.inf
-        self.closing: Closing | None = None
-        """Set once the budget is reached or the deadline passed: the run's last rounds (`ddiloco.syncer.drain`)."""
         hb = cfg.train.heartbeat_every_s
-        self.roster = Roster(store, clock=clock, wall=wall, heartbeat_s=hb, keys_=self.root.key)
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = SyncerMetrics(self.registry, self.metrics_state)
-        self.tracker: Tracker = OFF  # `ddiloco syncer` sets the role's (`ddiloco.syncer.commit.track_merge`)
-        self.retention = Retention(store, cfg.retention, self.P)  # bounded storage, pruned after each merge
+        self.roster = Roster(store, clock=clock, wall=wall, heartbeat_s=hb, keys_=root.key)
+        self.registry = registry
+        self.metrics = SyncerMetrics(registry, self.metrics_state)
+        self.tracker: Tracker = OFF  # `ddiloco syncer` sets the role's (`track_merge`)
         self.roster.on_ignored = lambda f: self.metrics.report_fields_ignored.labels(field=f).inc()
-        run_start = self.root.prepared_at()
-        self.deadline = None if d.deadline_s is None else (run_start or wall()) + d.deadline_s
-        kw = {
-            "signer": self.root.signer,
-            "wall": lambda: self.steady_of(clock()),
-            "retained": self.retention.keeps,
-            "run_start": run_start,
-        }
-        validator = UpdateValidator(cfg, self.layout, self.fragments, **kw)
-        validator.learn_base_times(store, self.books.merged_recent)
         self.intake = Intake(
             store,
             validator,
@@ -190,10 +220,34 @@ class Syncer:
             wall=wall,
             on_notice=self.publish_status,
             accept=lambda rnd, ans: self.fragments[rnd.fragment_id].accept(rnd, ans, self.rule),
-            threads=self.threads,
+            threads=threads,
         )
-        if resumed.state is not None:  # `resume` restored the books, fragments and quarantine
-            restore((self.roster, self.intake), resumed.state)
+        self.rounds = RoundLifecycle(
+            cfg,
+            store=store,
+            files=files,
+            fragments=self.fragments,
+            books=self.books,
+            rule=rule,
+            roster=self.roster,
+            intake=self.intake,
+            publisher=publisher,
+            lease=lease,
+            retention=retention,
+            metrics=self.metrics,
+            pace=pace,
+            clock=clock,
+            wall=wall,
+            steady_of=steady_of,
+            threads=threads,
+            open_rounds=open_rounds,
+            publish_status=self.publish_status,
+            save_state=self.save_state,
+            on_merged=self.track_merge,
+            xi_step=self.xi_step,
+            grace_window=self.grace_window,
+        )
+        """Every round from its opening to its commit or abandon (`ddiloco.syncer.lifecycle`)."""
 
     # --- books ------------------------------------------------------------------------------------------------
     @property
@@ -201,7 +255,7 @@ class Syncer:
         return [f.version for f in self.fragments]
 
     def tokens_merged(self) -> float:
-        return sum(f.ledger.merged_tokens for f in self.fragments) / self.P
+        return merged_tokens(self.fragments)
 
     def metrics_state(self) -> dict[str, object]:
         """What the metrics collector exports at scrape time, derived from the syncer's own books."""
@@ -218,10 +272,16 @@ class Syncer:
             "quarantined": dict(self.files.slots.quarantined),
         }
 
+    def track_merge(self, record: RoundRecord, seconds: float) -> None:
+        """Log a committed merge for experiment tracking (`ddiloco.syncer.commit.track_merge`), if tracked."""
+        if self.tracker.enabled:
+            state = self.metrics_state()
+            track_merge(self.tracker, state, self.roster.mean_loss(), self.books, record, seconds)
+
     def publish_status(self, done: bool = False) -> None:
         """Write the signed status (again each heartbeat: one a learner pod overwrote is soon replaced)."""
         self._status_due = self.clock() + self.cfg.train.heartbeat_every_s
-        b = self.books
+        b, rounds = self.books, self.rounds
         status = Status(
             run_id=self.run_id,
             time=self.wall(),
@@ -231,7 +291,7 @@ class Syncer:
             syncer_pid=os.getpid(),
             next_round=b.next_round,
             versions=self.versions,
-            open_rounds=open_rounds(self.open.values()),
+            open_rounds=open_rounds(rounds.open.values()),
             merged=list(b.merged_recent),
             tokens_merged=self.tokens_merged(),
             token_budget=self.cfg.diloco.token_budget,
@@ -243,14 +303,26 @@ class Syncer:
             rejections=list(self.intake.notices),
             epoch=self.lease.epoch,
             standbys=self.lease.standbys(),
-            closing=self.closing is not None,
+            closing=rounds.closing is not None,
             **self.roster.throughput(),
         )
         self.lease.raise_if_fenced()
         self.files.put_status(status)
 
+    def stateful_parts(self) -> tuple[Stateful, ...]:
+        """The parts whose fields the saved state holds: the books of rounds, the intake's counts, the
+        roster's learner events, the quarantine (`ddiloco.stateful`)."""
+        return (self.books, self.intake, self.roster, self.files.slots)
+
     def save_state(self) -> None:
-        state = state_of(self)
+        """Write the state: the run, the lease epoch, the fragments' versions and ledgers and the open rounds,
+        then the fields of each stateful part; and the pace."""
+        own = {"run_id": self.run_id, "epoch": self.lease.epoch, "versions": self.versions}
+        own |= {
+            "ledger": [f.ledger for f in self.fragments],
+            "open_rounds": open_rounds(self.rounds.open.values()),
+        }
+        state = SyncerState(**own, **gather(self.stateful_parts()))
         self.lease.raise_if_fenced()
         self.files.save_state(state)
         self.store.put_json(keys.SYNCER_PACE, self.pace.to_json(self.pace_figures()))
@@ -269,96 +341,6 @@ class Syncer:
         b = self.books
         return grace_window(self.grace_rule, self.xi_step(), b.xi_quorum, b.xi_sync, b.xi_link)
 
-    # --- rounds -----------------------------------------------------------------------------------------------
-    def maybe_open_round(self, now: float) -> None:
-        b, p = self.books, self.books.next_round % self.P
-        if not self.roster.live() or not self.open_rule.may_open(
-            now,
-            fragment=p,
-            open_fragments=[r.fragment_id for r in self.open.values()],
-            last_open=self.last_open,
-            published_clock=self.fragments[p].merged_clock,
-            measured_step=self.roster.measured_step(),
-            opened_clock=self.opened_clock.get(p, -math.inf),
-        ):
-            return
-        self.open[b.next_round] = Round(b.next_round, p, now, self.wall())
-        self.opened_clock[p] = now
-        b.next_round += 1
-        self.last_open = now
-        self.publish_status()
-
-    def progress(self, rnd: Round, now: float) -> None:
-        if self.publisher.holds(rnd.round):  # being published: committed by `commit_published`
-            return
-        if rnd.round in self.unpublished:  # merged, waiting for the publisher or to be published again
-            self.merge(rnd, now)
-            return
-        self.intake.collect(rnd)
-        wait = self.closing.wait_s(self) if self.closing is not None else 0.0
-        if self.closing is not None and self.closing.settle_short(self, rnd, now, wait):
-            return
-        verdict = decide(rnd, self.roster.live_names(), now, self.quorum_rule)
-        if verdict is Verdict.QUORUM:
-            rnd.quorum_at = now
-            self.books.xi_quorum = ema(self.books.xi_quorum, now - rnd.opened_at, self.ema_alpha)
-            rnd.grace_s = max(self.grace_window(), wait)  # while closing: wait for stopped learners
-        elif verdict is Verdict.ABANDON:
-            self._abandon(rnd)
-        elif verdict is Verdict.MERGE:
-            self.merge(rnd, now)
-
-    def _abandon(self, rnd: Round) -> None:
-        abandon_round(self, rnd)  # `ddiloco.syncer.commit`; every abandon goes through here
-
-    def merge(self, rnd: Round, now: float) -> None:
-        """Merge a round's answers into a proposal and hand its publish to the publisher
-        (`ddiloco.syncer.publisher`); `commit_published` closes the round once it is persisted. Waits (the
-        round stays open) while the publisher holds as many merges as it may."""
-        if rnd.round not in self.unpublished:
-            if self.publisher.busy():
-                return
-            frag, m0 = self.fragments[rnd.fragment_id], self.clock()
-            try:
-                reread, merged = partial(self.intake.reread, rnd), self.tokens_merged()
-                final = merges_to_the_mean(self)  # the run is closing: the fragment's last move
-                proposal = frag.propose(
-                    rnd.answers, self.rule, rnd.sums, reread, tokens_merged=merged, final=final
-                )
-            except (wire.PayloadError, NotFound) as e:  # a second read found other bytes, or none
-                log.error(
-                    "syncer: round %d (fragment %d) cannot be merged: %s", rnd.round, rnd.fragment_id, e
-                )
-                self._abandon(rnd)
-                return
-            if rnd.sums is not None:  # the proposal holds what the round's sums were for
-                rnd.sums.release()
-                rnd.sums = None
-            record = proposal.record(rnd, now=now, merged_at=self.wall())
-            record.epoch = self.lease.epoch
-            published_at = self.steady_of(self.clock())  # before the write: no learner holds it earlier
-            self.unpublished[rnd.round] = Pending(proposal, record, published_at, now, self.clock() - m0)
-        if self.publisher.busy():
-            return
-        self.lease.check(publish_s=self.books.xi_sync)
-        self.publisher.submit(rnd, self.unpublished.pop(rnd.round))
-        if not self.publisher.beside or all(
-            self.publisher.holds(r) for r in self.open
-        ):  # nothing to do meanwhile
-            self.commit_published(wait=True)
-
-    def commit_published(self, wait: bool = False) -> None:
-        """Close the rounds whose publish returned, in order (`ddiloco.syncer.commit`); `wait`: all of them.
-        A store error is raised once every finished publish was looked at (its proposal is kept)."""
-        failed: StoreError | None = None
-        for done in self.publisher.finished(wait):
-            try:
-                commit_published(self, done)
-            except StoreError as e:
-                failed = e
-        if failed is not None:
-            raise failed
-
     # --- the loop ---------------------------------------------------------------------------------------------
     def step(self) -> bool:
         """One pass of the loop; returns True when the run is finished."""
@@ -370,35 +352,29 @@ class Syncer:
             # Until a learner reported its cadence no round opens (`rounds.OpenRule`): look again soon.
             measured = self.roster.measured_step() is not None
             self._next_refresh = now + (min(0.5, self.cfg.train.heartbeat_every_s) if measured else 0.05)
-        self.commit_published()
+        self.rounds.commit_published()
         if now >= self._status_due:
             self.publish_status()
-        if self.closing is None and (reason := finished_by(self)):
-            Closing.begin(self, reason, now)  # sets self.closing
-        if self.closing is None:
-            self.maybe_open_round(now)
-        elif self.closing.step(self, now):
-            self.finish(self.closing.reason)
+        if self.rounds.closing is None and (reason := finished_by(self)):
+            self.rounds.begin_closing(reason, now)
+        if (ended := self.rounds.open_due(now)) is not None:
+            self.finish(ended)
             return True
-        for rnd in list(self.open.values()):
-            if rnd.round in self.open:  # not closed by a commit earlier in this pass
-                self.progress(rnd, self.clock())
+        self.rounds.advance()
         return False
 
     def finish(self, reason: str = "budget") -> None:
-        self.commit_published(wait=True)  # what is being published is part of the final model
+        self.rounds.commit_published(wait=True)  # what is being published is part of the final model
         self.publisher.wait_clean()
         self.lease.check(publish_s=self.books.xi_sync)
-        for rnd in list(self.open.values()):
-            close_round(self, rnd)
-        self.unpublished.clear()
+        self.rounds.close_all()
         self.store.delete_prefix(keys.UPDATES)
         self.files.write_final(self.fragments, self.tokens_merged())
         self.save_state()
         done = {"time": self.wall(), "tokens_merged": self.tokens_merged(), "reason": reason}
         done["rounds_merged"] = self.books.rounds_merged
-        if self.closing is not None:
-            done |= self.closing.summary(self, self.clock())
+        if self.rounds.closing is not None:
+            done |= self.rounds.closing.summary(self.clock(), self.tokens_merged())
         self.root.write_signed_document(keys.DONE, done)
         self.publish_status(done=True)
         self.lease.release()

@@ -81,7 +81,7 @@ def start(name: str, *overrides: str, robust=None, learners: int = 2) -> Run:
     store = open_store(f"memory://{name}")
     prepare(store, tiny_config(name, *DETERMINISTIC, *overrides), secret=SECRET)
     now = [0.0]
-    syncer = Syncer(  # passes in lock step with the learners: a run repeats bit for bit
+    syncer = Syncer.open(  # passes in lock step with the learners: a run repeats bit for bit
         store, poll_s=0, clock=lambda: now[0], secret=SECRET, robust_clip=robust, publish_beside=False
     )
     r = Run(name, store, syncer, [Learner.open(store, i, secret=SECRET) for i in range(learners)], now=now)
@@ -104,8 +104,8 @@ def first_round(r: Run) -> int:
     for _ in range(50):
         r.now[0] += 1.0
         r.syncer.step()
-        if r.syncer.open:
-            (s,) = r.syncer.open
+        if r.syncer.rounds.open:
+            (s,) = r.syncer.rounds.open
             return s
         tick(r)
     raise AssertionError("no round opened")
@@ -134,7 +134,7 @@ def run(
                 assert learner.tick() is False
                 learner.close("done")
             break
-        for rnd in sorted(set(r.syncer.open) - opened):
+        for rnd in sorted(set(r.syncer.rounds.open) - opened):
             opened.add(rnd)
             if before is not None:
                 before(r, rnd)
@@ -524,7 +524,7 @@ def test_roles_start_from_the_newest_version_that_verifies():
     learner.start()
     assert [fs.anchor for fs in learner.ledger] == [0, 0]
     assert learner.feed.rejected_globals == Counter(bad_signature=1)
-    assert Syncer(r.store, secret=SECRET).versions == [0, 0]  # a restarted syncer does not adopt it
+    assert Syncer.open(r.store, secret=SECRET).versions == [0, 0]  # a restarted syncer does not adopt it
     learner.close("max_steps")
 
 

@@ -76,7 +76,7 @@ def test_a_closing_round_nobody_can_answer_closes_empty_and_the_run_finishes():
         r.now[0] += 1.0
         if r.syncer.step():
             raise AssertionError("finished without closing")
-        if r.syncer.closing is not None:
+        if r.syncer.rounds.closing is not None:
             break
         tick(r)
     for learner in r.learners:
@@ -108,13 +108,13 @@ def test_the_rounds_merged_while_the_run_closes_take_the_closing_step(closing_st
         f"diloco.closing_step={closing_step}",
     )
     closing_when_merged: dict[int, bool] = {}  # round -> whether the run was closing when it merged
-    merge = r.syncer.merge
+    merge = r.syncer.rounds.merge
 
     def watched_merge(rnd, now):
-        closing_when_merged.setdefault(rnd.round, r.syncer.closing is not None)
+        closing_when_merged.setdefault(rnd.round, r.syncer.rounds.closing is not None)
         merge(rnd, now)
 
-    r.syncer.merge = watched_merge
+    r.syncer.rounds.merge = watched_merge
     drive(r)
     steps = {rec.round: rec.step for rec in round_records(r.store)}
     assert any(closing_when_merged[n] for n in steps), "no round merged while the run closed"

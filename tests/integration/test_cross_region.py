@@ -30,7 +30,7 @@ def _inner_steps_in(seconds: float, link: Link | None):
     name = f"xr-{uuid.uuid4().hex[:8]}"
     store = open_store(f"memory://{name}")
     prepare(store, tiny_config(name, "diloco.token_budget=100000000", "diloco.learners=1"))
-    syncer = Syncer(store)
+    syncer = Syncer.open(store)
     thread = threading.Thread(target=run_until_done, args=(syncer, seconds + 20), daemon=True)
     thread.start()
     shaped = shape(store, link)
@@ -65,7 +65,7 @@ def test_summary_report_and_metrics_break_merged_tokens_down_by_site():
     name = f"xr-sites-{uuid.uuid4().hex[:8]}"
     store = open_store(f"memory://{name}")
     prepare(store, tiny_config(name))
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, 0, site="dc1"), Learner.open(store, 1, site="eu-west")]
     for learner in learners:
         learner.start()

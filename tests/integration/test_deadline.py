@@ -15,7 +15,7 @@ def _run(name: str, *overrides: str) -> tuple[dict, float]:
     store = open_store(f"memory://{name}")
     prepare(store, tiny_config(name, *overrides))
     prepared_at = store.get_json(keys.DATA_META)["prepared_at"]
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()

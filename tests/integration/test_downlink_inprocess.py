@@ -17,7 +17,7 @@ def _run(name: str, codec: str):
     store = open_store(f"memory://{name}")
     cfg = tiny_config(name, f"diloco.download_codec={codec}", "diloco.codec=int4")
     prepare(store, cfg)
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()

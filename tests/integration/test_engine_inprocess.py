@@ -30,7 +30,7 @@ def _prepared(name: str, *overrides: str):
 
 def test_run_reaches_budget_with_balanced_ledger_and_contiguous_versions():
     store, cfg = _prepared("eng-ledger")
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
@@ -60,7 +60,7 @@ def test_merge_moves_globals_towards_learners_and_publishes_each_version_once():
     store, cfg = _prepared("eng-versions", "diloco.token_budget=4000", "retention=null")
     layout = read_layout(store)
     v0 = {p: RunRoot(store, cfg.run_id).read_global(layout, p, 0) for p in range(layout.num_fragments)}
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
@@ -84,12 +84,12 @@ def test_bf16_globals_publish_the_rounded_fp32_master_and_a_restart_keeps_the_ma
         "eng-bf16", "diloco.global_dtype=bf16", "diloco.token_budget=4000", "diloco.download_codec=none"
     )
     layout = read_layout(store)
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
     drive(syncer, learners)
-    restarted = Syncer(store, poll_s=0)
+    restarted = Syncer.open(store, poll_s=0)
     ahead = 0
     for p, frag in enumerate(syncer.fragments):
         assert frag.version >= 1 and store.exists(keys.master_key(p, frag.version))
@@ -108,7 +108,7 @@ def test_default_retention_bounds_the_store_and_the_curve_is_drawn_from_what_it_
     the store's bytes, and the loss curve is drawn from the versions kept."""
     store, cfg = _prepared("eng-retention", "diloco.token_budget=30000")
     assert cfg.retention == RetentionConfig() and cfg.retention.max_versions() <= 16
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
@@ -144,7 +144,7 @@ def test_default_retention_bounds_the_store_and_the_curve_is_drawn_from_what_it_
 
 def test_new_learner_starts_from_the_current_globals_not_its_init():
     store, cfg = _prepared("eng-join", "diloco.token_budget=1000000")
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     first = Learner.open(store, 0)
     first.start()
     for _ in range(3000):
@@ -210,7 +210,7 @@ def test_books_balance_when_a_learner_is_stopped_past_its_merge_leaving_the_stat
     bounded `merged` list has dropped that round; it must still credit the merged tokens, whether it resumes
     mid-run or only once the run is done."""
     store, cfg = _prepared(f"eng-stall-{resume}", "diloco.token_budget=100000000")  # ended by the test
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
@@ -277,7 +277,7 @@ def test_an_older_heartbeat_landing_after_an_answer_cannot_hide_it_from_the_book
     """Issue 17 item 8: the heartbeat and the answer's report are written by different I/O threads. If the
     older heartbeat lands last and the learner then dies, its last report must still name the answer."""
     store, cfg = _prepared("eng-report-order")
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learner = Learner.open(store, 0)
     learner.start()
     learner._stop.set()  # no poller thread: the test reads the status itself
@@ -287,7 +287,7 @@ def test_an_older_heartbeat_landing_after_an_answer_cannot_hide_it_from_the_book
     learner._report_async()
     pool.run(0)
     pool.tasks.clear()
-    assert not syncer.step() and syncer.open, "the syncer opened a round"
+    assert not syncer.step() and syncer.rounds.open, "the syncer opened a round"
     learner.poller.poll_once()
     learner.step()
     learner._report_async()  # a heartbeat, built first ...
@@ -326,7 +326,7 @@ def test_a_fragment_is_synced_about_every_h_learner_steps(sync_from):
         "train.heartbeat_every_s=0.05",
         f"diloco.sync_from={sync_from}",
     )
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
@@ -351,7 +351,7 @@ def test_goodput_counts_a_killed_learners_down_time_as_lost():
     # 2-core machine): no reachable budget, a deadline 6 s after prepare (the kill and rejoin take ~2 s; a
     # 400k-token budget took 69 s on a loaded machine).
     store, cfg = _prepared("eng-goodput-kill", "diloco.token_budget=1000000000", "diloco.deadline_s=6")
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()

@@ -109,7 +109,7 @@ def test_two_ranks_match_one_process_on_the_concatenated_batch_then_merge_and_re
     assert [c["num_tokens"] for c in cursors] == [b[1] - b[0], b[2] - b[1]]
 
     # --- launch B: a syncer merges until the budget; rank 0 resumes from its checkpoint ---------------------
-    syncer = Syncer(open_store(url), poll_s=0.01)
+    syncer = Syncer.open(open_store(url), poll_s=0.01)
     thread = threading.Thread(target=run_until_done, args=(syncer, 100), daemon=True)
     thread.start()
     bres = _launch(url, tmp_path / "b", None)

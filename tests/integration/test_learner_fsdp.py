@@ -121,7 +121,7 @@ def test_sharded_ranks_train_like_one_process_checkpoint_whole_state_and_resume_
         assert torch.equal(back[name].reshape(value.shape), value.to(back[name].dtype)), name
 
     # --- launch C: a syncer merges until the budget ----------------------------------------------------------
-    syncer = Syncer(open_store(url), poll_s=0.01)
+    syncer = Syncer.open(open_store(url), poll_s=0.01)
     thread = threading.Thread(target=run_until_done, args=(syncer, 100), daemon=True)
     thread.start()
     c = _launch(url, tmp_path / "c", None)

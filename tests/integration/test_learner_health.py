@@ -56,7 +56,7 @@ def _raise(*args, **kwargs):
 
 def test_an_upload_thread_raising_a_bug_is_logged_at_error_and_counted(monkeypatch, caplog):
     store = _prepared("health-upload")
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learner = _started(store)
     monkeypatch.setattr("ddiloco.learner.io.encode", _raise)  # a codec bug on the upload thread
     for _ in range(500):
@@ -110,7 +110,7 @@ def test_a_download_thread_raising_a_bug_is_logged_counted_and_ends_the_learner(
     """A learner that cannot take new globals would train on stale parameters: the bug is raised at the
     step boundary that collects the download, after its thread logged and counted it."""
     store = _prepared("health-download")
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learner = _started(store)
     monkeypatch.setattr("ddiloco.learner.versions.read_global_full", _raise)
     monkeypatch.setattr("ddiloco.learner.versions.read_global_delta", _raise)
@@ -145,7 +145,7 @@ class BlockedUpdates(DelegatingStore):
 def test_heartbeats_keep_flowing_while_every_io_thread_is_stuck_in_an_upload():
     store = _prepared("health-starve", "diloco.fragments=4", "diloco.overlap=4")
     blocked = BlockedUpdates(store)
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learner = _started(blocked)
     report_key = keys.report_key(0, learner.incarnation)
     try:
@@ -182,7 +182,7 @@ class Clock:
 def _broken_learner(name: str, monkeypatch, store_of=lambda s: s):
     """A learner whose every upload raises (a codec bug), a live syncer, and the learner's clock."""
     store = _prepared(name, "train.max_unmerged_s=300", "diloco.round_timeout_s=0.05")
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     clock = Clock()
     learner = _started(store_of(store), clock=clock)
     monkeypatch.setattr("ddiloco.learner.io.encode", _raise)
@@ -240,7 +240,7 @@ def test_ddiloco_learner_exits_4_when_its_answers_never_merge(monkeypatch, caplo
     from ddiloco.cli.main import main
 
     store = _prepared("health-cli", "train.max_unmerged_s=1", "diloco.round_timeout_s=0.05")
-    syncer, stop = Syncer(store, poll_s=0), threading.Event()
+    syncer, stop = Syncer.open(store, poll_s=0), threading.Event()
 
     def syncer_passes() -> None:
         while not stop.is_set():

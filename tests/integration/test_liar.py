@@ -32,7 +32,7 @@ def liar(r: Run, answered: set[int]) -> None:
         "final": False,
     }  # fmt: skip
     r.store.put_json(keys.report_key(LIAR, 0), signing.sign_doc(report, mine, signing.LEARNER))
-    for s, rnd in r.syncer.open.items():
+    for s, rnd in r.syncer.rounds.open.items():
         src_key = keys.update_key(rnd.fragment_id, s, 0, 0)
         if s in answered or not r.store.exists(src_key):
             continue

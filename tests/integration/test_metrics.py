@@ -20,7 +20,7 @@ def test_registries_agree_with_the_books():
     store = open_store("memory://metrics-books")
     cfg = tiny_config("metrics-books", "train.peak_flops=2e11")  # a CPU has no data-sheet peak: stated here
     prepare(store, cfg)
-    syncer = Syncer(store, poll_s=0, registry=CollectorRegistry())
+    syncer = Syncer.open(store, poll_s=0, registry=CollectorRegistry())
     learners = [Learner.open(store, i, registry=CollectorRegistry()) for i in range(2)]
     for learner in learners:
         learner.start()
@@ -78,7 +78,7 @@ def test_metrics_are_served_over_http():
     registry = CollectorRegistry()
     store = open_store("memory://metrics-http")
     prepare(store, tiny_config("metrics-http"))
-    syncer = Syncer(store, registry=registry)
+    syncer = Syncer.open(store, registry=registry)
     port = serve(registry, 0, "127.0.0.1")
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "ddiloco_syncer_tokens_merged_total 0.0" in body

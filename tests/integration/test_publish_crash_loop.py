@@ -81,7 +81,7 @@ def assert_sound(store, crash_versions: list[int] | None = None) -> dict:
 @pytest.mark.parametrize("step", ["after_momentum", "after_record", "after_global", "after_pointer"])
 def test_a_store_error_after_any_write_of_a_publish_retries_that_same_publish(step):
     store, learners = start(f"store-error-{step}")
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     failpoints.arm("publish", step, "store_error", nth=2)
     drive(syncer, learners)
     assert failpoints._armed[("publish", step)][2] >= 2, "the failpoint fired"
@@ -95,7 +95,7 @@ def test_a_store_error_after_any_write_of_a_publish_retries_that_same_publish(st
 )
 def test_a_successor_takes_over_from_a_syncer_crashed_at_any_step_of_a_publish(step, overrides):
     store, learners = start(f"crash-{step}-{len(overrides)}", *overrides)
-    first = Syncer(store, poll_s=0)
+    first = Syncer.open(store, poll_s=0)
     failpoints.arm("publish", step, "raise", nth=3)
     with pytest.raises(failpoints.FailpointCrash):
         for _ in range(20000):
@@ -103,7 +103,7 @@ def test_a_successor_takes_over_from_a_syncer_crashed_at_any_step_of_a_publish(s
             tick(learners)
     failpoints.disarm()
     crashed_at = list(first.versions)
-    second = Syncer(store, poll_s=0)  # seizes the next epoch: the first is gone
+    second = Syncer.open(store, poll_s=0)  # seizes the next epoch: the first is gone
     assert second.lease.epoch == first.lease.epoch + 1
     drive(second, learners)
     assert_sound(store, crashed_at)
@@ -114,7 +114,7 @@ def test_an_abandoned_round_loses_the_record_a_dead_publish_left():
     successor then abandons that round, a learner reading the record would credit tokens the syncer never
     merged and the books would not balance."""
     store, learners = start("abandon-stale")
-    first = Syncer(store, poll_s=0)
+    first = Syncer.open(store, poll_s=0)
     failpoints.arm("publish", "after_record", "raise", nth=3)
     with pytest.raises(failpoints.FailpointCrash):
         for _ in range(20000):
@@ -126,13 +126,13 @@ def test_an_abandoned_round_loses_the_record_a_dead_publish_left():
         for k in store.list(keys.ROUNDS)
         if (r := store.get_json(k))["version"] > first.versions[r["fragment_id"]]
     ]
-    second = Syncer(store, poll_s=0)
+    second = Syncer.open(store, poll_s=0)
     for _ in range(20000):  # the successor reopens the round number the dead publish recorded
         second.step()
-        if stale["round"] in second.open:
+        if stale["round"] in second.rounds.open:
             break
         tick(learners)
-    second._abandon(second.open[stale["round"]])
+    second.rounds.abandon(second.rounds.open[stale["round"]])
     assert store.get_json_or_none(keys.round_record_key(stale["round"])) is None
     assert RoundRecords(store).read(stale["round"]) is None, "a learner reads: closed without a merge"
     drive(second, learners)

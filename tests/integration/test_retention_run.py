@@ -44,32 +44,32 @@ def test_updates_of_merged_and_abandoned_rounds_are_deleted():
     )
     prepare(store, cfg)
     now = [0.0]
-    syncer = Syncer(store, poll_s=0, clock=lambda: now[0])
+    syncer = Syncer.open(store, poll_s=0, clock=lambda: now[0])
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
         learner.pool.shutdown()
         learner.pool = _Inline()  # no upload lands while the syncer merges and the test looks
     closed: list[tuple[str, int, int, int]] = []  # (how, fragment, round, answers it had)
-    merge, abandon = syncer.merge, syncer._abandon
+    merge, abandon = syncer.rounds.merge, syncer.rounds.abandon
 
     def merged(rnd, t):
         merge(rnd, t)
-        syncer.commit_published(wait=True)  # the publish ran beside the loop: let it land
-        if rnd.round in syncer.open:  # the publisher was busy: this round merges on a later pass
+        syncer.rounds.commit_published(wait=True)  # the publish ran beside the loop: let it land
+        if rnd.round in syncer.rounds.open:  # the publisher was busy: this round merges on a later pass
             return
         syncer.publisher.wait_clean()  # its updates are deleted on the cleaner's thread
         closed.append(("merged", rnd.fragment_id, rnd.round, len(rnd.answers)))
         assert not store.list(keys.update_prefix(rnd.fragment_id, rnd.round))
         for key in store.list(keys.fragment_updates_prefix(rnd.fragment_id)):  # late answers swept too
-            assert int(key.split("/")[2]) in syncer.open, key
+            assert int(key.split("/")[2]) in syncer.rounds.open, key
 
     def abandoned(rnd):
         abandon(rnd)
         closed.append(("abandoned", rnd.fragment_id, rnd.round, len(rnd.answers)))
         assert not store.list(keys.update_prefix(rnd.fragment_id, rnd.round))
 
-    syncer.merge, syncer._abandon = merged, abandoned
+    syncer.rounds.merge, syncer.rounds.abandon = merged, abandoned
     for _ in range(3000):  # both learners answer: rounds merge
         now[0] += 0.01
         assert not syncer.step()
@@ -107,7 +107,7 @@ def test_an_answer_on_a_pruned_base_is_rejected_and_the_books_still_balance():
         "diloco.sync_from=publish",
     )
     prepare(store, cfg)
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
@@ -160,7 +160,7 @@ def test_a_joining_learner_falls_back_to_the_newest_kept_version_without_trying_
     name = "ret-first"
     store = open_store(f"memory://{name}")
     prepare(store, tiny_config(name, "retention.keep_latest=2", "retention.curve_moments=2"))
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learner = Learner.open(store, 0)
     learner.start()
 

@@ -33,7 +33,7 @@ def hostile_direction(scale: float = 100.0):
     done: set[int] = set()
 
     def after(r: Run, _: int) -> None:
-        for s in sorted(r.syncer.open):
+        for s in sorted(r.syncer.rounds.open):
             key = keys.update_key(s % r.syncer.P, s, 0, 0)
             if s in done or not r.store.exists(key):
                 continue

@@ -87,7 +87,7 @@ def test_a_forged_global_version_with_a_high_epoch_and_a_forged_done_marker_chan
     live.store.put(
         keys.global_key(p, live.syncer.versions[p] + 1), learner_signed_global(live, p, 99, epoch=99)
     )
-    assert Syncer(live.store, secret=SECRET).versions == live.syncer.versions
+    assert Syncer.open(live.store, secret=SECRET).versions == live.syncer.versions
 
 
 def test_a_forged_done_status_stops_no_learner(clean):

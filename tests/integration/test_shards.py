@@ -62,7 +62,7 @@ def test_a_third_learner_of_a_two_learner_run_reads_tokens_no_other_learner_read
 def test_the_summary_names_each_learners_shard_and_token_range():
     store, cfg, meta = _prepared("shards-summary", "diloco.max_learners=3", "diloco.token_budget=6000")
     train = _training_stream(store, cfg, meta)
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(3)]
     for learner in learners:
         learner.start()
@@ -88,7 +88,7 @@ def test_the_summary_names_each_learners_shard_and_token_range():
 
 def test_an_id_beyond_max_learners_shares_a_shard_with_a_warning_and_the_summary_says_so(caplog):
     store, cfg, meta = _prepared("shards-beyond", "diloco.max_learners=3", "diloco.token_budget=6000")
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     with caplog.at_level(logging.WARNING, logger="ddiloco.shards"):
         learners = [Learner.open(store, i) for i in (0, 2, 5)]
     warned = [r.getMessage() for r in caplog.records if r.name == "ddiloco.shards"]

@@ -24,7 +24,7 @@ def test_run_with_row_pieces_finishes_and_reassembles() -> None:
     root = RunRoot.open(store, None, role="test")
     layout = root.layout()
     assert {pc.tensor for pc in layout.pieces.values()} == {"transformer.wte.weight", "lm_head.weight"}
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()

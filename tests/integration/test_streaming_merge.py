@@ -13,7 +13,6 @@ from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol.wire import PayloadError
 from ddiloco.store.url import open_store
-from ddiloco.syncer.drain import merges_to_the_mean
 from ddiloco.syncer.loop import Syncer
 from ddiloco.syncer.rounds import Answer
 from tests._harness import drive, tiny_config
@@ -35,16 +34,16 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
     )
     prepare(store, cfg)
     torch_threads = torch.get_num_threads()
-    syncer = Syncer(store, poll_s=0, robust_clip=robust_clip, threads=threads)
+    syncer = Syncer.open(store, poll_s=0, robust_clip=robust_clip, threads=threads)
     assert (syncer.intake.pool is not None) == (threads is not None)
     assert syncer.intake.measure == (threads == 3)
     learners = [Learner.open(store, i) for i in range(3)]
     for learner in learners:
         learner.start()
-    merge, checked, clipped = syncer.merge, [], []
+    merge, checked, clipped = syncer.rounds.merge, [], []
 
     def checked_merge(rnd, now):
-        if rnd.round in syncer.unpublished or syncer.publisher.busy():  # proposes nothing on this call
+        if rnd.round in syncer.rounds.unpublished or syncer.publisher.busy():  # proposes nothing on this call
             merge(rnd, now)
             return
         assert rnd.sums is not None and set(rnd.sums.answers) == set(rnd.answers)
@@ -58,12 +57,12 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
             c: dataclasses.replace(a, delta=syncer.intake.reread(rnd, c)) for c, a in rnd.answers.items()
         }
         # no sums: the answers carry their deltas; the same merged progress (the momentum follows the decay)
-        final = merges_to_the_mean(syncer)  # the run's last merges: the same rule as the syncer's
+        final = syncer.rounds.merges_to_the_mean()  # the run's last merges: the same rule as the syncer's
         batch = frag.propose(batch_answers, syncer.rule, tokens_merged=syncer.tokens_merged(), final=final)
         merge(rnd, now)
         # the proposal waits for the publisher, is being published, or was committed already
         held = syncer.publisher.flight.get(rnd.round)
-        pending = syncer.unpublished.get(rnd.round) or (held.pending if held is not None else None)
+        pending = syncer.rounds.unpublished.get(rnd.round) or (held.pending if held is not None else None)
         proposal = pending.proposal if pending is not None else None
         assert (proposal.version if proposal else frag.version) == batch.version
         for n, t in batch.theta.items():
@@ -72,7 +71,7 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
         checked.append(len(rnd.answers))
         clipped.extend(batch.clipped)
 
-    syncer.merge = checked_merge
+    syncer.rounds.merge = checked_merge
     drive(syncer, learners)
     assert len(checked) >= 10 and max(checked) >= 2
     if robust_clip is not None:
@@ -86,14 +85,14 @@ def test_an_answer_changed_after_it_was_accepted_is_not_merged_from_other_bytes(
     the same header (`accepted_digest`), whose data checksum `wire.unpack` verifies again."""
     store = open_store("memory://stream-changed")
     prepare(store, tiny_config("changed", "diloco.learners=1", "diloco.token_budget=100000"))
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learner = Learner.open(store, 0)
     learner.start()
     for _ in range(2000):
         syncer.step()
         learner.poller.poll_once()
         learner.tick()
-        filed = [(r, a) for r in syncer.open.values() for a in r.answers.values()]
+        filed = [(r, a) for r in syncer.rounds.open.values() for a in r.answers.values()]
         if filed:
             break
     rnd, ans = filed[0]
@@ -104,6 +103,6 @@ def test_an_answer_changed_after_it_was_accepted_is_not_merged_from_other_bytes(
     with pytest.raises(PayloadError, match="checksum"):
         syncer.intake.reread(rnd, ans.contributor)
     version = syncer.fragments[rnd.fragment_id].version
-    syncer.merge(rnd, syncer.clock())  # a merge that needs the second read abandons the round instead
-    assert rnd.round not in syncer.open and syncer.fragments[rnd.fragment_id].version == version
+    syncer.rounds.merge(rnd, syncer.clock())  # a merge that needs the second read abandons the round instead
+    assert rnd.round not in syncer.rounds.open and syncer.fragments[rnd.fragment_id].version == version
     assert syncer.books.rounds_abandoned == 1

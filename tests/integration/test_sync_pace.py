@@ -31,7 +31,7 @@ def test_at_p_equal_h_each_fragment_is_synced_about_every_h_steps_and_the_summar
         "retention=null",
     )
     prepare(store, cfg)
-    syncer = Syncer(store, poll_s=0.002)
+    syncer = Syncer.open(store, poll_s=0.002)
     loop = threading.Thread(target=run_until_done, args=(syncer, 120.0), daemon=True)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:

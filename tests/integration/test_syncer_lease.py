@@ -111,7 +111,7 @@ def test_each_version_is_written_once_even_by_a_syncer_that_missed_its_expiry():
     before its global version are overwritten."""
     store = open_store("memory://lease-once")
     prepare(store, tiny_config("lease-once"))
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     published = []
     publish = syncer.files.publish
 

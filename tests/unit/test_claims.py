@@ -61,12 +61,12 @@ def start(name: str, *overrides: str, cadences=(STEP_S, STEP_S, STEP_S)):
     for k, blob in prepared(overrides).items():
         store.put(k, blob)
     mono, wall = Clock(50.0), Clock(store.get_json(keys.DATA_META)["prepared_at"] + 100.0)
-    syncer = Syncer(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
+    syncer = Syncer.open(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
     syncer.test_cadences = list(cadences)  # what `advance` keeps reporting
     for lid, c in enumerate(cadences):
         put_report(store, syncer, keys.report_key(lid, 0), report(lid, 1, wall(), wall_ema=c))
     syncer.step()  # reads the reports, opens round 0 (fragment 0)
-    assert list(syncer.open) == [0]
+    assert list(syncer.rounds.open) == [0]
     return store, syncer, mono, wall
 
 
@@ -89,7 +89,7 @@ def update(syncer: Syncer, round_: int, lid: int, *, steps: int, seconds: float,
 def verdict(store, syncer: Syncer, round_: int, lid: int, **claim) -> str:
     """What the syncer's intake makes of `lid`'s update to `round_`: "accepted" or the rejection reason."""
     store.put(keys.update_key(round_ % syncer.P, round_, lid, 0), update(syncer, round_, lid, **claim))
-    rnd = syncer.open[round_]
+    rnd = syncer.rounds.open[round_]
     syncer.intake.collect(rnd)
     name = keys.update_key(round_ % syncer.P, round_, lid, 0).rsplit("/", 1)[-1]
     return rnd.rejected.get(name, "accepted" if f"{lid}-0" in rnd.answers else "unread")
@@ -117,7 +117,7 @@ def publish_v1(store, syncer: Syncer, mono: Clock, wall: Clock) -> None:
     for _ in range(200):
         mono.t += 0.1
         syncer.step()
-        if 2 in syncer.open:
+        if 2 in syncer.rounds.open:
             return
     raise AssertionError("round 2 did not open")
 
@@ -149,11 +149,11 @@ def test_after_a_restart_the_newest_version_is_bounded_by_its_recorded_merge_tim
     store, syncer, mono, wall = start("claims-restart")
     wall.t += 1100.0
     publish_v1(store, syncer, mono, wall)
-    restarted = Syncer(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
+    restarted = Syncer.open(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
     for _ in range(50):
         mono.t += 0.1
         restarted.step()
-        frag0 = [s for s, rnd in restarted.open.items() if rnd.fragment_id == 0]
+        frag0 = [s for s, rnd in restarted.rounds.open.items() if rnd.fragment_id == 0]
         if frag0:
             break
     assert restarted.versions[0] == 1 and 1 not in restarted.fragments[0].published_at
@@ -195,7 +195,7 @@ def test_a_learner_ten_times_faster_than_the_rest_is_accepted_at_its_own_weight(
     assert verdict(store, syncer, 2, 0, steps=2000, seconds=19.0) == "accepted"
     syncer.step()
     syncer.step()
-    syncer.commit_published(wait=True)  # another round is open: the publish ran beside the loop
+    syncer.rounds.commit_published(wait=True)  # another round is open: the publish ran beside the loop
     record = store.get_json(keys.round_record_key(2))
     assert record["contributors"]["0-0"]["weight"] == pytest.approx(2000 * TPS**2)
     assert record["contributors"]["0-0"]["c_tokens"] == 2000 * TPS
@@ -212,7 +212,7 @@ def test_each_step_is_credited_once_per_fragment():
     assert syncer.intake.rejected["overlap"] == 1
     mono.t += 1.1  # a rejected name is read again after a second, when its bytes changed
     verdict(store, syncer, 2, 1, steps=24, seconds=1.0, inner_step=40)
-    assert "1-0" in syncer.open[2].answers
+    assert "1-0" in syncer.rounds.open[2].answers
 
 
 def test_a_step_of_the_hosts_wall_clock_moves_no_bound():
@@ -233,7 +233,7 @@ def test_an_unusable_step_wall_ema_does_not_steer_pacing(bad, caplog):
     store = open_store("memory://claims-pacing")
     prepare(store, tiny_config("pace", "diloco.sync_every=32", "diloco.fragments=2", "diloco.overlap=2"))
     mono, wall = Clock(50.0), Clock(1_000_000.0)
-    syncer = Syncer(store, clock=mono, wall=wall)
+    syncer = Syncer.open(store, clock=mono, wall=wall)
     put_report(store, syncer, keys.report_key(0, 0), report(0, 1, wall()))
     put_report(store, syncer, keys.report_key(1, 0), report(1, 1, wall(), wall_ema=bad))
     with caplog.at_level(logging.WARNING, logger="ddiloco.syncer.roster"):
@@ -247,14 +247,14 @@ def test_an_unusable_step_wall_ema_does_not_steer_pacing(bad, caplog):
     get = syncer.registry.get_sample_value
     assert get("ddiloco_syncer_report_fields_ignored_total", {"field": "step_wall_ema"}) == 2
     assert len(syncer.roster.live()) == 2  # the rest of its report still counts: it is live
-    syncer.maybe_open_round(mono())
-    assert list(syncer.open) == [0]
+    syncer.rounds.maybe_open(mono())
+    assert list(syncer.rounds.open) == [0]
     mono.t += 0.5
-    syncer.maybe_open_round(mono())
-    assert list(syncer.open) == [0]
+    syncer.rounds.maybe_open(mono())
+    assert list(syncer.rounds.open) == [0]
     mono.t += 0.31
-    syncer.maybe_open_round(mono())
-    assert list(syncer.open) == [0, 1]
+    syncer.rounds.maybe_open(mono())
+    assert list(syncer.rounds.open) == [0, 1]
 
 
 def test_every_number_the_syncer_reads_from_a_report_is_checked():
@@ -282,10 +282,10 @@ def test_the_credit_book_survives_a_syncer_restart():
     publish_v1(store, syncer, mono, wall)
     syncer.save_state()
     assert store.get_json(keys.SYNCER_STATE)["credited_steps"] == {"1-0/0": 16}
-    restarted = Syncer(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
+    restarted = Syncer.open(store, clock=mono, wall=wall, secret=SECRET, poll_s=0)
     restarted.test_cadences = syncer.test_cadences
     advance(store, restarted, mono, wall, 3.0)
-    frag0 = [s for s, rnd in restarted.open.items() if rnd.fragment_id == 0]
+    frag0 = [s for s, rnd in restarted.rounds.open.items() if rnd.fragment_id == 0]
     assert (
         frag0 and verdict(store, restarted, frag0[0], 1, steps=16, seconds=0.5, base_version=0) == "overlap"
     )
@@ -303,5 +303,5 @@ def test_a_new_incarnation_inherits_its_learners_cadence():
     syncer.step()  # the roster reads incarnation 1's report
     blob = update(syncer, 2, 0, steps=100, seconds=10.0, incarnation=1)
     store.put(keys.update_key(0, 2, 0, 1), blob)
-    syncer.intake.collect(syncer.open[2])
-    assert syncer.open[2].rejected.get("000-0001.safetensors") == "future_steps"
+    syncer.intake.collect(syncer.rounds.open[2])
+    assert syncer.rounds.open[2].rejected.get("000-0001.safetensors") == "future_steps"

@@ -3,70 +3,74 @@ round, how many at once, when an empty one closes and when closing ends."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from ddiloco.protocol.messages import Status
-from ddiloco.syncer.drain import MIN_WAIT_S, Closing
+from ddiloco.syncer.drain import MIN_WAIT_S, Closing, wait_s
 from ddiloco.syncer.rounds import Answer, Round
 from tests._harness import status, tiny_config
 
 
 class StandIn:
-    """What `Closing` reads of a syncer: books, open rounds, the config, the roster's live learners."""
+    """What `Closing` is told of a syncer: its next round, open rounds, config, whether a learner is live;
+    `open_next` opens rounds as the round owner does."""
 
     def __init__(self, P: int = 4, next_round: int = 9, open_fragments=(), live=("0",)) -> None:
-        self.P, self.cfg = P, tiny_config("drain", "diloco.overlap=2")
-        self.books = SimpleNamespace(next_round=next_round, xi_link=0.0)
+        self.P, self.cfg, self.next_round = P, tiny_config("drain", "diloco.overlap=2"), next_round
         self.open = {100 + i: Round(100 + i, p, 0.0, 0.0) for i, p in enumerate(open_fragments)}
         self.unpublished: dict = {}
-        self.roster = SimpleNamespace(live=lambda: list(live))
-        self.published = 0
+        self.live = list(live)
 
-    def tokens_merged(self) -> float:
-        return 1000.0
+    def begin(self, reason: str, now: float) -> Closing:
+        busy = {r.fragment_id for r in self.open.values()}
+        return Closing.begin(
+            reason, now, next_round=self.next_round, num_fragments=self.P, busy=busy, merged=1000.0
+        )
 
-    def wall(self) -> float:
-        return 0.0
+    def open_next(self, c: Closing, now: float) -> None:
+        for p in c.take(len(self.open), self.cfg.diloco.overlap, live=bool(self.live)):
+            self.open[self.next_round] = Round(self.next_round, p, now, 0.0)
+            c.rounds.add(self.next_round)
+            self.next_round += 1
 
-    def publish_status(self) -> None:
-        self.published += 1
+    def finished(self, c: Closing, now: float) -> bool:
+        timeout_s = self.cfg.diloco.round_timeout_s
+        return c.finished(now, open_rounds=self.open, unpublished=self.unpublished, timeout_s=timeout_s)
 
 
 def test_closing_rounds_go_to_the_fragments_without_an_open_round_in_round_robin_order():
     s = StandIn(P=4, next_round=9, open_fragments=[0])  # next in round-robin: 9 mod 4 = 1
-    c = Closing.begin(s, "budget", now=5.0)
+    c = s.begin("budget", now=5.0)
     assert c.todo == [1, 2, 3]
-    c.open_next(s, now=5.0)  # τ = 2 in flight, one of them the open round of fragment 0
+    s.open_next(c, now=5.0)  # τ = 2 in flight, one of them the open round of fragment 0
     assert [r.fragment_id for r in s.open.values()] == [0, 1]
-    assert c.rounds == {9} and s.books.next_round == 10 and s.published == 2  # closing, then the round
+    assert c.rounds == {9} and s.next_round == 10
     del s.open[100], s.open[9]
-    c.open_next(s, now=6.0)
+    s.open_next(c, now=6.0)
     assert sorted(r.fragment_id for r in s.open.values()) == [2, 3] and c.todo == []
 
 
 def test_no_closing_round_without_a_live_learner_and_closing_ends_when_all_closed():
     s = StandIn(live=())
-    c = Closing.begin(s, "deadline", now=0.0)
-    c.open_next(s, now=0.0)
+    c = s.begin("deadline", now=0.0)
+    s.open_next(c, now=0.0)
     assert s.open == {} and c.todo == []
-    assert c.finished(s, now=0.1)
+    assert s.finished(c, now=0.1)
 
 
 def test_a_closing_round_without_its_quorum_closes_after_its_wait_and_one_with_it_does_not():
     s = StandIn()
-    c = Closing.begin(s, "budget", now=0.0)
-    c.open_next(s, now=0.0)
+    c = s.begin("budget", now=0.0)
+    s.open_next(c, now=0.0)
     empty, answered = (s.open[r] for r in sorted(c.rounds))
     answered.answers["learner 0"] = Answer("learner 0", header=None, delta=None)  # type: ignore[arg-type]
-    wait = c.wait_s(s)
+    wait = wait_s(s.cfg, xi_link=0.0)
     assert wait >= MIN_WAIT_S
     assert not c.is_short_and_due(empty, now=wait / 2, wait_s=wait)
     assert c.is_short_and_due(empty, now=wait, wait_s=wait)
     assert c.is_short_and_due(answered, now=wait, wait_s=wait)  # below the quorum: abandoned
     answered.quorum_at = 0.5
     assert not c.is_short_and_due(answered, now=10 * wait, wait_s=wait)  # merges by the quorum rule
-    assert not c.finished(s, now=1.0)
-    assert c.finished(s, now=s.cfg.diloco.round_timeout_s + 1.0)  # bounded: never hangs a finished run
+    assert not s.finished(c, now=1.0)
+    assert s.finished(c, now=s.cfg.diloco.round_timeout_s + 1.0)  # bounded: never hangs a finished run
 
 
 def test_the_status_says_closing_and_an_older_status_reads_as_not_closing():
@@ -83,7 +87,7 @@ def test_a_round_opened_before_closing_that_nobody_can_answer_closes_a_wait_afte
     s = StandIn(open_fragments=[1])
     before = s.open[100]
     before.opened_at = -50.0
-    c = Closing.begin(s, "deadline", now=10.0)
-    wait = c.wait_s(s)
+    c = s.begin("deadline", now=10.0)
+    wait = wait_s(s.cfg, xi_link=0.0)
     assert not c.is_short_and_due(before, now=10.0 + wait / 2, wait_s=wait)
     assert c.is_short_and_due(before, now=10.0 + wait, wait_s=wait)

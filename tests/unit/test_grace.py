@@ -25,7 +25,7 @@ STEP = 0.010  # the learners' median wall seconds per step
 def syncer(name: str, *overrides: str) -> Syncer:
     store = open_store(f"memory://{name}")
     prepare(store, tiny_config(name, *overrides))
-    s = Syncer(store)
+    s = Syncer.open(store)
     s.xi_step = lambda: STEP  # type: ignore[method-assign]
     return s
 
@@ -91,7 +91,7 @@ def test_learners_report_their_own_wait_and_merges_feed_the_link_ema():
     each merge feeds ξ_link, and a restarted syncer resumes it from its state."""
     store = open_store("memory://grace-run")
     prepare(store, tiny_config("grace-run"))
-    s = Syncer(store, poll_s=0)
+    s = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     headers: list[UpdateHeader] = []
     for learner in learners:
@@ -104,7 +104,7 @@ def test_learners_report_their_own_wait_and_merges_feed_the_link_ema():
     drive(s, learners)
     assert headers and all(isinstance(h.wait_s, float) and 0 <= h.wait_s < 5 for h in headers)
     assert s.books.xi_link > 0
-    assert Syncer(store).books.xi_link == pytest.approx(s.books.xi_link)
+    assert Syncer.open(store).books.xi_link == pytest.approx(s.books.xi_link)
 
 
 def test_the_poller_remembers_when_it_first_saw_each_open_round():

@@ -32,7 +32,7 @@ def setup(request):
     store = open_store(f"memory://pacing-{request.node.name}")
     prepare(store, tiny_config("pacing", "diloco.sync_every=32", "diloco.fragments=2", "diloco.overlap=2"))
     mono, wall = Clock(50.0), Clock(1_000_000.0)
-    return store, Syncer(store, clock=mono, wall=wall), mono, wall
+    return store, Syncer.open(store, clock=mono, wall=wall), mono, wall
 
 
 def test_rounds_open_every_h_over_p_real_steps_not_compute_steps(setup):
@@ -43,29 +43,31 @@ def test_rounds_open_every_h_over_p_real_steps_not_compute_steps(setup):
         store.put_json(keys.report_key(lid, 0), report(lid, 1, wall()))
     syncer.roster.refresh()
     assert syncer.xi_step() == pytest.approx(0.05)
-    syncer.maybe_open_round(mono())
-    assert list(syncer.open) == [0]
+    syncer.rounds.maybe_open(mono())
+    assert list(syncer.rounds.open) == [0]
     mono.t += 0.5
-    syncer.maybe_open_round(mono())
-    assert list(syncer.open) == [0], "a second round 0.5 s (10 real steps) later: faster than H/P = 16 steps"
+    syncer.rounds.maybe_open(mono())
+    assert list(syncer.rounds.open) == [0], (
+        "a second round 0.5 s (10 real steps) later: faster than H/P = 16 steps"
+    )
     mono.t += 0.31
-    syncer.maybe_open_round(mono())
-    assert list(syncer.open) == [0, 1]
+    syncer.rounds.maybe_open(mono())
+    assert list(syncer.rounds.open) == [0, 1]
 
 
 def test_a_fragment_is_not_synced_again_before_h_steps_from_its_last_round(setup):
     store, syncer, mono, wall = setup
     store.put_json(keys.report_key(0, 0), report(0, 1, wall()))
     syncer.roster.refresh()
-    syncer.opened_clock[0] = mono()  # fragment 0's last round opened now (diloco.sync_from: open)...
+    syncer.rounds.opened_clock[0] = mono()  # fragment 0's last round opened now (diloco.sync_from: open)...
     syncer.fragments[0].merged_clock = mono() + 0.3  # ...and its version was published 0.3 s later
     syncer.books.next_round = 2  # fragment 0 is next
     mono.t += 32 * 0.05 - 0.1
-    syncer.maybe_open_round(mono())
-    assert not syncer.open
+    syncer.rounds.maybe_open(mono())
+    assert not syncer.rounds.open
     mono.t += 0.2  # H steps since the opening, not yet since the version
-    syncer.maybe_open_round(mono())
-    assert [r.fragment_id for r in syncer.open.values()] == [0]
+    syncer.rounds.maybe_open(mono())
+    assert [r.fragment_id for r in syncer.rounds.open.values()] == [0]
 
 
 def test_goodput_gauge_counts_a_dead_learners_down_time_on_the_syncers_clock(setup):

@@ -10,7 +10,6 @@ from ddiloco.prepare import prepare
 from ddiloco.protocol.messages import LearnerEvent, Merged
 from ddiloco.stateful import Stateful, gather, restore
 from ddiloco.store.url import open_store
-from ddiloco.syncer.commit import parts_of
 from ddiloco.syncer.loop import Syncer
 from ddiloco.syncer.pace import Pace
 from tests._harness import tiny_config
@@ -56,8 +55,8 @@ def test_pace_aggregates_round_trip_but_the_busy_share_is_measured_afresh():
 def test_a_restarted_syncer_saves_what_its_parts_restored():
     store = open_store("memory://stateful-restart")
     prepare(store, tiny_config("stateful-restart"))
-    first = Syncer(store, clock=Clock(50.0), wall=Clock(1_000_000.0), poll_s=0)
-    parts = parts_of(first)
+    first = Syncer.open(store, clock=Clock(50.0), wall=Clock(1_000_000.0), poll_s=0)
+    parts = first.stateful_parts()
     assert len({id(p) for p in parts}) == 4 and all(isinstance(p, Stateful) for p in parts)
     first.books.merged_recent.append(Merged(3, 1, 2, {"0-0": 128}))
     first.books.clipped["norm_outlier"] += 2
@@ -69,7 +68,7 @@ def test_a_restarted_syncer_saves_what_its_parts_restored():
     first.save_state()
     saved = store.get_json(keys.SYNCER_STATE)
 
-    second = Syncer(store, clock=Clock(70.0), wall=Clock(2_000_000.0), poll_s=0)
+    second = Syncer.open(store, clock=Clock(70.0), wall=Clock(2_000_000.0), poll_s=0)
     assert second.intake.rejected == Counter(truncated=1) and second.intake.late_answers == 3
     assert second.roster.events == [LearnerEvent("joined", "0-0", 1_000_001.0)]
     assert second.books.merged_recent.maxlen == first.books.merged_recent.maxlen
