@@ -22,8 +22,8 @@ import torch
 from _learner_bench import PlainLoop, hf_dir_like, prepared_run, sync
 
 from ddiloco import keys
-from ddiloco.learner.accel import resolve_device
 from ddiloco.learner.loop import Learner
+from ddiloco.platform.devices import resolve_device
 from ddiloco.recipes import load_config
 
 

@@ -32,9 +32,10 @@ import torch
 from _learner_bench import PlainLoop, hf_dir_like, learner_step, prepared_run, sync, timed
 
 from ddiloco import keys
-from ddiloco.learner.accel import resolve_device, resolve_precision
+from ddiloco.learner.accel import resolve_precision
 from ddiloco.learner.efficiency import device_name, device_peak
 from ddiloco.learner.loop import Learner
+from ddiloco.platform.devices import resolve_device
 from ddiloco.recipes import load_config
 
 # preset: recipe (DiLoCo settings), seq_len, batch_size, synthetic documents

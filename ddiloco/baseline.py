@@ -5,7 +5,7 @@ Design choices:
   `ddiloco.shards`, which warns when r ≥ num_shards and the rank shares shard r mod num_shards) with the
   learner's data seed (seed·1000 + r), starts from global version 0, and updates with the learner's own
   `train_step` (AdamW, fused on a GPU, gradient clipping) at the learner's precision (`train.precision`,
-  resolved as a learner does: bf16 autocast on a GPU by default) and schedule (`ddiloco.schedule.lr_at`:
+  resolved as a learner does: bf16 autocast on a GPU by default) and schedule (`ddiloco.schedule.inner_lr`:
   warm-up on the step, decay on progress = tokens all ranks processed before the step / the token budget
   it trains for, the axis a learner reads as tokens merged) — the only difference is that gradients are averaged over the M
   ranks before clipping, every step. The global batch is M × train.batch_size.
@@ -28,7 +28,6 @@ import hashlib
 import logging
 import math
 import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,12 +39,14 @@ from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_layout
-from ddiloco.learner.accel import resolve_device, resolve_precision, train_step
+from ddiloco.learner.accel import resolve_precision, train_step
 from ddiloco.model import GPT, configure_optimizer
+from ddiloco.platform.devices import resolve_device
+from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.protocol import wire
 from ddiloco.run import RunRoot
-from ddiloco.schedule import lr_at, progress_of
+from ddiloco.schedule import inner_lr, progress_of
 from ddiloco.shards import assign_shard
 from ddiloco.store.base import Store
 from ddiloco.store.shaped import Link
@@ -139,12 +140,6 @@ def load_baseline_model(store: Store, run_id: str, layout: Layout) -> GPT:
     return model
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _sample(history: list[list[float]]) -> list[list[float]]:
     if len(history) <= HISTORY_POINTS:
         return history
@@ -198,7 +193,7 @@ def _rank_main(rank: int, plan: Plan) -> None:
         for step in range(plan.steps):
             x, y = loader.next_batch()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            lr = lr_at(progress_of(step * global_batch, plan.token_budget), step, t)
+            lr = inner_lr(progress_of(step * global_batch, plan.token_budget), step, t)
             loss = float(train_step(ddp, opt, x, y, lr, t.grad_clip, precision=precision))
             if not math.isfinite(loss):
                 raise FloatingPointError(f"rank {rank}: loss is {loss} at step {step}; lower train.lr")
@@ -274,7 +269,7 @@ def run_baseline(
         token_budget=budget,
         backend="nccl" if dev == "cuda" else "gloo",
         device=dev,
-        master_port=_free_port(),
+        master_port=free_port(),
         threads=cfg.train.threads,
         log_level=log.getEffectiveLevel(),
     )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from ddiloco.chaos.runner import ChaosRunner
 from ddiloco.config import RunConfig
 from ddiloco.globalmodel import build_model
 from ddiloco.gpus import GpuPlan
+from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.posttrain.report import write_reports
 from ddiloco.posttrain.stages import posttrain
@@ -53,12 +53,6 @@ class Proc:
     restarts: int = 0
     restart_at: float | None = None
     exit_codes: list[int] = field(default_factory=list)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def new_run_id() -> str:

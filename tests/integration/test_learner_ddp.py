@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from ddiloco import keys
 from ddiloco.learner import ddp
 from ddiloco.learner.loop import Learner
+from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
@@ -25,7 +26,7 @@ from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config
-from tests._ranks import free_port, one_process_reference, spawn_ranks
+from tests._ranks import one_process_reference, spawn_ranks
 
 WORLD = 2
 STEPS = 5
