@@ -1,9 +1,8 @@
 """The inner learning-rate schedule: warm-up on the caller's own steps, decay on the run's global progress.
 
 Design choices:
-- lr = train.lr · warmup(step) · decay(progress), a pure function (`inner_lr`, over the package's one
-  `lr_at`) shared by learners, their data-parallel ranks (`ddiloco.learner.ddp`) and the data-parallel
-  baseline (`ddiloco.baseline`).
+- lr = train.lr · warmup(step) · decay(progress), a pure function (`inner_lr`: `lr_at` with the train config)
+  shared by learners, their data-parallel ranks (`ddiloco.learner.ddp`) and the baseline (`ddiloco.baseline`).
 - Warm-up is linear over the first `train.warmup_steps` inner steps *of the caller* (a learner's
   `inner_step`, restored from its checkpoint on a restart). A learner that joins late starts AdamW from
   fresh moments, so it ramps up again over its own first steps, then runs at the run's current rate.

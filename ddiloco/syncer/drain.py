@@ -46,6 +46,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddiloco.protocol.messages import ClosingFigures
 from ddiloco.syncer.commit import close_round
 from ddiloco.syncer.rounds import Round
 
@@ -155,11 +156,11 @@ class Closing:
             return True
         return False
 
-    def summary(self, syncer: Any, now: float) -> dict[str, float]:
+    def figures(self, syncer: Any, now: float) -> ClosingFigures:
         """What the done marker says about closing: rounds, seconds, tokens it merged."""
-        return {
-            "closing_rounds": len(self.rounds),
-            "closing_rounds_merged": self.merged,
-            "closing_seconds": round(now - self.began, 3),
-            "closing_tokens_merged": syncer.tokens_merged() - self.merged_before,
-        }
+        return ClosingFigures(
+            closing_rounds=len(self.rounds),
+            closing_rounds_merged=self.merged,
+            closing_seconds=round(now - self.began, 3),
+            closing_tokens_merged=syncer.tokens_merged() - self.merged_before,
+        )

@@ -65,7 +65,7 @@ from ddiloco import keys
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol import wire
-from ddiloco.protocol.messages import Status
+from ddiloco.protocol.messages import Done, Status
 from ddiloco.run import RunRoot
 from ddiloco.schedule import learner_train
 from ddiloco.stateful import restore
@@ -395,11 +395,10 @@ class Syncer:
         self.store.delete_prefix(keys.UPDATES)
         self.files.write_final(self.fragments, self.tokens_merged())
         self.save_state()
-        done = {"time": self.wall(), "tokens_merged": self.tokens_merged(), "reason": reason}
-        done["rounds_merged"] = self.books.rounds_merged
+        done = Done(self.wall(), self.tokens_merged(), reason, self.books.rounds_merged)
         if self.closing is not None:
-            done |= self.closing.summary(self, self.clock())
-        self.root.write_signed_document(keys.DONE, done)
+            done.closing = self.closing.figures(self, self.clock())
+        self.root.write_signed_document(keys.DONE, done.to_json())
         self.publish_status(done=True)
         self.lease.release()
         log.info(

@@ -127,8 +127,8 @@ def test_two_ranks_match_one_process_on_the_concatenated_batch_then_merge_and_re
             loader.next_batch()
         assert bres[r]["cursor"] == loader.state_dict()
     s = build_summary(store)
-    assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
-    assert s["tokens_processed"] == (STEPS + steps_b) * WORLD * B * cfg.model.seq_len
+    assert s.status == "done" and s.ledger_balanced and s.tokens_outstanding == 0
+    assert s.tokens_processed == (STEPS + steps_b) * WORLD * B * cfg.model.seq_len
 
 
 def test_single_process_learner_has_no_group_and_early_exit_releases_followers(tmp_path, monkeypatch):

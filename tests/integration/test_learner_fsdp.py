@@ -132,4 +132,4 @@ def test_sharded_ranks_train_like_one_process_checkpoint_whole_state_and_resume_
     final = load_file(str(tmp_path / "c" / "params.safetensors"))
     assert any(not torch.equal(final[n], got[n]) for n in got)
     s = build_summary(store)
-    assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
+    assert s.status == "done" and s.ledger_balanced and s.tokens_outstanding == 0
