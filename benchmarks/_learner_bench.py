@@ -21,11 +21,12 @@ import torch
 from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import build_model, model_config_from_run, read_layout
-from ddiloco.learner.accel import lr_at, maybe_compile, resolve_precision, to_device, train_step
+from ddiloco.learner.accel import maybe_compile, resolve_precision, to_device, train_step
 from ddiloco.learner.loop import Learner
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
+from ddiloco.schedule import lr_at
 from ddiloco.store.base import Store
 from ddiloco.store.url import open_store
 

@@ -116,7 +116,7 @@ def mean_accuracy(acc: dict[str, float] | None) -> float | None:
 
 
 def _run_fields(cfg: Any, s: dict[str, Any], elapsed: float) -> dict[str, Any]:
-    """The fields every run records first, DiLoCo or data-parallel, from its summary `s`."""
+    """The fields every run records first, DiLoCo or data-parallel, from its summary `s` (as JSON)."""
     return {
         "seed": cfg.seed,
         "final_val_loss": s["final_val_loss"],
@@ -137,12 +137,12 @@ def run_diloco(spec: Spec, workdir: Path, timeout: float, tasks: int) -> dict[st
     records = [run.store.get_json(k) for k in run.store.list("syncer/rounds/")]
     M, d = cfg.diloco.learners, cfg.diloco
     out = {
-        **_run_fields(cfg, s, elapsed),
-        "tokens_merged": s["tokens_merged"],
-        "bytes_per_learner": s["bytes_uploaded"] / M,
-        "bytes_downloaded_per_learner": s["bytes_downloaded"] / M,
-        "goodput": s["goodput"],
-        "merged_token_share": s.get("merged_token_share"),
+        **_run_fields(cfg, s.to_json(), elapsed),
+        "tokens_merged": s.tokens_merged,
+        "bytes_per_learner": s.bytes_uploaded / M,
+        "bytes_downloaded_per_learner": s.bytes_downloaded / M,
+        "goodput": s.goodput,
+        "merged_token_share": s.merged_token_share,
         "learners": M,
         "quorum": d.quorum,
         "fragments": d.fragments,
@@ -152,12 +152,12 @@ def run_diloco(spec: Spec, workdir: Path, timeout: float, tasks: int) -> dict[st
         "merge": d.merge,
         "token_weighting": d.token_weighting,
         "grace": d.grace is not None,
-        "model_params": s["model_params"],
-        "ledger_balanced": s.get("ledger_balanced"),
+        "model_params": s.model_params,
+        "ledger_balanced": s.ledger_balanced,
         **round_stats(records, M),
     }
     if tasks:
-        acc = s.get("task_accuracy")
+        acc = s.task_accuracy
         out.update(task_accuracy=mean_accuracy(acc), task_accuracies=acc)
     return out
 

@@ -26,7 +26,6 @@ import logging
 
 import torch
 
-from ddiloco import keys
 from ddiloco.posttrain.evaluate import load_model, run_validation_loss
 from ddiloco.posttrain.summary import read_round_records
 from ddiloco.protocol.signing import key_from_env
@@ -56,15 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     root = RunRoot.open(open_store(args.store), key_from_env(), role="closing_move")
-    done = root.store.get_json(keys.DONE)
-    if "closing_tokens_merged" not in done:
+    done = root.done()
+    if done is None or done.closing is None:
         raise SystemExit(
             "error: this run's done marker says nothing about closing (a run before closing existed)"
         )
     layout, cfg, val = root.layout(), root.config(), root.val()
     pre, after = rounds_before_closing(
         read_round_records(root.store),
-        done["tokens_merged"] - done["closing_tokens_merged"],
+        done.tokens_merged - done.closing.closing_tokens_merged,
         layout.num_fragments,
     )
 
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             for r in after
         ],
-        "closing_tokens_merged": done["closing_tokens_merged"],
+        "closing_tokens_merged": done.closing.closing_tokens_merged,
         "val_loss": {"before": loss(before), "final": loss(final)},
     }
     out["closing_move_pct"] = 100 * (out["val_loss"]["final"] / out["val_loss"]["before"] - 1)

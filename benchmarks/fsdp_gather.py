@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch.multiprocessing as mp
 from ddiloco.globalmodel import make_layout
 from ddiloco.learner.fsdp import full_tensors, load_full, shard_model
 from ddiloco.model import GPT, GPTConfig, count_params
+from ddiloco.platform.ports import free_port
 
 WORLD = 2
 METHODS = ("rows", "full_tensor", "state_dict", "load")
@@ -109,10 +109,7 @@ def main() -> None:
     model_mib = count_params(GPTConfig(**cfg)) * 4 / 2**20
     result: dict = {"model_mib": round(model_mib, 1), "world": WORLD}
     for method in METHODS:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        a = (port, method, cfg, args.fragments, args.fragment, args.out)
+        a = (free_port(), method, cfg, args.fragments, args.fragment, args.out)
         mp.start_processes(_rank, args=a, nprocs=WORLD, start_method="spawn")
         rows = [json.loads(Path(f"{args.out}/{method}.{r}.json").read_text()) for r in range(WORLD)]
         result["fragment_mib"] = round(rows[0]["fragment_mib"], 1)

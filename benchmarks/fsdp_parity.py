@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from ddiloco.config import TrainConfig
 from ddiloco.learner.accel import train_step
 from ddiloco.learner.fsdp import shard_model, state_bytes_per_rank
 from ddiloco.model import GPTConfig, configure_optimizer, init_model
+from ddiloco.platform.ports import free_port
 from ddiloco.synthetic import make_world, synthetic_documents
 
 WORLD, WARMUP, SKIP, LAST = 2, 10, 3, 5
@@ -91,10 +91,7 @@ def _rank(rank: int, port: int, mode: str, args: argparse.Namespace, out: str) -
 
 
 def _run(mode: str, args: argparse.Namespace) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_rank, args=(port, mode, args, args.out), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_rank, args=(free_port(), mode, args, args.out), nprocs=WORLD, start_method="spawn")
     return json.loads(Path(f"{args.out}/{mode}.0.json").read_text())
 
 

@@ -21,10 +21,10 @@ import time
 import torch
 from _learner_bench import PlainLoop, hf_dir_like, prepared_run, sync
 
-from ddiloco import keys
-from ddiloco.learner.accel import resolve_device
 from ddiloco.learner.loop import Learner
+from ddiloco.platform.devices import resolve_device
 from ddiloco.recipes import load_config
+from ddiloco.run import RunRoot
 
 
 def tokens_per_s(fn, steps: int, device: torch.device) -> float:
@@ -66,7 +66,7 @@ def main() -> None:
         for _ in range(args.repeats):
             plain_samples.append(tokens_per_s(lambda: plain.run(1), args.steps, device))
             learner_samples.append(tokens_per_s(tick, args.steps, device))
-        status = store.get_json_or_none(keys.STATUS) or {}
+        status = RunRoot(store, cfg.run_id).status()
         rounds_answered = learner.exchange.rounds_answered
         learner.close("max_steps")
     p, d = statistics.median(plain_samples), statistics.median(learner_samples)
@@ -79,7 +79,7 @@ def main() -> None:
         "tokens_per_s_learner": d,
         "overhead": 1 - d / p,
         "rounds_answered": rounds_answered,
-        "rounds_merged": status.get("rounds_merged"),
+        "rounds_merged": status.rounds_merged if status else None,
         "plain_samples": plain_samples,
         "learner_samples": learner_samples,
     }

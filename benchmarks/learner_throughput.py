@@ -31,11 +31,12 @@ import time
 import torch
 from _learner_bench import PlainLoop, hf_dir_like, learner_step, prepared_run, sync, timed
 
-from ddiloco import keys
-from ddiloco.learner.accel import resolve_device, resolve_precision
+from ddiloco.learner.accel import resolve_precision
 from ddiloco.learner.efficiency import device_name, device_peak
 from ddiloco.learner.loop import Learner
+from ddiloco.platform.devices import resolve_device
 from ddiloco.recipes import load_config
+from ddiloco.run import RunRoot
 
 # preset: recipe (DiLoCo settings), seq_len, batch_size, synthetic documents
 PRESET_DEFAULTS = {
@@ -122,7 +123,7 @@ def main() -> None:
                 tokens, seconds, steps = timed(fn, device, slice_s)
                 totals[mode] = [totals[mode][0] + tokens, totals[mode][1] + seconds, totals[mode][2] + steps]
                 samples[mode].append(tokens / seconds)
-        status = store.get_json_or_none(keys.STATUS) or {}
+        status = RunRoot(store, cfg.run_id).status()
         rounds_answered = learner.exchange.rounds_answered
         learner.close("max_steps")
         losses = {"plain": plain.loss, "learner": learner.loss}
@@ -161,7 +162,7 @@ def main() -> None:
         "plain_samples": samples["plain"],
         "learner_samples": samples["learner"],
         "rounds_answered": rounds_answered,
-        "rounds_merged": status.get("rounds_merged"),
+        "rounds_merged": status.rounds_merged if status else None,
     }
     print(json.dumps(result))
 

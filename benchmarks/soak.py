@@ -51,6 +51,7 @@ from typing import Any
 
 from ddiloco import failpoints, keys
 from ddiloco.launch import LocalRun
+from ddiloco.protocol.summary import Summary
 from ddiloco.recipes import load_config
 from ddiloco.store.url import open_store
 
@@ -279,7 +280,7 @@ def longest_merge_gap(store) -> float | None:
     return max((b - a for a, b in zip(times, times[1:], strict=False)), default=None)
 
 
-def kill_to_merged_answer(store, summary: dict[str, Any]) -> float | None:
+def kill_to_merged_answer(store, summary: Summary) -> float | None:
     """Mean seconds from each learner SIGKILL to that learner's next merged answer (round record)."""
     merged: dict[str, list[float]] = {}
     for key in store.list(keys.ROUNDS):
@@ -287,7 +288,7 @@ def kill_to_merged_answer(store, summary: dict[str, Any]) -> float | None:
         for c in rec["contributors"]:
             merged.setdefault(c.split("-")[0], []).append(rec["merged_at"])
     gaps = []
-    for ev in summary.get("chaos_events", []):
+    for ev in summary.chaos_events:
         if ev.get("kind") == "kill_learner" and str(ev.get("action", "")).startswith("SIGKILL"):
             later = [t for t in merged.get(str(ev["learner"]), []) if t > ev["fired_at"]]
             if later:
@@ -312,7 +313,7 @@ def one_run(
         wall = time.monotonic() - start
         store = open_store(run.url)
         fired = Counter(
-            ev["kind"] for ev in s.get("chaos_events", []) if not str(ev.get("action", "")).startswith("skip")
+            ev["kind"] for ev in s.chaos_events if not str(ev.get("action", "")).startswith("skip")
         )
         if faults is not None:
             fired.update(ev["kind"] for ev in faults.fired)
@@ -322,17 +323,17 @@ def one_run(
             "faults_by_kind": dict(fired),
             "faults": sum(fired.values()),
             "faults_per_hour": round(sum(fired.values()) / wall * 3600, 1),
-            "tokens_processed": s["tokens_processed"],
-            "tokens_merged": s["tokens_merged"],
-            "tokens_discarded": s["tokens_discarded"],
-            "tokens_outstanding": s.get("tokens_outstanding"),
-            "ledger_balanced": s["ledger_balanced"],
-            "versions_contiguous": s["global_versions_contiguous"],
-            "versions_by_multiple_epochs": s.get("versions_by_multiple_epochs"),
-            "syncer_epochs": s.get("syncer_epochs"),
-            "incarnations": s["incarnations"],
-            "final_val_loss": s["final_val_loss"],
-            "goodput": s["goodput"],
+            "tokens_processed": s.tokens_processed,
+            "tokens_merged": s.tokens_merged,
+            "tokens_discarded": s.tokens_discarded,
+            "tokens_outstanding": s.tokens_outstanding,
+            "ledger_balanced": s.ledger_balanced,
+            "versions_contiguous": s.global_versions_contiguous,
+            "versions_by_multiple_epochs": s.versions_by_multiple_epochs,
+            "syncer_epochs": s.syncer_epochs,
+            "incarnations": s.incarnations,
+            "final_val_loss": s.final_val_loss,
+            "goodput": s.goodput,
             "mean_kill_to_merged_answer_s": kill_to_merged_answer(store, s),
             "longest_merge_gap_s": longest_merge_gap(store),
             "exit_codes": {

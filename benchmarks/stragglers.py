@@ -49,22 +49,22 @@ def run_mode(name: str, overrides: list[str], budget: int, extra: list[str]) -> 
     rounds_with_slow = sum(
         any(c.split("-")[0] in ("2", "3") for c in r["contributors"]) for r in records
     ) / max(1, len(records))
-    acct = s["learner_accounting"]
+    acct = s.learner_accounting
     fast_tps = statistics.mean(
         acct[i]["tokens_processed"] / acct[i]["provisioned_seconds"] for i in ("0", "1")
     )
     return {
         "mode": name,
-        "goodput": s["goodput"],
-        "merged_token_share": s["merged_token_share"],
-        "final_val_loss": s["final_val_loss"],
-        "wall_seconds": s["wall_seconds"],
-        "mean_quorum": s["mean_quorum"],
-        "mean_grace_seconds": s["mean_grace_seconds"],
+        "goodput": s.goodput,
+        "merged_token_share": s.merged_token_share,
+        "final_val_loss": s.final_val_loss,
+        "wall_seconds": s.wall_seconds,
+        "mean_quorum": s.mean_quorum,
+        "mean_grace_seconds": s.mean_grace_seconds,
         "fast_learner_tokens_per_s": fast_tps,
         "slow_answers_share": slow_share,
         "rounds_merging_a_slow_learner": rounds_with_slow,
-        "tokens_discarded_share": s["tokens_discarded"] / s["tokens_processed"],
+        "tokens_discarded_share": s.tokens_discarded / s.tokens_processed,
     }
 
 

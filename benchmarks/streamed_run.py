@@ -62,13 +62,13 @@ def one_size(work: Path, args: argparse.Namespace, per_file: int) -> dict:
         "run_root_data_bytes": sum(n for k, n in sizes.items() if k.startswith("data/")),
         "run_root_bytes": sum(sizes.values()),
         "seconds": round(time.monotonic() - t0, 1),
-        "status": s["status"],
-        "ledger_balanced": s["ledger_balanced"],
-        "tokens_read_twice": s["tokens_read_twice"],
-        "incarnations": s["incarnations"],
-        "peak_rss_bytes": {k: a["peak_rss_bytes"] for k, a in s["learner_accounting"].items()},
-        "tokens_merged": s["tokens_merged"],
-        "final_val_loss": s["final_val_loss"],
+        "status": s.status,
+        "ledger_balanced": s.ledger_balanced,
+        "tokens_read_twice": s.tokens_read_twice,
+        "incarnations": s.incarnations,
+        "peak_rss_bytes": {k: a["peak_rss_bytes"] for k, a in s.learner_accounting.items()},
+        "tokens_merged": s.tokens_merged,
+        "final_val_loss": s.final_val_loss,
     }
     shutil.rmtree(corpus)
     return out

@@ -17,7 +17,6 @@ import hashlib
 import logging
 import math
 import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,12 +28,14 @@ from ddiloco.config import RunConfig
 from ddiloco.data import ShardLoader
 from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_layout
-from ddiloco.learner.accel import resolve_device, resolve_precision, train_step
+from ddiloco.learner.accel import resolve_precision, train_step
 from ddiloco.model import GPT, configure_optimizer
+from ddiloco.platform.devices import resolve_device
+from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.protocol import wire
 from ddiloco.run import RunRoot
-from ddiloco.schedule import lr_at, progress_of
+from ddiloco.schedule import inner_lr, progress_of
 from ddiloco.shards import assign_shard
 from ddiloco.store.base import Store
 from ddiloco.store.shaped import Link
@@ -128,12 +129,6 @@ def load_baseline_model(store: Store, run_id: str, layout: Layout) -> GPT:
     return model
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _sample(history: list[list[float]]) -> list[list[float]]:
     if len(history) <= HISTORY_POINTS:
         return history
@@ -187,7 +182,7 @@ def _rank_main(rank: int, plan: Plan) -> None:
         for step in range(plan.steps):
             x, y = loader.next_batch()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            lr = lr_at(progress_of(step * global_batch, plan.token_budget), step, t)
+            lr = inner_lr(progress_of(step * global_batch, plan.token_budget), step, t)
             loss = float(train_step(ddp, opt, x, y, lr, t.grad_clip, precision=precision))
             if not math.isfinite(loss):
                 raise FloatingPointError(f"rank {rank}: loss is {loss} at step {step}; lower train.lr")
@@ -263,7 +258,7 @@ def run_baseline(
         token_budget=budget,
         backend="nccl" if dev == "cuda" else "gloo",
         device=dev,
-        master_port=_free_port(),
+        master_port=free_port(),
         threads=cfg.train.threads,
         log_level=log.getEffectiveLevel(),
     )

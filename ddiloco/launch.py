@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -31,13 +30,17 @@ from ddiloco.chaos.runner import ChaosRunner
 from ddiloco.config import RunConfig
 from ddiloco.globalmodel import build_model
 from ddiloco.gpus import GpuPlan
+from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.posttrain.report import write_reports
 from ddiloco.posttrain.stages import posttrain
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.posttrain.tracked import posttrain_tracker
 from ddiloco.prepare import prepare
+from ddiloco.progress import Progress
 from ddiloco.protocol import signing
+from ddiloco.protocol.messages import Status
+from ddiloco.protocol.summary import Summary
 from ddiloco.run import RunRoot, prepared_at_of
 from ddiloco.store.base import Store, StoreError
 from ddiloco.store.url import open_store
@@ -53,12 +56,6 @@ class Proc:
     restarts: int = 0
     restart_at: float | None = None
     exit_codes: list[int] = field(default_factory=list)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def new_run_id() -> str:
@@ -216,8 +213,8 @@ class LocalRun:
         return run_validation_loss(model, self.root.val(), self.cfg)
 
     def run(
-        self, on_progress: Callable[[dict[str, Any]], None] | None = None, timeout: float | None = None
-    ) -> dict[str, Any]:
+        self, on_progress: Callable[[Progress], None] | None = None, timeout: float | None = None
+    ) -> Summary:
         cfg = self.cfg
         meta = prepare(self.store, cfg, secret=self.secret)
         layout = self.root.layout()
@@ -234,7 +231,7 @@ class LocalRun:
         for i in range(cfg.diloco.learners):
             self.add_learner(i)
         deadline = None if timeout is None else time.monotonic() + timeout
-        status: dict[str, Any] = {}
+        status: Status | None = None
         try:
             while True:
                 self.chaos.poll()
@@ -242,9 +239,7 @@ class LocalRun:
                 self.supervise(time.monotonic(), done)
                 status = self._status() or status
                 if on_progress is not None:
-                    on_progress(
-                        {**status, "elapsed": time.time() - self.t0, "processes": len(self.running())}
-                    )
+                    on_progress(Progress(status, time.time() - self.t0, len(self.running())))
                 if done:
                     break
                 if not self.running() and not any(p.restart_at for p in self.procs):
@@ -284,10 +279,13 @@ class LocalRun:
             log.warning("store unavailable to the orchestrator (%s)", e)
             return False
 
-    def _status(self) -> dict[str, Any] | None:
+    def _status(self) -> Status | None:
         try:
             return self.root.status()
         except StoreError:
+            return None
+        except ValueError as e:  # the orchestrator only watches: an unreadable status shows no progress
+            log.warning("unreadable syncer status (%s)", e)
             return None
 
     @property

@@ -6,9 +6,26 @@ Kubeflow Trainer status (`ddiloco.learner.trainer_status`).
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddiloco.protocol.messages import Status
 
 RATE_WINDOW_S = 60.0
 """Merged tokens per second are measured over the last minute of progress (a run's rate drifts)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What `ddiloco.launch.LocalRun.run` tells its `on_progress` callback on every pass of its loop."""
+
+    status: Status | None
+    """The syncer's newest status (None before the first one)."""
+    elapsed: float
+    """Seconds since the run was prepared."""
+    processes: int
+    """Processes of the run running now."""
 
 
 def rate_and_eta(

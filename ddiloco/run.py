@@ -1,20 +1,18 @@
 """The run root: every object a run keeps in its store, read and written through one class.
 
 Design choices:
-- `RunRoot(store, run_id, key)` is one run as its store holds it: config, data, layout, global versions,
-  the final and fine-tuned models and the JSON documents (done, summary, status, evaluation results). Key
-  names come from `ddiloco.keys`; the global-version primitives stay in `ddiloco.globalmodel`.
-- Every role opens one root (`RunRoot.open`, or `keyed` when it holds the config already), the only place
-  the run key is derived from the master key; the learner and the syncer hand the root (or its `signer`)
-  to their parts instead of a store, run id and key.
-- Verification is the default: `key` is the run's signing key (`signing.for_run`), every payload read
-  through a root or its `signer` (`wire.RunSigner`) is checked against it and every payload written is
-  signed with it; there is no per-call way to skip that. `key=None` is an unsigned run (`RunRoot.open`
-  warns once per role).
-- Post-training refuses a model or token payload that does not verify (unsigned, or signed with another
-  key) with a one-line `ConfigError` naming `DDILOCO_RUN_KEY`: the user gave the wrong key, or none, and
-  only they can fix that. Other payload problems stay `wire.PayloadError` (the syncer counts them by reason).
-- JSON documents are plain and unsigned (they say where to look or report numbers); reads are size-capped.
+- `RunRoot(store, run_id, key)` is one run as its store holds it: config, data, layout, global versions, the
+  final and fine-tuned models and the JSON documents (done, status and summary typed: `Done`, `Status`,
+  `Summary`). Key names come from `ddiloco.keys`; the global-version primitives from `ddiloco.globalmodel`.
+- Every role opens one root (`RunRoot.open`, or `keyed` with the config in hand), the only place the run key
+  is derived from the master key; learner and syncer hand the root (or its `signer`) to their parts.
+- Verification is the default: every payload read through a root or its `signer` (`wire.RunSigner`) is
+  checked against the run's key (`signing.for_run`) and every payload written is signed with it, with no
+  per-call way to skip that; `key=None` is an unsigned run (`RunRoot.open` warns once per role).
+- Post-training refuses a model or token payload that does not verify (unsigned, or another key's) with a
+  one-line `ConfigError` naming `DDILOCO_RUN_KEY`, which only the user can fix; other payload problems stay
+  `wire.PayloadError` (the syncer counts them by reason).
+- JSON documents are unsigned but for what the syncer signs (status, done); reads are size-capped.
 """
 
 from __future__ import annotations
@@ -34,6 +32,8 @@ from ddiloco.errors import ConfigError
 from ddiloco.globalmodel import Layout, build_model
 from ddiloco.model import GPT
 from ddiloco.protocol import signing, wire
+from ddiloco.protocol.messages import Done, Status
+from ddiloco.protocol.summary import Summary
 from ddiloco.store.base import NotFound, Store
 from ddiloco.tokenizer import Tokenizer, tokenizer_from_json
 
@@ -293,20 +293,26 @@ class RunRoot:
         self.store.put_json(key, signing.sign_doc(doc, self.key, signing.SYNCER))
 
     def is_done(self) -> bool:
-        """Whether the syncer marked the run done (a done marker it did not sign does not count)."""
-        return self.done() is not None
+        """Whether the syncer marked the run done (a marker it did not sign does not count, one it did does)."""
+        return self.signed_document(keys.DONE) is not None
 
-    def done(self) -> dict[str, Any] | None:
-        return self.signed_document(keys.DONE)
+    def done(self) -> Done | None:
+        """The syncer's done marker (None: absent, or not signed by it); ValueError when it does not read."""
+        doc = self.signed_document(keys.DONE)
+        return None if doc is None else Done.from_json(doc)
 
-    def status(self) -> dict[str, Any] | None:
-        return self.signed_document(keys.STATUS)
+    def status(self) -> Status | None:
+        """The syncer's status (None: absent, or not signed by it); ValueError when it does not read."""
+        doc = self.signed_document(keys.STATUS)
+        return None if doc is None else Status.from_json(doc)
 
-    def summary(self) -> dict[str, Any] | None:
-        return self.document(keys.SUMMARY)
+    def summary(self) -> Summary | None:
+        """summary.json (None before one was written); ValueError when it does not read."""
+        doc = self.document(keys.SUMMARY)
+        return None if doc is None else Summary.from_json(doc)
 
-    def write_summary(self, summary: Mapping[str, Any]) -> None:
-        self.store.put_json(keys.SUMMARY, dict(summary))
+    def write_summary(self, summary: Summary) -> None:
+        self.store.put_json(keys.SUMMARY, summary.to_json())
 
     def write_launcher_events(self, events: Mapping[str, Any]) -> None:
         self.store.put_json(keys.LAUNCHER_EVENTS, dict(events))

@@ -1,9 +1,9 @@
 """The inner learning-rate schedule: warm-up on the caller's own steps, decay on the run's global progress.
 
 Design choices:
-- lr = train.lr · warmup(step) · decay(progress), a pure function (`lr_at`) shared by learners, their
-  data-parallel ranks (`ddiloco.learner.ddp`) and the data-parallel baseline (`ddiloco.baseline`).
-- Warm-up is as before: linear over the first `train.warmup_steps` inner steps *of the caller* (a learner's
+- lr = train.lr · warmup(step) · decay(progress), a pure function (`inner_lr`: `lr_at` with the train config)
+  shared by learners, their data-parallel ranks (`ddiloco.learner.ddp`) and the baseline (`ddiloco.baseline`).
+- Warm-up is linear over the first `train.warmup_steps` inner steps *of the caller* (a learner's
   `inner_step`, restored from its checkpoint on a restart). A learner that joins late starts AdamW from
   fresh moments, so it ramps up again over its own first steps, then runs at the run's current rate.
 - Decay (`train.lr_schedule`) follows the run's global progress, the fraction of `diloco.token_budget`
@@ -23,7 +23,7 @@ Design choices:
   restarted from older state) never moves it back. Between two statuses it holds; it is never extrapolated
   from the learner's own tokens, which may still be discarded and would make the learners' rates differ.
   A round merges every H/P inner steps, a small step of the budget, so the staircase is fine-grained.
-  Before the first status (or with no syncer) progress is 0: warm-up only, as before.
+  Before the first status (or with no syncer) progress is 0: warm-up only.
 - Progress is kept in whole tokens so rank 0 of a data-parallel learner can hand the exact number to its
   other ranks (`ddiloco.learner.ddp` STEP messages), and every rank computes the identical learning rate.
 - The baseline's progress is the tokens all its ranks processed before the step, over the token budget it
@@ -48,6 +48,7 @@ __all__ = [
     "GlobalSchedule",
     "decay_factor",
     "decay_of",
+    "inner_lr",
     "learner_train",
     "lr_at",
     "outer_steps_in_decay",
@@ -119,9 +120,37 @@ def decay_of(progress: float, t: TrainConfig) -> float:
     return decay_factor(progress, t.lr_schedule, t.lr_min_ratio, t.lr_decay_fraction)
 
 
-def lr_at(progress: float, step: int, t: TrainConfig) -> float:
-    """The inner learning rate of inner step `step` (the caller's own count) at global `progress`."""
-    return t.lr * warmup_factor(step, t.warmup_steps) * decay_of(progress, t)
+def lr_at(
+    step: int,
+    peak: float,
+    warmup_steps: int,
+    *,
+    progress: float = 0.0,
+    schedule: str = "constant",
+    min_ratio: float = 1.0,
+    decay_fraction: float = 0.2,
+) -> float:
+    """The learning rate of step `step` (the caller's own count): `peak` · `warmup_factor(step, warmup_steps)`
+    · `decay_factor(progress, schedule, min_ratio, decay_fraction)`. The defaults decay nothing (warm-up
+    only); every schedule of the package is this one function with its own parameters: the learners' and the
+    baseline's (`inner_lr`) and supervised fine-tuning's (`ddiloco.posttrain.sft.sft_lr`)."""
+    return (
+        peak * warmup_factor(step, warmup_steps) * decay_factor(progress, schedule, min_ratio, decay_fraction)
+    )
+
+
+def inner_lr(progress: float, step: int, t: TrainConfig) -> float:
+    """The inner learning rate of inner step `step` at global `progress`: `lr_at` with the schedule of `t`
+    (train.lr, warmup_steps, lr_schedule, lr_min_ratio, lr_decay_fraction)."""
+    return lr_at(
+        step,
+        t.lr,
+        t.warmup_steps,
+        progress=progress,
+        schedule=t.lr_schedule,
+        min_ratio=t.lr_min_ratio,
+        decay_fraction=t.lr_decay_fraction,
+    )
 
 
 class GlobalSchedule:
@@ -148,5 +177,5 @@ class GlobalSchedule:
         return progress_of(self.tokens, self.budget)
 
     def lr(self, step: int) -> float:
-        self.last_lr = lr_at(self.progress, step, self.train)
+        self.last_lr = inner_lr(self.progress, step, self.train)
         return self.last_lr

@@ -43,7 +43,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -53,6 +52,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ddiloco.platform.ports import free_port
 from tests._seaweed import HOST, SeaweedServer, seaweed_server
 
 BUCKET = "mlpipeline"  # sync.py: S3_BUCKET_NAME
@@ -192,9 +192,7 @@ def _iam_call(endpoint: str, access_key: str, secret_key: str, params: dict[str,
 @contextlib.contextmanager
 def iam_server(server: SeaweedServer, timeout: float = 30.0) -> Iterator[str]:
     """SeaweedFS's standalone IAM API (`weed iam`, what `weed server -iam` runs on 8111) on the server's filer."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
+    port = free_port()
     p = server.ports
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WEED_", "S3_", "AWS_"))}
     env.update(AWS_ACCESS_KEY_ID=server.access_key, AWS_SECRET_ACCESS_KEY=server.secret_key)

@@ -1,17 +1,9 @@
-"""Real rank processes for the DDP / FSDP tests: a free loopback port, and spawn-and-wait with a deadline
-that kills what is left."""
+"""Real rank processes for the DDP / FSDP tests: spawn-and-wait with a deadline that kills what is left."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn_ranks(fn: Callable[..., None], args: tuple, nprocs: int, timeout: float) -> None:
@@ -47,9 +39,10 @@ def one_process_reference(store, cfg, world: int, steps: int):
     from ddiloco.data import ShardLoader
     from ddiloco.globalmodel import read_layout
     from ddiloco.learner import ddp
-    from ddiloco.learner.accel import lr_at, train_step
+    from ddiloco.learner.accel import train_step
     from ddiloco.model import configure_optimizer, init_model
     from ddiloco.run import RunRoot
+    from ddiloco.schedule import lr_at
 
     t, B = cfg.train, cfg.train.batch_size
     layout = read_layout(store)

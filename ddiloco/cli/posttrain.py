@@ -73,7 +73,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate_lm_eval(
     root: Any, cfg: Any, ecfg: EvalConfig, spec: str, name: str | None, task_dir: Any
 ) -> int:
-    from ddiloco.posttrain.evaluate import build_tasks, resolve_device
+    from ddiloco.platform.devices import resolve_device
+    from ddiloco.posttrain.evaluate import build_tasks
     from ddiloco.posttrain.lmeval import metrics_of, run_lm_eval
 
     name = name or spec.replace(":", "-").replace("/", "_")

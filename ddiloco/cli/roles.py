@@ -191,7 +191,7 @@ def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: byt
 def cmd_summary(args: argparse.Namespace) -> int:
     from ddiloco.posttrain.summary import build_summary
 
-    return emit(build_summary(open_store(args.store)), indent=2)
+    return emit(build_summary(open_store(args.store)).to_json(), indent=2)
 
 
 def register(sub: Any) -> None:

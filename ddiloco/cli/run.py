@@ -17,7 +17,8 @@ from typing import Any
 
 from ddiloco import keys
 from ddiloco.cli.args import add_config_args, config_from_args
-from ddiloco.progress import rate_and_eta
+from ddiloco.progress import Progress, rate_and_eta
+from ddiloco.protocol.summary import Summary
 
 
 def _duration(seconds: float | None) -> str:
@@ -35,26 +36,27 @@ def _rate(tokens_per_s: float | None) -> str:
     return "?" if tokens_per_s is None else f"{tokens_per_s / 1e3:.1f}k"
 
 
-def progress_printer(token_budget: int, tty: bool) -> Callable[[dict[str, Any]], None]:
+def progress_printer(token_budget: int, tty: bool) -> Callable[[Progress], None]:
     """A `LocalRun.run(on_progress=...)` callback printing merged tokens, their rate and the time left, the
     learners' processed tokens per second and MFU (when their peak is known: the syncer's status), live
     learners, rounds and loss."""
     last = [0.0]
     samples: deque[tuple[float, float]] = deque()
 
-    def progress(s: dict[str, Any]) -> None:
-        merged, budget = s.get("tokens_merged", 0), s.get("token_budget", token_budget)
-        rate, eta = rate_and_eta(samples, s["elapsed"], merged, budget)
+    def progress(p: Progress) -> None:
+        s = p.status
+        merged, budget = (s.tokens_merged, s.token_budget) if s else (0, token_budget)
+        rate, eta = rate_and_eta(samples, p.elapsed, merged, budget)
         now = time.monotonic()
         if not tty and now - last[0] < 10:
             return
         last[0] = now
-        loss, processed, mfu = s.get("loss"), s.get("tokens_per_s"), s.get("mfu")
+        loss, processed, mfu = (s.loss, s.tokens_per_s, s.mfu) if s else (None, None, None)
         line = (
-            f"[{s['elapsed']:6.0f}s] merged {merged / 1e6:7.2f}M/{budget / 1e6:.2f}M tokens "
+            f"[{p.elapsed:6.0f}s] merged {merged / 1e6:7.2f}M/{budget / 1e6:.2f}M tokens "
             f"({100 * merged / budget:5.1f}%) {_rate(rate)} tok/s, ETA {_duration(eta)} | processed "
             f"{_rate(processed)} tok/s{'' if mfu is None else f', MFU {100 * mfu:.1f}%'} | live learners "
-            f"{s.get('live_learners', 0)} | rounds {s.get('rounds_merged', 0)} | "
+            f"{s.live_learners if s else 0} | rounds {s.rounds_merged if s else 0} | "
             f"loss {loss if loss is None else f'{loss:.3f}'}"
         )
         print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
@@ -62,28 +64,28 @@ def progress_printer(token_budget: int, tty: bool) -> Callable[[dict[str, Any]],
     return progress
 
 
-def _efficiency(summary: dict[str, Any]) -> str:
+def _efficiency(summary: Summary) -> str:
     """Processed tokens/s, MFU and peak memory of the fleet, as summary.json has them."""
-    mfu, memory = summary.get("mfu"), summary.get("peak_memory_bytes")
-    parts = [f"processed {_rate(summary.get('processed_tokens_per_s'))} tok/s"]
+    mfu, memory = summary.mfu, summary.peak_memory_bytes
+    parts = [f"processed {_rate(summary.processed_tokens_per_s)} tok/s"]
     if mfu is not None:
         parts.append(f"MFU {100 * mfu:.1f}%")
     if memory is not None:
-        parts.append(f"peak memory {memory / 2**30:.2f} GiB ({summary['peak_memory_kind']})")
+        parts.append(f"peak memory {memory / 2**30:.2f} GiB ({summary.peak_memory_kind})")
     return ", ".join(parts)
 
 
-def print_outcome(summary: dict[str, Any], report_root: str) -> None:
+def print_outcome(summary: Summary, report_root: str) -> None:
     """The run's result in three or four lines on stderr."""
     print(
-        f"run {summary['run_id']}: {summary['status']} in {summary['wall_seconds']:.0f}s, "
-        f"val loss {summary['initial_val_loss']:.3f} -> {summary['final_val_loss']:.3f}, "
-        f"goodput {summary['goodput']:.2f}, "
-        f"ledger {'balanced' if summary['ledger_balanced'] else 'UNBALANCED'}",
+        f"run {summary.run_id}: {summary.status} in {summary.wall_seconds:.0f}s, "
+        f"val loss {summary.initial_val_loss:.3f} -> {summary.final_val_loss:.3f}, "
+        f"goodput {summary.goodput:.2f}, "
+        f"ledger {'balanced' if summary.ledger_balanced else 'UNBALANCED'}",
         file=sys.stderr,
     )
     print(f"learners {_efficiency(summary)}", file=sys.stderr)
-    before, after = summary.get("instruction_accuracy_before"), summary.get("instruction_accuracy_after")
+    before, after = summary.instruction_accuracy_before, summary.instruction_accuracy_after
     if before and after:
         print(
             f"held-out instruction accuracy {before['all']:.1%} -> {after['all']:.1%} after SFT",

@@ -28,21 +28,9 @@ from typing import Any
 
 import torch
 
-from ddiloco.errors import ConfigError
-from ddiloco.schedule import warmup_factor
-
 log = logging.getLogger(__name__)
 
 _AUTOCAST = {"fp32": None, "bf16": torch.bfloat16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` → the current CUDA device when there is one, else CPU; `cuda` → the current CUDA device."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device cuda was asked for but no CUDA device is visible; use auto or cpu")
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -58,12 +46,6 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     """The forward-pass context of a resolved precision (a no-op for fp32)."""
     dtype = _AUTOCAST[precision]
     return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
-
-
-def lr_at(step: int, peak: float, warmup: int) -> float:
-    """The warm-up part of the inner schedule alone (global progress 0): linear to the peak, then constant.
-    Learners and the baseline use `ddiloco.schedule.lr_at`, which also decays with the run's progress."""
-    return peak * warmup_factor(step, warmup)
 
 
 def train_step(

@@ -33,13 +33,13 @@ from ddiloco.learner import sharded
 from ddiloco.learner.accel import (
     maybe_compile,
     place_optimizer_steps,
-    resolve_device,
     resolve_precision,
     to_device,
     train_step,
 )
 from ddiloco.model import configure_optimizer
-from ddiloco.schedule import learner_train, lr_at, progress_of
+from ddiloco.platform.devices import resolve_device
+from ddiloco.schedule import inner_lr, learner_train, progress_of
 from ddiloco.streamed import open_loader
 
 log = logging.getLogger(__name__)
@@ -367,7 +367,7 @@ class Follower:
                 continue
             self.group.broadcast_fragments(applied, self.layout, self.params)
             x, y = self.loader.next_batch()
-            lr = lr_at(progress_of(merged, self.cfg.diloco.token_budget), inner_step, self.schedule)
+            lr = inner_lr(progress_of(merged, self.cfg.diloco.token_budget), inner_step, self.schedule)
             train_step(
                 self.net,
                 self.opt,

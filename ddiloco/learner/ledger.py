@@ -11,7 +11,7 @@ Design choices:
 - A pending answer the syncer rejected, or whose round closed without a merge, is dropped without settling:
   its tokens stay outstanding and go into the next answer for that fragment.
 - The per-fragment record is the report's schema (`ddiloco.protocol.learner_report.FragmentBooks`), so what the
-  summary reads is exactly what the ledger keeps.
+  summary reads is exactly what the ledger keeps, and both settle it by one rule (`FragmentBooks.settled`).
 """
 
 from __future__ import annotations
@@ -97,14 +97,11 @@ class FragmentLedger:
         return self._settle(p, credited)
 
     def _settle(self, p: int, credited: bool) -> Settled:
-        b = self.books[p]
-        merged, seconds = (b.pending.tokens, b.pending.seconds) if credited and b.pending else (0, 0.0)
-        b.merged_tokens += merged
-        b.merged_seconds += seconds
-        b.discarded_tokens += b.c_tokens - merged
-        settled = Settled(merged, b.c_tokens - merged)
-        b.c_steps, b.c_tokens, b.c_seconds, b.pending = 0, 0, 0.0, None
-        return settled
+        before = self.books[p]
+        after = self.books[p] = before.settled(credited, final=True)
+        return Settled(
+            after.merged_tokens - before.merged_tokens, after.discarded_tokens - before.discarded_tokens
+        )
 
     # --- what the report and the checks read -----------------------------------------------------------
     def balanced(self) -> bool:

@@ -20,9 +20,10 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
+
+from ddiloco.platform.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +37,12 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_followers(ranks: int, argv: list[str] | None = None) -> list[subprocess.Popen]:
     """Make this process rank 0 of `ranks` and start the others (copies of `argv`, default this process's
     command line); none when `ranks` ≤ 1 or WORLD_SIZE is already set (torchrun, or a follower)."""
     if ranks <= 1 or "WORLD_SIZE" in os.environ:
         return []
-    port = _free_port()
+    port = free_port()
     dist_env = {"WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     os.environ.update(dist_env, RANK="0", LOCAL_RANK="0")
     cmd = [sys.executable, *(argv if argv is not None else _own_argv())]

@@ -39,7 +39,6 @@ from ddiloco.hostname import host_name
 from ddiloco.learner.accel import (
     HostCopier,
     maybe_compile,
-    resolve_device,
     resolve_precision,
     to_device,
     train_step,
@@ -66,6 +65,7 @@ from ddiloco.learner.trainer_status import TrainerStatus
 from ddiloco.learner.versions import VersionFeed
 from ddiloco.metrics import LearnerMetrics
 from ddiloco.model import configure_optimizer
+from ddiloco.platform.devices import resolve_device
 from ddiloco.procinfo import peak_rss_bytes
 from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.protocol.messages import Status

@@ -28,6 +28,7 @@ from ddiloco.config import EvalConfig
 from ddiloco.data import val_batches
 from ddiloco.globalmodel import Layout
 from ddiloco.model import GPT
+from ddiloco.platform.devices import resolve_device
 from ddiloco.posttrain.summary import read_round_records
 from ddiloco.posttrain.tasks import TaskItem, cloze_tasks, evaluate_tasks, synthetic_tasks
 from ddiloco.posttrain.tracked import track_curve, track_eval
@@ -41,12 +42,6 @@ from ddiloco.tracking.tracker import OFF, Tracker
 log = logging.getLogger(__name__)
 
 EvalTasksConfig = EvalConfig  # the `eval:` section of the run config
-
-
-def resolve_device(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(spec)
 
 
 @torch.no_grad()

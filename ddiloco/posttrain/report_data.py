@@ -89,7 +89,7 @@ def load_run(store: Store, *, curve_points: int = 8, curve: bool = True) -> RunD
         raise ValueError(
             f"{store.url} holds no ddiloco run (no {keys.CONFIG}); pass a run root, e.g. runs/RUN_ID"
         )
-    summary = store.get_json_or_none(keys.SUMMARY, max_bytes=16 << 20) or build_summary(store)
+    summary = store.get_json_or_none(keys.SUMMARY, max_bytes=16 << 20) or build_summary(store).to_json()
     config = store.get_json(keys.CONFIG)
     records = read_round_records(store)
     reports = read_reports(store)

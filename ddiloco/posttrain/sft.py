@@ -28,7 +28,6 @@ Design choices:
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 import zlib
@@ -41,7 +40,8 @@ import torch
 from ddiloco.config import SFTConfig
 from ddiloco.data import iter_jsonl
 from ddiloco.model import GPT, IGNORE_INDEX, configure_optimizer
-from ddiloco.posttrain.evaluate import load_model, resolve_device
+from ddiloco.platform.devices import resolve_device
+from ddiloco.posttrain.evaluate import load_model
 from ddiloco.posttrain.tasks import (
     TaskItem,
     agreement_problem,
@@ -51,11 +51,14 @@ from ddiloco.posttrain.tasks import (
     random_word,
 )
 from ddiloco.run import RunRoot
+from ddiloco.schedule import lr_at
 from ddiloco.synthetic import SyntheticWorld, make_world
 from ddiloco.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+SFT_LR_FLOOR = 0.1
+"""The learning rate at the last step, as a fraction of the peak `sft.lr`."""
 INSTRUCTION = "instruction: {}\nresponse:"
 
 
@@ -158,11 +161,11 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[t
     return xb, yb
 
 
-def lr_at(step: int, cfg: SFTConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
+def sft_lr(step: int, cfg: SFTConfig) -> float:
+    """Linear warm-up over `cfg.warmup_steps`, then cosine decay to `SFT_LR_FLOOR` of `cfg.lr` at the last step
+    (`ddiloco.schedule.lr_at`, progress counted over the steps after the warm-up)."""
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
+    return lr_at(step, cfg.lr, cfg.warmup_steps, progress=progress, schedule="cosine", min_ratio=SFT_LR_FLOOR)
 
 
 def train_sft(
@@ -194,7 +197,7 @@ def train_sft(
     model.train()
     for step in range(cfg.steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
+            group["lr"] = sft_lr(step, cfg)
         pick = torch.randint(len(examples), (n_instr,), generator=gen).tolist()
         x, y = collate([examples[i] for i in pick], tokenizer.pad_id)
         _, loss = model(x.to(device), y.to(device))

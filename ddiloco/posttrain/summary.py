@@ -1,30 +1,18 @@
-"""The run summary, computed from the store alone (DESIGN §6), so any run can be audited after the fact.
+"""The run summary (summary.json, `ddiloco.protocol.summary.Summary`), read from the run's books in its store
+alone (DESIGN §6), so any run can be audited after the fact.
 
 Design choices:
-- Two independent books are kept and compared: the syncer's ledger (tokens of every merged answer, per
-  fragment) and the learners' reports (per incarnation: processed = merged + discarded + outstanding, per
-  fragment). An answer still pending in a dead learner's last report is settled here from the round
-  records. `ledger_balanced` is true only when both books agree on merged tokens for every fragment.
-- Goodput is the paper's quantity (`ddiloco.chiptime`): learner seconds spent in the training loop /
-  provisioned learner seconds (each learner id from when it first joined to the end of the run, M × the wall
-  time for a provisioned id that never reported); kills, restarts, rejoins and stalls are the lost part, so a
-  run without failures comes close to 1. `merged_token_share` = tokens merged / tokens processed: the overlap
-  steps that α = 0 overwrites and late answers count against it, not against goodput.
-- Split brain is audited from the round records (write-once, one per merged round, each naming its writer's
-  lease epoch): `versions_by_multiple_epochs` counts the (fragment, version) pairs named by more than one
-  record (two syncers published that version; must be 0), `syncer_epochs` lists the epochs claimed in the
-  lease and `versions_by_epoch` how many versions each one published.
-- Which data each learner read (`ddiloco.shards.data_read`): `data_read` per learner id (shard, its token
-  range, own or shared, epochs of it, tokens processed), `shared_shards` (shard -> learner ids that read
-  it, when more than one did; empty in a run where every learner had a shard of its own), `unread_shards`.
-- `steps_per_answer`: mean over merged answers (round records) of the inner steps each covered, to compare
-  with H (`sync_every`).
-- Efficiency (`ddiloco.posttrain.efficiency`): `processed_tokens_per_s`, `mfu`, `data_wait_fraction`,
-  `peak_memory_bytes` (and its kind) for the fleet at the top level and per learner in `learner_accounting`.
-- `store_bytes` is the size of every object in the run root when the summary is built (one listing with
-  sizes, `Store.sizes`), `store_bytes_by_prefix` splits it by top-level prefix (`syncer/` by its
-  sub-prefix: momentum, rounds), and `global_versions_kept` counts the global versions each fragment still
-  has: what retention (`ddiloco.retention`) bounds.
+- Two books are read and compared, not re-derived: the syncer's ledger (its state: merged tokens per fragment)
+  and the learners' reports (per incarnation and fragment: processed = merged + discarded + outstanding). An
+  answer still in flight in a report is settled as the learner settles it (`FragmentBooks.settled`), merged
+  when its round record credits it. `ledger_balanced`: both books agree on every fragment and they balance.
+- Goodput (`ddiloco.chiptime`): learner seconds in the training loop / provisioned learner seconds (M × the
+  wall time for an id that never reported); `merged_token_share` = merged / processed tokens: overlap steps
+  and late answers count against it, not against goodput.
+- Split brain, from the round records: `versions_by_multiple_epochs` counts the (fragment, version) pairs
+  records of more than one lease epoch name (must be 0); `syncer_epochs`, `versions_by_epoch`.
+- Data read (`ddiloco.shards.data_read`), efficiency (`ddiloco.posttrain.efficiency`) and the store's size
+  (`store_bytes`, by prefix; `global_versions_kept`: what retention bounds) come from their own modules.
 """
 
 from __future__ import annotations
@@ -32,22 +20,28 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ddiloco import chiptime, keys
+from ddiloco.config import RunConfig
+from ddiloco.globalmodel import Layout, read_layout
 from ddiloco.posttrain.efficiency import fleet_efficiency, learner_efficiency
-from ddiloco.protocol import messages
-from ddiloco.protocol.fields import plain
-from ddiloco.protocol.learner_report import LearnerReport
-from ddiloco.protocol.messages import LearnerEvent, RoundRecord, SyncerState
+from ddiloco.protocol.learner_report import FragmentBooks, LearnerReport
+from ddiloco.protocol.messages import Done, LearnerEvent, RoundRecord, SyncerState, credited
+from ddiloco.protocol.summary import Summary
+from ddiloco.run import RunRoot
 from ddiloco.shards import data_read
 from ddiloco.store.base import Store
 from ddiloco.tracking.info import tracking_info
 
 log = logging.getLogger(__name__)
 
-CLOSING_FIELDS = ("closing_rounds", "closing_rounds_merged", "closing_seconds", "closing_tokens_merged")
-"""What the done marker says about the run's closing rounds (`ddiloco.syncer.drain`)."""
+Part = dict[str, Any]
+"""Some of `Summary`'s fields, by name."""
+Settled = list[tuple[LearnerReport, list[tuple[int, FragmentBooks]]]]
+"""Every report with its fragments' books settled (`settle`)."""
 
 
 def read_reports(store: Store) -> list[dict[str, Any]]:
@@ -105,135 +99,222 @@ def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = store.get_json(keys.CONFIG)
-    meta = store.get_json(keys.DATA_META)
-    layout = store.get_json(keys.LAYOUT)
-    saved = store.get_json_or_none(keys.SYNCER_STATE)
-    state = None if saved is None else SyncerState.from_json(saved)
-    pace_doc = store.get_json_or_none(keys.SYNCER_PACE, max_bytes=1 << 16)
-    pace = pace_doc.get("figures") if isinstance(pace_doc, dict) else None
-    pace = pace if isinstance(pace, dict) else {}
-    done = store.get_json_or_none(keys.DONE)
-    events = store.get_json_or_none(keys.LAUNCHER_EVENTS) or {}
-    reports = learner_reports(store)
-    fired = [store.get_json(k) for k in store.list(keys.CHAOS) if k.endswith(".json")]
-    chaos_events = sorted(events.get("chaos_events", []) + fired, key=lambda e: e.get("time_s", 0.0))
-    records = round_records(store)
-    sizes = store.sizes()
-    P = len(layout["fragments"])
-    M = cfg["diloco"]["learners"]
-    by_round = {r.round: r for r in records}
+@dataclass(slots=True)
+class RunBooks:
+    """What the summary reads from the store: the books as their writers keep them (the syncer's state and
+    done marker, the round records, the learners' reports), typed where they have a message."""
 
-    processed = merged_l = discarded = outstanding = 0
-    merged_seconds = 0.0
-    learner_merged_per_frag = [0] * P
-    per_learner: dict[str, dict[str, Any]] = {}
-    by_site: dict[str, dict[str, Any]] = {}  # site -> merged (fragment-tokens), processed, learner ids
-    for rep in reports:
-        site = by_site.setdefault(str(rep.site or "local"), {"merged": 0, "processed": 0, "ids": set()})
-        site["processed"] += rep.tokens_processed
-        site["ids"].add(rep.learner_id)
-        alive = done is None and not rep.final
-        processed += rep.tokens_processed
-        for p_str, f in rep.fragments.items():
-            p = int(p_str)
-            m_tok, m_sec = f.merged_tokens, f.merged_seconds
-            pend = f.pending
-            credited = 0
-            if pend is not None:
-                if messages.credited(by_round.get(pend.round), rep.learner_id, rep.incarnation):
-                    credited = pend.tokens
-                    m_sec += pend.seconds
-            m_tok += credited
-            learner_merged_per_frag[p] += m_tok
-            merged_l += m_tok
-            site["merged"] += m_tok
-            merged_seconds += m_sec
-            rest = f.c_tokens - credited
-            if alive:
-                outstanding += rest
-                discarded += f.discarded_tokens
-            else:
-                discarded += f.discarded_tokens + rest
-        lid = str(rep.learner_id)
-        entry = per_learner.setdefault(lid, {"incarnations": 0, "tokens": 0})
-        entry["tokens"] += rep.tokens_processed
-    for lid, entry in per_learner.items():
-        # Count started processes, not reports: one killed before its first report still was an incarnation.
-        pointer = store.get_json_or_none(keys.incarnation_key(int(lid))) or {"incarnation": -1}
-        claims = len(store.list(keys.incarnation_claim_prefix(int(lid))))
-        entry["incarnations"] = max(
-            pointer["incarnation"] + 1, claims, sum(r.learner_id == int(lid) for r in reports)
+    store: Store
+    config: RunConfig
+    meta: dict[str, Any]
+    layout: Layout
+    state: SyncerState | None
+    done: Done | None
+    reports: list[LearnerReport]
+    records: list[RoundRecord]
+    launcher: dict[str, Any]
+    sizes: dict[str, int]
+
+    @classmethod
+    def read(cls, store: Store) -> RunBooks:
+        saved = store.get_json_or_none(keys.SYNCER_STATE)
+        done = store.get_json_or_none(keys.DONE)
+        return cls(
+            store=store,
+            config=RunRoot.read_config(store),
+            meta=store.get_json(keys.DATA_META),
+            layout=read_layout(store),
+            state=None if saved is None else SyncerState.from_json(saved),
+            done=None if done is None else Done.from_json(done),
+            reports=learner_reports(store),
+            records=round_records(store),
+            launcher=store.get_json_or_none(keys.LAUNCHER_EVENTS) or {},
+            sizes=store.sizes(),
         )
 
-    syncer_per_frag = [led.merged_tokens for led in state.ledger] if state else [0] * P
-    starts = [r.started_at for r in reports]
-    end = done["time"] if done else max((r.time for r in reports), default=None)
-    wall = (end - min(starts)) if (starts and end) else None
-    versions = state.versions if state else [0] * P
-    contiguous = all(
-        sorted(r.version for r in records if r.fragment_id == p) == list(range(1, versions[p] + 1))
-        for p in range(P)
+    @property
+    def P(self) -> int:
+        return self.layout.num_fragments
+
+    @property
+    def end(self) -> float | None:
+        """When the run ended (the done marker), else the newest report's time."""
+        return self.done.time if self.done else max((r.time for r in self.reports), default=None)
+
+    @property
+    def wall(self) -> float | None:
+        starts = [r.started_at for r in self.reports]
+        end = self.end
+        return (end - min(starts)) if (starts and end) else None
+
+
+def settle(books: RunBooks) -> Settled:
+    """Every report with its fragments' books settled at the summary's moment: the answer in flight merged
+    when its round record credits the incarnation; the rest discarded once the incarnation trains no more
+    (its final report, or the run is done), else outstanding."""
+    by_round = {r.round: r for r in books.records}
+    out = []
+    for rep in books.reports:
+        final = books.done is not None or rep.final
+        fragments = []
+        for p, f in rep.fragments.items():
+            merge = by_round.get(f.pending.round) if f.pending is not None else None
+            fragments.append(
+                (int(p), f.settled(credited(merge, rep.learner_id, rep.incarnation), final=final))
+            )
+        out.append((rep, fragments))
+    return out
+
+
+def build_summary(store: Store, extra: Mapping[str, Any] | None = None) -> Summary:
+    """The summary of the run at `store`; `extra`: post-training's fields (`Summary`'s evaluation fields)."""
+    books = RunBooks.read(store)
+    settled = settle(books)
+    summary = Summary(
+        **_run_fields(books),
+        **_token_fields(books, settled),
+        **_version_fields(books),
+        **_site_fields(books, settled),
+        **_learner_fields(books),
+        **_syncer_fields(books),
     )
+    return replace(summary, **(extra or {}))
+
+
+def _run_fields(b: RunBooks) -> Part:
+    d = b.config.diloco
+    records = b.records
+    return {
+        "run_id": b.config.run_id,
+        "status": "done" if b.done else "running",
+        "waiting": keeper_waits(b.store),
+        "finished_by": b.done.reason if b.done else None,
+        "closing": (b.done.closing.to_json() if b.done.closing else {}) if b.done else None,
+        "wall_seconds": b.wall,
+        "learners": d.learners,
+        "quorum": d.quorum,
+        "num_fragments": b.P,
+        "sync_every": d.sync_every,
+        "steps_per_answer": _mean([c.c_steps for r in records for c in r.contributors.values()]),
+        "overlap": d.overlap,
+        "codec": d.codec,
+        "token_budget": d.token_budget,
+        "model_params": b.meta["model_params"],
+        "fragment_bytes": b.layout.fragment_bytes(),
+    }
+
+
+def _token_fields(b: RunBooks, settled: Settled) -> Part:
+    """Both books: the syncer's merged tokens per fragment and the learners' settled reports."""
+    P = b.P
+    processed = sum(rep.tokens_processed for rep in b.reports)
+    by_learners, discarded, outstanding = [0] * P, 0, 0
+    for _, fragments in settled:
+        for p, f in fragments:
+            by_learners[p] += f.merged_tokens
+            discarded += f.discarded_tokens
+            outstanding += f.c_tokens
+    by_syncer = [led.merged_tokens for led in b.state.ledger] if b.state else [0] * P
+    merged = sum(by_syncer) / P
+    return {
+        "tokens_processed": processed,
+        "tokens_merged": merged,
+        "tokens_discarded": discarded / P,
+        "tokens_outstanding": outstanding / P,
+        "tokens_merged_per_fragment": by_syncer,
+        "tokens_merged_by_learners_per_fragment": by_learners,
+        "ledger_balanced": by_syncer == by_learners
+        and processed * P == sum(by_learners) + discarded + outstanding,
+        "merged_token_share": merged / processed if processed else None,
+    }
+
+
+def _version_fields(b: RunBooks) -> Part:
+    """Global versions as the syncer's state and the round records have them, and the store's size."""
+    state, records, P = b.state, b.records, b.P
+    versions = state.versions if state else [0] * P
     writers: dict[tuple[int, int], list[int]] = {}
     for r in records:
         writers.setdefault((r.fragment_id, r.version), []).append(r.epoch)
-    step_times = [r.step_time_ema for r in reports if r.step_time_ema]
-    step_walls = [r.step_wall_ema for r in reports if r.step_wall_ema]
-    accounting = learner_accounting(reports, done["time"] if done else None, P)
-    never_reported = set(range(M)) - {r.learner_id for r in reports}
-    learner_events = state.learner_events if state else []
-    tokens_merged = sum(syncer_per_frag) / P
-    summary: dict[str, Any] = {
-        "run_id": cfg["run_id"],
-        "status": "done" if done else "running",
-        "waiting": keeper_waits(store),
-        "finished_by": done.get("reason", "budget") if done else None,
-        "closing": {k: done[k] for k in CLOSING_FIELDS if k in done} if done else None,
-        "wall_seconds": wall,
-        "learners": M,
-        "quorum": cfg["diloco"]["quorum"],
-        "num_fragments": P,
-        "sync_every": cfg["diloco"]["sync_every"],
-        "steps_per_answer": _mean([c.c_steps for r in records for c in r.contributors.values()]),
-        "overlap": cfg["diloco"]["overlap"],
-        "codec": cfg["diloco"]["codec"],
-        "token_budget": cfg["diloco"]["token_budget"],
-        "model_params": meta["model_params"],
-        "fragment_bytes": [f["numel"] * 4 for f in layout["fragments"]],
-        "tokens_processed": processed,
-        "tokens_merged": tokens_merged,
-        "tokens_discarded": discarded / P,
-        "tokens_outstanding": outstanding / P,
-        "tokens_merged_per_fragment": syncer_per_frag,
-        "tokens_merged_by_learners_per_fragment": learner_merged_per_frag,
-        "ledger_balanced": syncer_per_frag == learner_merged_per_frag
-        and processed * P == merged_l + discarded + outstanding,
+    claims = b.store.list(keys.lease_claim_prefix())
+    return {
         "rounds": state.rounds_merged if state else 0,
         "rounds_abandoned": state.rounds_abandoned if state else 0,
         "global_versions": versions,
-        "global_versions_contiguous": contiguous,
-        "global_versions_kept": [len(vs) for vs in keys.global_versions_listed(list(sizes), P)],
-        "store_bytes": sum(sizes.values()),
-        "store_bytes_by_prefix": store_bytes_by_prefix(sizes),
-        "versions_by_multiple_epochs": sum(len(epochs) > 1 for epochs in writers.values()),
-        "syncer_epochs": sorted(
-            e for e in map(keys.lease_epoch_of, store.list(keys.lease_claim_prefix())) if e is not None
+        "global_versions_contiguous": all(
+            sorted(r.version for r in records if r.fragment_id == p) == list(range(1, versions[p] + 1))
+            for p in range(P)
         ),
+        "global_versions_kept": [len(vs) for vs in keys.global_versions_listed(list(b.sizes), P)],
+        "store_bytes": sum(b.sizes.values()),
+        "store_bytes_by_prefix": store_bytes_by_prefix(b.sizes),
+        "versions_by_multiple_epochs": sum(len(epochs) > 1 for epochs in writers.values()),
+        "syncer_epochs": sorted(e for e in map(keys.lease_epoch_of, claims) if e is not None),
         "versions_by_epoch": {str(e): n for e, n in sorted(Counter(r.epoch for r in records).items())},
-        "incarnations": {k: v["incarnations"] for k, v in sorted(per_learner.items())},
-        "tokens_per_learner": {k: v["tokens"] for k, v in sorted(per_learner.items())},
-        "tokens_merged_by_site": {k: v["merged"] / P for k, v in sorted(by_site.items())},
-        "tokens_processed_by_site": {k: v["processed"] for k, v in sorted(by_site.items())},
-        "learners_by_site": {k: sorted(v["ids"]) for k, v in sorted(by_site.items())},
-        **data_read(reports, meta["num_shards"]),
-        "chaos_events": chaos_events,
-        "learner_events": plain(learner_events),
-        "kill_recovery": kill_recovery(chaos_events, learner_events, reports),
+    }
+
+
+def _site_fields(b: RunBooks, settled: Settled) -> Part:
+    """Processed and (settled) merged tokens and learner ids by site, and by learner id its incarnations."""
+    merged: Counter[str] = Counter()
+    processed: Counter[str] = Counter()
+    ids: dict[str, set[int]] = {}
+    for rep, fragments in settled:
+        site = str(rep.site or "local")
+        processed[site] += rep.tokens_processed
+        merged[site] += sum(f.merged_tokens for _, f in fragments)
+        ids.setdefault(site, set()).add(rep.learner_id)
+    tokens: Counter[str] = Counter()
+    for rep in b.reports:
+        tokens[str(rep.learner_id)] += rep.tokens_processed
+    return {
+        "incarnations": {lid: incarnations(b, int(lid)) for lid in sorted(tokens)},
+        "tokens_per_learner": dict(sorted(tokens.items())),
+        "tokens_merged_by_site": {k: merged[k] / b.P for k in sorted(ids)},
+        "tokens_processed_by_site": {k: processed[k] for k in sorted(ids)},
+        "learners_by_site": {k: sorted(v) for k, v in sorted(ids.items())},
+    }
+
+
+def incarnations(b: RunBooks, learner_id: int) -> int:
+    """Processes started as learner `learner_id`: its incarnation pointer, its claims, its reports (one killed
+    before its first report still was an incarnation)."""
+    pointer = b.store.get_json_or_none(keys.incarnation_key(learner_id)) or {"incarnation": -1}
+    claims = len(b.store.list(keys.incarnation_claim_prefix(learner_id)))
+    return max(pointer["incarnation"] + 1, claims, sum(r.learner_id == learner_id for r in b.reports))
+
+
+def _learner_fields(b: RunBooks) -> Part:
+    """Data read, failures and recoveries, chip time and efficiency, from the learners' reports."""
+    reports, wall = b.reports, b.wall
+    fired = [b.store.get_json(k) for k in b.store.list(keys.CHAOS) if k.endswith(".json")]
+    chaos = sorted(b.launcher.get("chaos_events", []) + fired, key=lambda e: e.get("time_s", 0.0))
+    events = b.state.learner_events if b.state else []
+    accounting = learner_accounting(reports, b.done.time if b.done else None, b.P)
+    never_reported = set(range(b.config.diloco.learners)) - {r.learner_id for r in reports}
+    chip_time = [(a["productive_seconds"], a["provisioned_seconds"]) for a in accounting.values()]
+    return {
+        **data_read(reports, b.meta["num_shards"]),
+        "chaos_events": chaos,
+        "learner_events": events,
+        "kill_recovery": kill_recovery(chaos, events, reports),
         "learner_accounting": accounting,
         "tokens_read_twice": sum(a["tokens_read_twice"] for a in accounting.values()),
-        "restarts": events.get("restarts", []),
+        "restarts": b.launcher.get("restarts", []),
+        "goodput": chiptime.goodput(chip_time, len(never_reported) * (wall or 0.0)),
+        "learner_step_seconds": _mean([r.step_time_ema for r in reports if r.step_time_ema]),
+        "learner_step_wall_seconds": _mean([r.step_wall_ema for r in reports if r.step_wall_ema]),
+        **fleet_efficiency(reports, wall),
+    }
+
+
+def _syncer_fields(b: RunBooks) -> Part:
+    """The syncer's counters (its state), the rounds' means (their records), its pace, tracking."""
+    state, records, reports = b.state, b.records, b.reports
+    pace_doc = b.store.get_json_or_none(keys.SYNCER_PACE, max_bytes=1 << 16)
+    pace = pace_doc.get("figures") if isinstance(pace_doc, dict) else None
+    pace = pace if isinstance(pace, dict) else {}
+    return {
         "rejected_updates": state.rejected if state else {},
         "clipped_updates": state.clipped if state else {},
         "rejected_globals": dict(sum((Counter(r.rejected_globals) for r in reports), Counter())),
@@ -241,29 +322,15 @@ def build_summary(store: Store, extra: dict[str, Any] | None = None) -> dict[str
         "bytes_downloaded": sum(r.bytes_down for r in reports),
         "bytes_published": state.bytes_published if state else 0,
         "late_answers": state.late_answers if state else 0,
-        "goodput": chiptime.goodput(
-            [(a["productive_seconds"], a["provisioned_seconds"]) for a in accounting.values()],
-            len(never_reported) * (wall or 0.0),
-        ),
-        "merged_token_share": tokens_merged / processed if processed else None,
-        "learner_step_seconds": _mean(step_times),
-        "learner_step_wall_seconds": _mean(step_walls),
-        **fleet_efficiency(reports, wall),
         "mean_quorum": _mean([r.quorum for r in records]),
         "mean_grace_seconds": _mean([r.grace_s for r in records]),
         "mean_time_to_quorum_seconds": _mean([r.time_to_quorum for r in records]),
         "mean_staleness": _mean([c.staleness for r in records for c in r.contributors.values()]),
         "syncer_lag": pace.get("syncer_lag"),
         "sync_pace": pace,
-        "entropy_floor": meta.get("entropy_floor"),
-        "tracking": tracking_info(store),
-        "initial_val_loss": None,
-        "final_val_loss": None,
-        "sft_val_loss": None,
-        "task_accuracy": None,
+        "entropy_floor": b.meta.get("entropy_floor"),
+        "tracking": tracking_info(b.store),
     }
-    summary.update(extra or {})
-    return summary
 
 
 def learner_accounting(reports: list[LearnerReport], end: float | None, P: int) -> dict[str, dict[str, Any]]:

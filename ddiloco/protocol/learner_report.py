@@ -7,7 +7,7 @@ and chaos. Field order is the JSON's order; `from_json` raises ValueError naming
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ddiloco.protocol.fields import Fields, plain
@@ -41,6 +41,31 @@ class FragmentBooks:
     merged_seconds: float = 0.0
     discarded_tokens: int = 0
     pending: PendingAnswer | None = None
+
+    def settled(self, credited: bool, *, final: bool) -> FragmentBooks:
+        """These books with the answer in flight settled: its tokens and seconds merged when `credited`
+        (`ddiloco.protocol.messages.credited`). The rest since the anchor is discarded when `final` (a version
+        overwrote it, or the incarnation trains no more) and the counters restart; else it stays outstanding
+        (the credited answer's counters leave `c_*`). The learner's ledger and the run summary both settle so."""
+        pend = self.pending if credited else None
+        tokens, seconds, steps = (0, 0.0, 0) if pend is None else (pend.tokens, pend.seconds, pend.steps)
+        merged = replace(
+            self,
+            merged_tokens=self.merged_tokens + tokens,
+            merged_seconds=self.merged_seconds + seconds,
+            pending=None,
+        )
+        if final:
+            rest = self.c_tokens - tokens
+            return replace(
+                merged, discarded_tokens=self.discarded_tokens + rest, c_steps=0, c_tokens=0, c_seconds=0.0
+            )
+        return replace(
+            merged,
+            c_steps=self.c_steps - steps,
+            c_tokens=self.c_tokens - tokens,
+            c_seconds=self.c_seconds - seconds,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return plain(self)

@@ -295,3 +295,46 @@ class SyncerState:
             quarantined=f.mapping("quarantined", int, {}),
             credited_steps=f.mapping("credited_steps", int, {}),
         )
+
+
+# --- done.json: the syncer's end-of-run marker ---------------------------------------------------------------
+@dataclass(slots=True)
+class ClosingFigures:
+    """What the done marker says about the run's closing rounds (`ddiloco.syncer.drain`)."""
+
+    closing_rounds: int
+    closing_rounds_merged: int
+    closing_seconds: float
+    closing_tokens_merged: float
+
+    def to_json(self) -> dict[str, Any]:
+        return plain(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, doc: str = "closing") -> ClosingFigures:
+        return Fields(obj, doc).build(cls)
+
+
+@dataclass(slots=True)
+class Done:
+    """done.json: the syncer finished the run (signed by it: `RunRoot.done`). `reason`: `budget` or `deadline`
+    (`ddiloco.syncer.loop.finished_by`); `closing`: written beside the other fields when the run closed through
+    its closing rounds."""
+
+    time: float
+    tokens_merged: float
+    reason: str = "budget"
+    """Markers from before the field: `budget`, the only reason then."""
+    rounds_merged: int | None = None
+    """None in markers from before the field."""
+    closing: ClosingFigures | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        head = {k: v for k, v in plain(self).items() if k != "closing"}
+        return head | ({} if self.closing is None else self.closing.to_json())
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Done:
+        f = Fields(obj, "done")
+        closing = ClosingFigures.from_json(obj, "done") if "closing_rounds" in f.obj else None
+        return f.build(cls, closing=closing)

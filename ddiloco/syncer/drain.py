@@ -47,6 +47,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ddiloco.config import RunConfig
+from ddiloco.protocol.messages import ClosingFigures
 from ddiloco.syncer.rounds import Round
 
 log = logging.getLogger(__name__)
@@ -140,12 +141,12 @@ class Closing:
             return True
         return False
 
-    def summary(self, now: float, merged: float) -> dict[str, float]:
+    def figures(self, now: float, merged: float) -> ClosingFigures:
         """What the done marker says about closing: rounds, seconds, tokens it merged (`merged`: the run's
         tokens merged now)."""
-        return {
-            "closing_rounds": len(self.rounds),
-            "closing_rounds_merged": self.merged,
-            "closing_seconds": round(now - self.began, 3),
-            "closing_tokens_merged": merged - self.merged_before,
-        }
+        return ClosingFigures(
+            closing_rounds=len(self.rounds),
+            closing_rounds_merged=self.merged,
+            closing_seconds=round(now - self.began, 3),
+            closing_tokens_merged=merged - self.merged_before,
+        )

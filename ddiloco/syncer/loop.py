@@ -65,7 +65,7 @@ from ddiloco import keys
 from ddiloco.config import RunConfig
 from ddiloco.hostname import host_name
 from ddiloco.metrics import SyncerMetrics
-from ddiloco.protocol.messages import RoundRecord, Status, SyncerState
+from ddiloco.protocol.messages import Done, RoundRecord, Status, SyncerState
 from ddiloco.run import RunRoot
 from ddiloco.schedule import learner_train
 from ddiloco.stateful import Stateful, gather, restore
@@ -371,11 +371,10 @@ class Syncer:
         self.store.delete_prefix(keys.UPDATES)
         self.files.write_final(self.fragments, self.tokens_merged())
         self.save_state()
-        done = {"time": self.wall(), "tokens_merged": self.tokens_merged(), "reason": reason}
-        done["rounds_merged"] = self.books.rounds_merged
+        done = Done(self.wall(), self.tokens_merged(), reason, self.books.rounds_merged)
         if self.rounds.closing is not None:
-            done |= self.rounds.closing.summary(self.clock(), self.tokens_merged())
-        self.root.write_signed_document(keys.DONE, done)
+            done.closing = self.rounds.closing.figures(self.clock(), self.tokens_merged())
+        self.root.write_signed_document(keys.DONE, done.to_json())
         self.publish_status(done=True)
         self.lease.release()
         log.info(

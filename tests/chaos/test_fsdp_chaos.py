@@ -24,16 +24,16 @@ FSDP = ("diloco.learners=2", "diloco.fragments=2", "train.ranks=2", "train.paral
 def test_fsdp_learners_survive_a_kill_with_the_ledger_balanced(tmp_path):
     run = LocalRun(tiny_config("fsdp-kill", *FSDP), tmp_path)
     s = run.run(timeout=600)
-    assert s["status"] == "done"
-    fired = [e for e in s["chaos_events"] if e.get("action") == "SIGKILL (self)"]
-    assert [e["learner"] for e in fired] == [1], s["chaos_events"]
-    assert s["incarnations"]["1"] == 2 and s["incarnations"]["0"] == 1
-    assert s["tokens_outstanding"] == 0
-    assert s["tokens_processed"] == s["tokens_merged"] + s["tokens_discarded"]
+    assert s.status == "done"
+    fired = [e for e in s.chaos_events if e.get("action") == "SIGKILL (self)"]
+    assert [e["learner"] for e in fired] == [1], s.chaos_events
+    assert s.incarnations["1"] == 2 and s.incarnations["0"] == 1
+    assert s.tokens_outstanding == 0
+    assert s.tokens_processed == s.tokens_merged + s.tokens_discarded
     assert_no_lost_or_double_merges(open_store(run.url), s)
-    assert all(k["rejoin_seconds"] is not None for k in s["kill_recovery"]), s["kill_recovery"]
+    assert all(k["rejoin_seconds"] is not None for k in s.kill_recovery), s.kill_recovery
     # Both incarnations ran two ranks: a step covers two batches.
-    assert s["final_val_loss"] < s["initial_val_loss"]
+    assert s.final_val_loss < s.initial_val_loss
     log = (run.logdir / "learner-1.log").read_text()
     assert log.count("learner ranks 1..1 started") == 2, "each incarnation started its own follower"
     assert "learner 1: restored checkpoint at inner step" in log  # the AdamW state went back into the shards

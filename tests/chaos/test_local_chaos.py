@@ -55,7 +55,7 @@ def round_records(store):
 def assert_no_lost_or_double_merges(store, summary):
     """Check through the store's objects: one round record per published version, ledger = records."""
     records = round_records(store)
-    P = summary["num_fragments"]
+    P = summary.num_fragments
     for p in range(P):
         versions = sorted(r["version"] for r in records if r["fragment_id"] == p)
         assert versions == list(range(1, latest_version(store, p) + 1)), f"fragment {p}: {versions}"
@@ -69,14 +69,14 @@ def assert_no_lost_or_double_merges(store, summary):
         sum(c["c_tokens"] for r in records if r["fragment_id"] == p for c in r["contributors"].values())
         for p in range(P)
     ]
-    assert per_frag == summary["tokens_merged_per_fragment"]
-    assert summary["ledger_balanced"]
+    assert per_frag == summary.tokens_merged_per_fragment
+    assert summary.ledger_balanced
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run, s = run_with(tmp_path_factory.mktemp("ref"), "ref", *MEASURED)
-    return {**s, "plateau_loss": plateau_loss(open_store(run.url))}
+    return s, plateau_loss(open_store(run.url))
 
 
 KILL_TWICE = "chaos.events=[{kind: kill_learner, learner: 1, at_step: 300}, {kind: kill_learner, learner: 1, at_step: 800}]"
@@ -88,21 +88,19 @@ def check_killed_twice(run, s) -> None:
     """The books of a run whose learner 1 was SIGKILLed twice: both kills fired, it came back twice, nothing
     merged twice or lost, the syncer never stalled, every kill was recovered from."""
     store = open_store(run.url)
-    assert s["status"] == "done"
-    fired = [e for e in s["chaos_events"] if e.get("action") == "SIGKILL (self)"]
-    assert [e["learner"] for e in fired] == [1, 1], s["chaos_events"]
-    assert s["incarnations"]["1"] == 3 and s["incarnations"]["0"] == 1
-    assert (
-        s["tokens_processed"] == s["tokens_merged"] + s["tokens_discarded"] and s["tokens_outstanding"] == 0
-    )
+    assert s.status == "done"
+    fired = [e for e in s.chaos_events if e.get("action") == "SIGKILL (self)"]
+    assert [e["learner"] for e in fired] == [1, 1], s.chaos_events
+    assert s.incarnations["1"] == 3 and s.incarnations["0"] == 1
+    assert s.tokens_processed == s.tokens_merged + s.tokens_discarded and s.tokens_outstanding == 0
     assert_no_lost_or_double_merges(store, s)
     merged_at = sorted(r["merged_at"] for r in round_records(store))
     gap = max(b - a for a, b in zip(merged_at, merged_at[1:], strict=False))
-    assert gap < 20 * s["learner_step_seconds"] + 1.0, f"the syncer stalled for {gap:.2f}s"
-    assert all(k["rejoin_seconds"] is not None for k in s["kill_recovery"]), s["kill_recovery"]
+    assert gap < 20 * s.learner_step_seconds + 1.0, f"the syncer stalled for {gap:.2f}s"
+    assert all(k["rejoin_seconds"] is not None for k in s.kill_recovery), s.kill_recovery
     # Each restart resumed its data after the last batch its predecessor reported, not at its checkpoint.
-    assert s["tokens_read_twice"] == 0, s["learner_accounting"]
-    assert s["final_val_loss"] < s["initial_val_loss"] / 3  # it learned (800k tokens: 5.54 -> 1.52)
+    assert s.tokens_read_twice == 0, s.learner_accounting
+    assert s.final_val_loss < s.initial_val_loss / 3  # it learned (800k tokens: 5.54 -> 1.52)
 
 
 def test_killing_one_learner_twice(tmp_path):
@@ -121,9 +119,9 @@ def test_killing_one_learner_twice_costs_under_5_percent_of_the_loss(tmp_path, r
     # batches). The plateau level is reported next to it: in three clean-clone pairs the final ratio was
     # 0.97 / 1.028 / 1.009 and the plateau ratio 1.019 / 1.030 / 1.057 (the plateau averages points from
     # before the killed learner's absences were made up, so it runs ~3% behind).
-    plateau, ref_plateau = plateau_loss(open_store(run.url)), reference["plateau_loss"]
-    assert s["final_val_loss"] <= reference["final_val_loss"] * 1.05, (
-        s["final_val_loss"], reference["final_val_loss"], plateau, ref_plateau,
+    (ref, ref_plateau), plateau = reference, plateau_loss(open_store(run.url))
+    assert s.final_val_loss <= ref.final_val_loss * 1.05, (
+        s.final_val_loss, ref.final_val_loss, plateau, ref_plateau,
     )  # fmt: skip
 
 
@@ -149,7 +147,7 @@ def disrupted(tmp_path_factory):
         THREE_DISRUPTIONS,
     )
     store = open_store(run.url)
-    fired = {e["action"]: e["fired_at"] for e in s["chaos_events"]}
+    fired = {e["action"]: e["fired_at"] for e in s.chaos_events}
     return s, store, fired, run.logdir
 
 
@@ -164,15 +162,15 @@ def why_restarted(logdir) -> str:
 
 def test_the_run_survives_a_stall_an_outage_and_a_killed_syncer_with_its_books_balanced(disrupted):
     s, store, _, logdir = disrupted
-    assert s["status"] == "done" and s["finished_by"] == "deadline" and s["ledger_balanced"]
-    assert s["global_versions_contiguous"]
+    assert s.status == "done" and s.finished_by == "deadline" and s.ledger_balanced
+    assert s.global_versions_contiguous
     assert_no_lost_or_double_merges(store, s)
-    assert sum(s["incarnations"].values()) == 4, f"a learner was restarted: {why_restarted(logdir)}"
+    assert sum(s.incarnations.values()) == 4, f"a learner was restarted: {why_restarted(logdir)}"
 
 
 def test_a_stalled_learner_does_not_hold_back_the_others(disrupted):
     s, store, fired, logdir = disrupted
-    assert [e["action"] for e in s["chaos_events"] if e["action"].startswith("SIG")][:2] == [
+    assert [e["action"] for e in s.chaos_events if e["action"].startswith("SIG")][:2] == [
         "SIGSTOP",
         "SIGCONT",
     ]
@@ -180,12 +178,12 @@ def test_a_stalled_learner_does_not_hold_back_the_others(disrupted):
     during = [r for r in round_records(store) if start + 1 < r["merged_at"] < start + STALL_S - 1]
     assert len(during) >= STALL_S - 2, f"only {len(during)} merges while learner 2 was stopped"
     assert all("2-0" not in r["contributors"] for r in during[5:]), "the stalled learner cannot answer"
-    assert s["incarnations"]["2"] == 1, why_restarted(logdir)
+    assert s.incarnations["2"] == 1, why_restarted(logdir)
 
 
 def test_a_store_outage_is_ridden_out(disrupted):
     s, store, _, _ = disrupted
-    start = next(e["fired_at"] for e in s["chaos_events"] if e["kind"] == "store_outage")
+    start = next(e["fired_at"] for e in s.chaos_events if e["kind"] == "store_outage")
     merged_at = [r["merged_at"] for r in round_records(store)]
     assert not [t for t in merged_at if start + 0.5 < t < start + OUTAGE_S - 0.5], (
         "nothing can merge while the store is down"
@@ -221,7 +219,7 @@ def test_a_learner_added_mid_run_contributes_and_takes_work_off_the_first(tmp_pa
     one = ("diloco.learners=1", "diloco.token_budget=1000000", "diloco.sync_every=16", "train.batch_size=32")
     _, alone = run_with(tmp_path / "a", "alone", *one)
     # Added at ~35% of the run alone, whatever this machine's speed (both clocks start at prepare).
-    at_s = round(0.35 * alone["wall_seconds"], 1)
+    at_s = round(0.35 * alone.wall_seconds, 1)
     run, s = run_with(
         tmp_path / "b", "added", *one, f"chaos.events=[{{kind: add_learner, learner: 1, at_s: {at_s}}}]"
     )
@@ -233,9 +231,9 @@ def test_a_learner_added_mid_run_contributes_and_takes_work_off_the_first(tmp_pa
         if k.startswith("1-")
     )
     assert contributed > 0
-    assert s["ledger_balanced"]
+    assert s.ledger_balanced
     # The budget is shared: the first learner processes fewer tokens to reach it. (Not wall time: on a loaded
     # CI machine two learners on two cores need not finish sooner, 50.2 s vs 39.9 s in one such run; the
     # speed-up itself is a benchmark's business.)
-    first_alone, first_added = alone["tokens_per_learner"]["0"], s["tokens_per_learner"]["0"]
-    assert first_added < first_alone, (first_added, first_alone, s["wall_seconds"], alone["wall_seconds"])
+    first_alone, first_added = alone.tokens_per_learner["0"], s.tokens_per_learner["0"]
+    assert first_added < first_alone, (first_added, first_alone, s.wall_seconds, alone.wall_seconds)

@@ -34,15 +34,15 @@ def test_a_syncer_killed_between_a_global_version_and_its_pointer_is_not_frozen(
     s = run.run(timeout=240)
     store = open_store(run.url)
     assert once.exists(), "the failpoint fired"
-    assert s["status"] == "done"
+    assert s.status == "done"
     assert store.get_json(keys.SYNCER_STATE)["incarnation"] >= 1, "the syncer was restarted"
     log = (run.logdir / "syncer.log").read_text()
     adopted = re.findall(r"adopting fragment (\d+) version (\d+)", log)
     assert len(adopted) == 1, "the restarted syncer adopted the version the killed one created"
     p, v = map(int, adopted[0])
     assert "Fenced" not in log and "exits with 3" not in log
-    assert s["global_versions_contiguous"] and s["ledger_balanced"]
-    assert s["versions_by_multiple_epochs"] == 0
+    assert s.global_versions_contiguous and s.ledger_balanced
+    assert s.versions_by_multiple_epochs == 0
     assert latest_version(store, p) > v, f"fragment {p} froze at the crash version {v}"
     assert all(latest_version(store, q) > v for q in range(2)), "every fragment kept advancing"
     records = [store.get_json(k) for k in store.list(keys.ROUNDS)]

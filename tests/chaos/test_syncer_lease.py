@@ -109,10 +109,10 @@ def test_a_standby_syncer_takes_over_from_a_killed_one(tmp_path):
     # interval; the first merge after it took over waits for the resume and one round.
     assert taken_after <= LEASE_S + 1.0, taken_after
     assert first_by_b <= LEASE_S + 5.0, first_by_b
-    assert s["syncer_epochs"] == [1, 2] and s["versions_by_multiple_epochs"] == 0
-    assert set(s["versions_by_epoch"]) == {"1", "2"}
-    assert s["global_versions_contiguous"] and s["ledger_balanced"] and s["status"] == "done"
-    for p in range(s["num_fragments"]):
+    assert s.syncer_epochs == [1, 2] and s.versions_by_multiple_epochs == 0
+    assert set(s.versions_by_epoch) == {"1", "2"}
+    assert s.global_versions_contiguous and s.ledger_balanced and s.status == "done"
+    for p in range(s.num_fragments):
         versions = sorted(r["version"] for r in records if r["fragment_id"] == p)
         assert versions == list(range(1, latest_version(store, p) + 1)), f"fragment {p}: {versions}"
     print(f"takeover: claimed {taken_after:.2f}s, first merge {first_by_b:.2f}s after the kill")

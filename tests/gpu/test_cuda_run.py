@@ -28,8 +28,8 @@ def test_the_default_local_run_trains_evaluates_and_fine_tunes_on_the_gpu(tmp_pa
     cfg = tiny_config("gpu-run", *RUN_OVERRIDES)
     assert (cfg.train.device, cfg.eval.device, cfg.sft.device) == ("auto", "auto", "auto")
     s = LocalRun(cfg, tmp_path).run(timeout=300)
-    assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
-    assert s["final_val_loss"] < s["initial_val_loss"]
+    assert s.status == "done" and s.ledger_balanced and s.tokens_outstanding == 0
+    assert s.final_val_loss < s.initial_val_loss
     logs = {p.name: p.read_text() for p in (tmp_path / "gpu-run.logs").glob("learner-*.log")}
     assert len(logs) == cfg.diloco.learners
     assert all("(device cuda:" in text for text in logs.values()), logs

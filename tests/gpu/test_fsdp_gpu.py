@@ -18,7 +18,8 @@ from ddiloco.globalmodel import make_layout
 from ddiloco.learner.accel import train_step
 from ddiloco.learner.fsdp import full_tensors, load_full, shard_model, state_bytes_per_rank
 from ddiloco.model import GPT, GPTConfig, configure_optimizer, init_model
-from tests._ranks import free_port, spawn_ranks
+from ddiloco.platform.ports import free_port
+from tests._ranks import spawn_ranks
 
 pytestmark = [
     pytest.mark.gpu,

@@ -272,11 +272,8 @@ def test_injected_objects_are_counted_by_reason_and_change_nothing(reference):
     for s, objs in injected.items():  # each object under its own reason, in its round's record
         assert live.store.get_json(keys.round_record_key(s))["rejected"] == objs
     summary = build_summary(live.store)
-    assert summary["rejected_updates"] == dict(expected)
-    assert (
-        summary["ledger_balanced"]
-        and summary["global_versions"] == build_summary(ref.store)["global_versions"]
-    )
+    assert summary.rejected_updates == dict(expected)
+    assert summary.ledger_balanced and summary.global_versions == build_summary(ref.store).global_versions
     get = live.syncer.registry.get_sample_value
     for reason, n in expected.items():
         assert get("ddiloco_syncer_rejected_updates_total", {"reason": reason}) == n
@@ -408,9 +405,7 @@ def test_a_learner_is_told_when_its_answer_is_rejected_and_its_tokens_stay_outst
         == bad.exchange.rounds_answered
     )
     summary = build_summary(r.store)
-    assert summary["ledger_balanced"] and summary["rejected_updates"] == {
-        "bad_codec": bad.exchange.rounds_answered
-    }
+    assert summary.ledger_balanced and summary.rejected_updates == {"bad_codec": bad.exchange.rounds_answered}
 
 
 LIE = 5000
@@ -455,7 +450,7 @@ def test_a_lying_learner_with_the_run_key_is_rejected_and_the_ledger_stays_balan
     assert not any("0-0" in rec["contributors"] for rec in records if rec["round"] >= lying_from)
     summary = build_summary(r.store)
     budget = r.syncer.cfg.diloco.token_budget
-    assert summary["ledger_balanced"] and budget <= summary["tokens_merged"] < 2 * budget
+    assert summary.ledger_balanced and budget <= summary.tokens_merged < 2 * budget
 
 
 def test_an_answer_too_far_behind_is_rejected_as_too_stale_and_one_within_reach_is_discounted():
@@ -482,7 +477,7 @@ def test_an_answer_too_far_behind_is_rejected_as_too_stale_and_one_within_reach_
     assert all(c["discount"] == 1.0 for n, c in record["contributors"].items() if n != "104-0")
     told = {(n["learner_id"], n["reason"]) for n in r.store.get_json(keys.STATUS)["rejections"]}
     assert told == {(103, "too_stale")}
-    assert build_summary(r.store)["rejected_updates"] == {"too_stale": 1}
+    assert build_summary(r.store).rejected_updates == {"too_stale": 1}
 
 
 def _forge_global(r: Run, p: int, version: int, key=None) -> None:

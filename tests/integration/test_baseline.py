@@ -19,7 +19,7 @@ from ddiloco.learner.accel import train_step
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
-from ddiloco.schedule import lr_at, progress_of
+from ddiloco.schedule import inner_lr, progress_of
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
@@ -76,12 +76,12 @@ def test_two_gloo_ranks_match_one_process_on_the_joint_batch(tmp_path):
         batches = [ld.next_batch() for ld in loaders]
         x = torch.cat([b[0] for b in batches])  # (M·B, T)
         y = torch.cat([b[1] for b in batches])  # (M·B, T)
-        train_step(ref, opt, x, y, lr_at(progress_of(step * M * B * T, tokens), step, t), t.grad_clip)
+        train_step(ref, opt, x, y, inner_lr(progress_of(step * M * B * T, tokens), step, t), t.grad_clip)
     dp = load_baseline_model(store, cfg.run_id, layout)
     for (name, a), (_, b) in zip(sorted(dp.named_parameters()), sorted(ref.named_parameters()), strict=True):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{name} differs from the reference")
     assert store.exists(keys.BASELINE_MODEL)
-    last = lr_at(progress_of((s["steps"] - 1) * M * B * T, tokens), s["steps"] - 1, t)
+    last = inner_lr(progress_of((s["steps"] - 1) * M * B * T, tokens), s["steps"] - 1, t)
     assert t.lr_schedule == "auto" and last < 0.25 * t.lr  # data-parallel decays (cosine): 8/9 of the budget
     assert all(r["last_lr"] == last for r in reports)
 
@@ -103,7 +103,7 @@ def test_the_baseline_trains_at_the_learners_precision(tmp_path):
     loader = ShardLoader(RunRoot(store, cfg.run_id).shard(0), batch_size=B, seq_len=T, seed=cfg.seed * 1000)
     for step in range(s["steps"]):
         x, y = loader.next_batch()
-        lr = lr_at(progress_of(step * B * T, 6 * B * T), step, t)
+        lr = inner_lr(progress_of(step * B * T, 6 * B * T), step, t)
         train_step(ref, opt, x, y, lr, t.grad_clip, precision="bf16")
     dp = load_baseline_model(store, cfg.run_id, layout)
     for (name, a), (_, b) in zip(sorted(dp.named_parameters()), sorted(ref.named_parameters()), strict=True):

@@ -16,6 +16,7 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.posttrain.summary import round_records
+from ddiloco.run import RunRoot
 from tests.integration.test_bad_inputs import SECRET, Run, start, tick
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,10 +58,10 @@ def test_every_step_of_every_learner_is_answered_when_the_run_finishes():
     assert set(seen) == {0, 1}, "the learners never saw the run closing"
     # a learner that saw `closing` took no step after it
     assert {learner.learner_id: learner.inner_step for learner in r.learners} == seen
-    done = r.store.get_json(keys.DONE)
-    assert done["reason"] == "budget"
-    assert done["closing_rounds"] >= 1 and done["closing_tokens_merged"] > 0
-    assert done["tokens_merged"] >= 12000
+    done = RunRoot(r.store, r.name, r.key).done()
+    assert done is not None and done.reason == "budget" and done.closing is not None
+    assert done.closing.closing_rounds >= 1 and done.closing.closing_tokens_merged > 0
+    assert done.tokens_merged >= 12000
     for learner in r.learners:  # what settles at the end is credited, not discarded
         learner.poller.poll_once()
         assert learner.tick() is False

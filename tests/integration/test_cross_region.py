@@ -71,13 +71,13 @@ def test_summary_report_and_metrics_break_merged_tokens_down_by_site():
         learner.start()
     drive(syncer, learners)
     s = build_summary(store)
-    assert s["learners_by_site"] == {"dc1": [0], "eu-west": [1]}
-    assert set(s["tokens_merged_by_site"]) == {"dc1", "eu-west"}
-    assert sum(s["tokens_merged_by_site"].values()) == pytest.approx(s["tokens_merged"])
-    assert sum(s["tokens_processed_by_site"].values()) == s["tokens_processed"]
-    rows = site_rows(s)
+    assert s.learners_by_site == {"dc1": [0], "eu-west": [1]}
+    assert set(s.tokens_merged_by_site) == {"dc1", "eu-west"}
+    assert sum(s.tokens_merged_by_site.values()) == pytest.approx(s.tokens_merged)
+    assert sum(s.tokens_processed_by_site.values()) == s.tokens_processed
+    rows = site_rows(s.to_json())  # the report renders summary.json
     assert [r[:2] for r in rows] == [["dc1", "0"], ["eu-west", "1"]]
-    assert flat_metrics(s)["tokens_merged_by_site_eu-west"] == s["tokens_merged_by_site"]["eu-west"]
+    assert flat_metrics(s.to_json())["tokens_merged_by_site_eu-west"] == s.tokens_merged_by_site["eu-west"]
     sample = learners[1].registry.get_sample_value(
         "ddiloco_learner_site", {"learner_id": "1", "site": "eu-west"}
     )
@@ -124,10 +124,10 @@ def test_two_sites_both_contribute_merged_tokens(tmp_path):
     joiner.join(timeout=120)
     log_text = (tmp_path / "joined.log").read_text()
     assert joined.get("rc") == 0, log_text[-3000:]
-    assert summary["status"] == "done" and summary["ledger_balanced"] and not summary["rejected_updates"]
-    assert summary["learners_by_site"] == {"a": [0, 1], "b": [2]}, summary["learners_by_site"]
-    by_site = summary["tokens_merged_by_site"]
+    assert summary.status == "done" and summary.ledger_balanced and not summary.rejected_updates
+    assert summary.learners_by_site == {"a": [0, 1], "b": [2]}, summary.learners_by_site
+    by_site = summary.tokens_merged_by_site
     assert by_site["a"] > 0 and by_site["b"] > 0, by_site
-    assert sum(by_site.values()) == pytest.approx(summary["tokens_merged"])
+    assert sum(by_site.values()) == pytest.approx(summary.tokens_merged)
     report_md = open_store(run.url).get("report/summary.md").decode()
     assert "## Sites" in report_md and "| b | 2 |" in report_md

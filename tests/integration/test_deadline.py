@@ -25,14 +25,14 @@ def _run(name: str, *overrides: str) -> tuple[dict, float]:
 
 def test_the_deadline_ends_the_run_short_of_its_budget_with_the_ledger_balanced():
     s, took = _run("deadline", "diloco.token_budget=1000000000", "diloco.deadline_s=3")
-    assert s["status"] == "done" and s["finished_by"] == "deadline"
+    assert s.status == "done" and s.finished_by == "deadline"
     assert 3.0 <= took < 30, took
-    assert 0 < s["tokens_merged"] < s["token_budget"]
-    assert s["ledger_balanced"] and s["tokens_outstanding"] == 0
-    assert s["global_versions_contiguous"]
+    assert 0 < s.tokens_merged < s.token_budget
+    assert s.ledger_balanced and s.tokens_outstanding == 0
+    assert s.global_versions_contiguous
 
 
 def test_the_budget_still_ends_a_run_before_its_deadline():
     s, _ = _run("budget-first", "diloco.deadline_s=3600")
-    assert s["status"] == "done" and s["finished_by"] == "budget"
-    assert s["tokens_merged"] >= s["token_budget"]
+    assert s.status == "done" and s.finished_by == "budget"
+    assert s.tokens_merged >= s.token_budget

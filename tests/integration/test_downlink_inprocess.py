@@ -32,13 +32,13 @@ def downloads(learners, layout) -> int:
 def test_learners_download_deltas_and_hold_the_published_values():
     _, _, full_learners, full = _run("down-none", "none")
     store, cfg, learners, s = _run("down-int8", "int8")
-    assert s["status"] == "done" and s["rejected_updates"] == {}
-    assert full["bytes_downloaded"] > 0
+    assert s.status == "done" and s.rejected_updates == {}
+    assert full.bytes_downloaded > 0
     layout = read_layout(store)
     # Per download (start-up ones included: every learner fetches every fragment in full once), as the two
     # runs need not publish the same number of versions.
-    per_download = s["bytes_downloaded"] / downloads(learners, layout)
-    per_download_full = full["bytes_downloaded"] / downloads(full_learners, layout)
+    per_download = s.bytes_downloaded / downloads(learners, layout)
+    per_download_full = full.bytes_downloaded / downloads(full_learners, layout)
     assert per_download < 0.5 * per_download_full, (per_download, per_download_full)
     assert all(set(lr.feed.fetched) == {"full"} for lr in full_learners)
     for learner in learners:

@@ -36,21 +36,21 @@ def test_run_reaches_budget_with_balanced_ledger_and_contiguous_versions():
         learner.start()
     drive(syncer, learners)
     s = build_summary(store)
-    assert s["status"] == "done"
-    assert s["tokens_merged"] >= cfg.diloco.token_budget
-    assert s["ledger_balanced"], (
-        s["tokens_merged_per_fragment"],
-        s["tokens_merged_by_learners_per_fragment"],
+    assert s.status == "done"
+    assert s.tokens_merged >= cfg.diloco.token_budget
+    assert s.ledger_balanced, (
+        s.tokens_merged_per_fragment,
+        s.tokens_merged_by_learners_per_fragment,
     )
-    assert s["tokens_outstanding"] == 0
-    assert s["tokens_processed"] == s["tokens_merged"] + s["tokens_discarded"]
-    assert s["global_versions_contiguous"] and min(s["global_versions"]) >= 1
-    assert s["rejected_updates"] == {}
+    assert s.tokens_outstanding == 0
+    assert s.tokens_processed == s.tokens_merged + s.tokens_discarded
+    assert s.global_versions_contiguous and min(s.global_versions) >= 1
+    assert s.rejected_updates == {}
     # Issue 17 item 7: nothing failed, so no learner time was lost; overlap steps overwritten by newer
     # versions count against the merged-token share only.
-    assert 0.95 <= s["goodput"] <= 1, s["learner_accounting"]
-    assert s["merged_token_share"] == pytest.approx(s["tokens_merged"] / s["tokens_processed"])
-    assert 0 < s["merged_token_share"] < 1
+    assert 0.95 <= s.goodput <= 1, s.learner_accounting
+    assert s.merged_token_share == pytest.approx(s.tokens_merged / s.tokens_processed)
+    assert 0 < s.merged_token_share < 1
     assert store.exists(keys.FINAL_MODEL) and store.exists(keys.DONE)
 
 
@@ -115,18 +115,16 @@ def test_default_retention_bounds_the_store_and_the_curve_is_drawn_from_what_it_
     drive(syncer, learners)
     s = build_summary(store)
     sizes = store.sizes()  # nothing was written since the summary listed the store
-    assert s["store_bytes"] == sum(sizes.values()) > 0
-    assert s["store_bytes_by_prefix"]["global/"] == sum(
-        n for k, n in sizes.items() if k.startswith("global/")
-    )
-    assert sum(s["store_bytes_by_prefix"].values()) == s["store_bytes"]
-    assert min(s["global_versions"]) > cfg.retention.max_versions(), "pruning had something to do"
-    assert s["ledger_balanced"] and s["global_versions_contiguous"]  # the round records are all kept
-    assert "pruned_base" not in s["rejected_updates"], "honest answers are never too stale for the window"
+    assert s.store_bytes == sum(sizes.values()) > 0
+    assert s.store_bytes_by_prefix["global/"] == sum(n for k, n in sizes.items() if k.startswith("global/"))
+    assert sum(s.store_bytes_by_prefix.values()) == s.store_bytes
+    assert min(s.global_versions) > cfg.retention.max_versions(), "pruning had something to do"
+    assert s.ledger_balanced and s.global_versions_contiguous  # the round records are all kept
+    assert "pruned_base" not in s.rejected_updates, "honest answers are never too stale for the window"
     layout = read_layout(store)
     for p in range(layout.num_fragments):
         kept = keys.global_versions_listed(store.list(keys.global_prefix(p)), layout.num_fragments)[p]
-        assert len(kept) == s["global_versions_kept"][p] <= 16
+        assert len(kept) == s.global_versions_kept[p] <= 16
         assert {0, latest_version(store, p)} <= kept
         momentum = [
             k for k in store.list(keys.momentum_prefix(p)) if keys.version_of(k, keys.momentum_prefix(p))
@@ -135,9 +133,7 @@ def test_default_retention_bounds_the_store_and_the_curve_is_drawn_from_what_it_
     assert not store.list(keys.UPDATES)
     curve = global_loss_curve(RunRoot(store, cfg.run_id), 8)
     assert len(curve) >= 6, curve
-    assert (
-        curve[0]["versions"] == [0] * layout.num_fragments and curve[-1]["versions"] == s["global_versions"]
-    )
+    assert curve[0]["versions"] == [0] * layout.num_fragments and curve[-1]["versions"] == s.global_versions
     assert all(point["val_loss"] > 0 for point in curve)
     assert curve[-1]["val_loss"] < curve[0]["val_loss"]
 
@@ -247,11 +243,11 @@ def test_books_balance_when_a_learner_is_stopped_past_its_merge_leaving_the_stat
         assert _tick(learner) is False
         learner.close("done")
     s = build_summary(store)
-    assert s["ledger_balanced"], (
-        s["tokens_merged_per_fragment"],
-        s["tokens_merged_by_learners_per_fragment"],
+    assert s.ledger_balanced, (
+        s.tokens_merged_per_fragment,
+        s.tokens_merged_by_learners_per_fragment,
     )
-    assert s["tokens_processed"] == s["tokens_merged"] + s["tokens_discarded"]
+    assert s.tokens_processed == s.tokens_merged + s.tokens_discarded
 
 
 class _ManualPool:
@@ -304,9 +300,9 @@ def test_an_older_heartbeat_landing_after_an_answer_cannot_hide_it_from_the_book
     report = store.get_json(keys.report_key(0, learner.incarnation))
     assert report["fragments"][str(syncer.books.merged_recent[0].fragment_id)]["pending"] is not None
     s = build_summary(store)
-    assert s["ledger_balanced"], (
-        s["tokens_merged_per_fragment"],
-        s["tokens_merged_by_learners_per_fragment"],
+    assert s.ledger_balanced, (
+        s.tokens_merged_per_fragment,
+        s.tokens_merged_by_learners_per_fragment,
     )
 
 
@@ -334,13 +330,13 @@ def test_a_fragment_is_synced_about_every_h_learner_steps(sync_from):
     steps = [c["c_steps"] for r in read_round_records(store) for c in r["contributors"].values()]
     assert len(steps) >= 20
     s = build_summary(store)
-    assert s["steps_per_answer"] == pytest.approx(statistics.fmean(steps)) and s["sync_every"] == H
-    period = s["sync_pace"]["mean_sync_period_steps"]
+    assert s.steps_per_answer == pytest.approx(statistics.fmean(steps)) and s.sync_every == H
+    period = s.sync_pace["mean_sync_period_steps"]
     if sync_from == "publish":
         assert abs(statistics.fmean(steps) - H) <= 0.15 * H, steps
         assert period > H, "the overlap comes on top of H"
     else:
-        assert 0.8 * H <= period <= 1.25 * H, s["sync_pace"]  # 8.9-9.5 seen at load 20
+        assert 0.8 * H <= period <= 1.25 * H, s.sync_pace  # 8.9-9.5 seen at load 20
         assert statistics.fmean(steps) < H, "the overlap is taken out of H"
 
 
@@ -370,10 +366,10 @@ def test_goodput_counts_a_killed_learners_down_time_as_lost():
     learners[1].start()
     drive(syncer, learners)
     s = build_summary(store)
-    acct = s["learner_accounting"]
-    assert s["incarnations"] == {"0": 1, "1": 2} and s["ledger_balanced"]
+    acct = s.learner_accounting
+    assert s.incarnations == {"0": 1, "1": 2} and s.ledger_balanced
     assert acct["0"]["goodput"] >= 0.95, acct
     assert acct["1"]["provisioned_seconds"] - acct["1"]["productive_seconds"] >= 1.0, acct
     productive = sum(a["productive_seconds"] for a in acct.values())
-    assert s["goodput"] == pytest.approx(productive / sum(a["provisioned_seconds"] for a in acct.values()))
-    assert s["goodput"] < acct["0"]["goodput"] and acct["1"]["goodput"] < 1, acct
+    assert s.goodput == pytest.approx(productive / sum(a["provisioned_seconds"] for a in acct.values()))
+    assert s.goodput < acct["0"]["goodput"] and acct["1"]["goodput"] < 1, acct

@@ -19,7 +19,8 @@ from ddiloco.globalmodel import make_layout
 from ddiloco.learner.accel import train_step
 from ddiloco.learner.fsdp import full_tensors, load_full, shard_model, state_bytes_per_rank
 from ddiloco.model import GPTConfig, configure_optimizer, init_model
-from tests._ranks import free_port, spawn_ranks
+from ddiloco.platform.ports import free_port
+from tests._ranks import spawn_ranks
 
 WORLD, STEPS, B, T = 2, 3, 4, 32
 LR, CLIP, FRAGMENTS = 1e-2, 0.5, 6

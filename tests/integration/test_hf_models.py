@@ -71,8 +71,8 @@ def test_each_architecture_trains_to_a_balanced_ledger_and_a_lower_loss(tmp_path
 
     train_in_process(store, 2)
     s = build_summary(store)
-    assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
-    assert s["tokens_merged"] >= cfg.diloco.token_budget and s["rejected_updates"] == {}
+    assert s.status == "done" and s.ledger_balanced and s.tokens_outstanding == 0
+    assert s.tokens_merged >= cfg.diloco.token_budget and s.rejected_updates == {}
     after = _loss(root, root.final_model(layout), cfg)
     assert after < before - 0.3, (before, after)
     _exported_matches(root, "final", tmp_path / "export")  # loads with transformers alone, same logits

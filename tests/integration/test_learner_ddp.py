@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from ddiloco import keys
 from ddiloco.learner import ddp
 from ddiloco.learner.loop import Learner
+from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
@@ -25,7 +26,7 @@ from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config
-from tests._ranks import free_port, one_process_reference, spawn_ranks
+from tests._ranks import one_process_reference, spawn_ranks
 
 WORLD = 2
 STEPS = 5
@@ -126,8 +127,8 @@ def test_two_ranks_match_one_process_on_the_concatenated_batch_then_merge_and_re
             loader.next_batch()
         assert bres[r]["cursor"] == loader.state_dict()
     s = build_summary(store)
-    assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
-    assert s["tokens_processed"] == (STEPS + steps_b) * WORLD * B * cfg.model.seq_len
+    assert s.status == "done" and s.ledger_balanced and s.tokens_outstanding == 0
+    assert s.tokens_processed == (STEPS + steps_b) * WORLD * B * cfg.model.seq_len
 
 
 def test_single_process_learner_has_no_group_and_early_exit_releases_followers(tmp_path, monkeypatch):

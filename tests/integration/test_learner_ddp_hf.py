@@ -11,10 +11,11 @@ import torch
 from ddiloco.data import ShardLoader
 from ddiloco.globalmodel import build_model, read_layout
 from ddiloco.learner import ddp
-from ddiloco.learner.accel import lr_at, train_step
+from ddiloco.learner.accel import train_step
 from ddiloco.model import configure_optimizer
 from ddiloco.prepare import prepare
 from ddiloco.run import RunRoot
+from ddiloco.schedule import lr_at
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 from tests._hf import tiny_hf_dir

@@ -21,13 +21,14 @@ from ddiloco import keys
 from ddiloco.learner import ddp, sharded
 from ddiloco.learner.fsdp import full_tensors
 from ddiloco.learner.loop import Learner
+from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config
-from tests._ranks import free_port, one_process_reference, spawn_ranks
+from tests._ranks import one_process_reference, spawn_ranks
 
 WORLD = 2
 STEPS = 4
@@ -131,4 +132,4 @@ def test_sharded_ranks_train_like_one_process_checkpoint_whole_state_and_resume_
     final = load_file(str(tmp_path / "c" / "params.safetensors"))
     assert any(not torch.equal(final[n], got[n]) for n in got)
     s = build_summary(store)
-    assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
+    assert s.status == "done" and s.ledger_balanced and s.tokens_outstanding == 0

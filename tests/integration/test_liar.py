@@ -84,10 +84,10 @@ def test_a_liar_at_the_bounds_is_credited_no_more_than_an_honest_learner():
         for name, c in rec["contributors"].items():
             if name.startswith(f"{LIAR}-"):
                 liar_per_frag[rec["fragment_id"]] += c["c_tokens"]
-    syncer_side = summary["tokens_merged_per_fragment"]
-    honest_side = summary["tokens_merged_by_learners_per_fragment"]
+    syncer_side = summary.tokens_merged_per_fragment
+    honest_side = summary.tokens_merged_by_learners_per_fragment
     assert [a - b for a, b in zip(syncer_side, liar_per_frag, strict=True)] == honest_side
-    assert not summary["ledger_balanced"]
+    assert not summary.ledger_balanced
     assert val_loss(live) <= 1.05 * val_loss(clean)
     print(
         {
@@ -149,4 +149,4 @@ def test_a_learner_ten_times_faster_than_the_other_is_never_turned_away():
     assert len(merged) >= 5 and sum(c is not None for c in mine) >= 0.95 * len(merged)
     for c in filter(None, mine):
         assert c["weight"] == pytest.approx(c["c_tokens"] ** 2 / c["c_steps"])
-    assert build_summary(r.store)["ledger_balanced"]
+    assert build_summary(r.store).ledger_balanced

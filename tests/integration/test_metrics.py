@@ -68,9 +68,9 @@ def test_registries_agree_with_the_books():
     status = Status.from_json(store.get_json(keys.STATUS))  # the fleet's, for `ddiloco run`'s progress line
     assert status.mfu is not None and status.tokens_per_s is not None
     summary = build_summary(store)
-    assert 0 < summary["mfu"] < 1 and summary["processed_tokens_per_s"] > 0
-    assert 0 < summary["data_wait_fraction"] < 1 and summary["peak_memory_kind"] == "peak_rss"
-    for a in summary["learner_accounting"].values():
+    assert 0 < summary.mfu < 1 and summary.processed_tokens_per_s > 0
+    assert 0 < summary.data_wait_fraction < 1 and summary.peak_memory_kind == "peak_rss"
+    for a in summary.learner_accounting.values():
         assert 0 < a["mfu"] < 1 and a["peak_memory_bytes"] > 64 << 20 and a["processed_tokens_per_s"] > 0
 
 

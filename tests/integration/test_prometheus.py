@@ -92,7 +92,7 @@ def test_prometheus_sees_merged_tokens_grow_and_every_learner_up(prometheus, tmp
     cfg = tiny_config("prom", f"diloco.learners={LEARNERS}", *timed)
     run = LocalRun(cfg, tmp_path, metrics_base_port=base)
     result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(run.run(timeout=240)), daemon=True)
+    thread = threading.Thread(target=lambda: result.update(summary=run.run(timeout=240)), daemon=True)
     thread.start()
     merged, all_up, max_steps = [], False, 0.0
     while thread.is_alive():
@@ -106,7 +106,7 @@ def test_prometheus_sees_merged_tokens_grow_and_every_learner_up(prometheus, tmp
         if steps:
             max_steps = max(max_steps, float(steps[0]["value"][1]))
     thread.join()
-    assert result["status"] == "done"
+    assert result["summary"].status == "done"
     assert all_up, "every learner was up at the same scrape"
     assert len(merged) >= 3 and merged == sorted(merged) and merged[-1] > merged[0], merged
     assert max_steps > 0

@@ -63,11 +63,11 @@ def drive(syncer: Syncer, learners, max_iters: int = 20000) -> None:
 
 def assert_sound(store, crash_versions: list[int] | None = None) -> dict:
     s = build_summary(store)
-    assert s["status"] == "done"
-    assert s["global_versions_contiguous"] and s["ledger_balanced"]
-    assert s["versions_by_multiple_epochs"] == 0
+    assert s.status == "done"
+    assert s.global_versions_contiguous and s.ledger_balanced
+    assert s.versions_by_multiple_epochs == 0
     records = [store.get_json(k) for k in store.list(keys.ROUNDS)]
-    for p in range(s["num_fragments"]):
+    for p in range(s.num_fragments):
         latest = latest_version(store, p)
         assert sorted(r["version"] for r in records if r["fragment_id"] == p) == list(range(1, latest + 1))
         for r in records:

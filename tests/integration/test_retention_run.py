@@ -144,9 +144,9 @@ def test_an_answer_on_a_pruned_base_is_rejected_and_the_books_still_balance():
     del stopped.feed.request  # the link recovers
     drive(syncer, learners)
     s = build_summary(store)
-    assert s["rejected_updates"]["pruned_base"] == syncer.intake.rejected["pruned_base"]
-    assert s["ledger_balanced"] and s["tokens_processed"] == s["tokens_merged"] + s["tokens_discarded"]
-    assert s["status"] == "done" and all(n <= 4 for n in s["global_versions_kept"])
+    assert s.rejected_updates["pruned_base"] == syncer.intake.rejected["pruned_base"]
+    assert s.ledger_balanced and s.tokens_processed == s.tokens_merged + s.tokens_discarded
+    assert s.status == "done" and all(n <= 4 for n in s.global_versions_kept)
 
 
 def test_a_joining_learner_falls_back_to_the_newest_kept_version_without_trying_pruned_ones():

@@ -80,7 +80,7 @@ def test_a_forged_global_version_with_a_high_epoch_and_a_forged_done_marker_chan
     live = run("keys-forged", before=before)
     assert forged and sum(live.syncer.files.slots.quarantined.values()) == 1, "the forgery was set aside"
     assert_bitwise_equal(live.final, clean.final)
-    assert build_summary(live.store)["ledger_balanced"]
+    assert build_summary(live.store).ledger_balanced
     assert RunRoot(live.store, live.name, share(live)).is_done()  # the syncer's own marker replaced it
     # a restarted syncer (the high epoch fenced it: exit 3 on every restart) resumes where it was
     p = 1
@@ -107,7 +107,7 @@ def test_a_forged_done_status_stops_no_learner(clean):
             )
 
     live = run("keys-status", before=before)
-    assert build_summary(live.store)["ledger_balanced"]
+    assert build_summary(live.store).ledger_balanced
     assert all(learner.poller.refused >= 1 for learner in live.learners)
     assert rel_distance(live.final, clean.final, initial(live)) < 0.5
 
@@ -136,5 +136,5 @@ def test_a_current_global_version_that_no_longer_verifies_is_republished_and_the
 
     live = run("keys-corrupt", before=before)
     assert len(hit) == 2
-    assert build_summary(live.store)["ledger_balanced"]
+    assert build_summary(live.store).ledger_balanced
     assert rel_distance(live.final, clean.final, initial(live)) < 0.5

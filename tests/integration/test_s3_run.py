@@ -32,9 +32,9 @@ def test_local_run_over_s3_streaming_its_corpus_from_the_bucket(s3_server, tmp_p
     run = LocalRun(cfg, tmp_path, store_root=s3_server.url("runs"), extra_env=s3_server.env())
     s = run.run(timeout=600)
     assert run.url.startswith("s3://") and corpus.url.startswith("s3://")
-    assert s["status"] == "done" and s["ledger_balanced"] and s["global_versions_contiguous"]
-    assert s["final_val_loss"] < s["initial_val_loss"]
-    assert [e["action"] for e in s["chaos_events"]] == ["SIGKILL (self)"] and s["tokens_read_twice"] == 0
+    assert s.status == "done" and s.ledger_balanced and s.global_versions_contiguous
+    assert s.final_val_loss < s.initial_val_loss
+    assert [e["action"] for e in s.chaos_events] == ["SIGKILL (self)"] and s.tokens_read_twice == 0
     store = open_store(run.url, env=s3_server.env())
     assert store.get_json("summary.json")["run_id"] == "s3e2e"
     assert store.exists("final/model.safetensors") and store.exists("done.json")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import socket
 import threading
 import time
 import urllib.error
@@ -19,6 +18,7 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error
 
+from ddiloco.platform.ports import free_port
 from ddiloco.store.base import (
     AtomicCreateUnsupported,
     ObjectTooLarge,
@@ -161,14 +161,8 @@ def test_anonymous_requests_are_refused(s3_server: SeaweedServer) -> None:
     assert info.value.code == 403
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_closed_port_becomes_unavailable_quickly(s3_server: SeaweedServer) -> None:
-    env = s3_server.env() | {"DDILOCO_S3_ENDPOINT": f"127.0.0.1:{_closed_port()}"}
+    env = s3_server.env() | {"DDILOCO_S3_ENDPOINT": f"127.0.0.1:{free_port()}"}
     store = open_store("s3://bucket/run", env=env, retry=FAST)
     start = time.monotonic()
     with pytest.raises(StoreUnavailable, match="3 attempt") as info:

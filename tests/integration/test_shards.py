@@ -68,21 +68,21 @@ def test_the_summary_names_each_learners_shard_and_token_range():
         learner.start()
     drive(syncer, learners)
     s = build_summary(store)
-    assert s["data_shards"] == 3 and s["shared_shards"] == {} and s["unread_shards"] == []
-    assert sorted(s["data_read"]) == ["0", "1", "2"]
+    assert s.data_shards == 3 and s.shared_shards == {} and s.unread_shards == []
+    assert sorted(s.data_read) == ["0", "1", "2"]
     end = 0
     for lid, learner in enumerate(learners):
-        d = s["data_read"][str(lid)]
+        d = s.data_read[str(lid)]
         assert d["shard"] == lid and d["own"] is True and d["start"] == end
         end = d["end"]
         assert torch.equal(learner.loader.tokens.to(train.dtype), train[d["start"] : d["end"]])
-        assert d["tokens_processed"] == s["tokens_per_learner"][str(lid)] > 0
+        assert d["tokens_processed"] == s.tokens_per_learner[str(lid)] > 0
         # epochs: what the cursor read, about the tokens processed over the shard's length
         assert d["epochs"] == pytest.approx(d["tokens_processed"] / (d["end"] - d["start"]), rel=0.2)
     assert end == train.numel()
     report = store.get_json(keys.report_key(2, learners[2].incarnation))
     summary_keys = ("shard", "start", "end", "own", "epochs")
-    assert {k: report["data"][k] for k in summary_keys} == {k: s["data_read"]["2"][k] for k in summary_keys}
+    assert {k: report["data"][k] for k in summary_keys} == {k: s.data_read["2"][k] for k in summary_keys}
     assert report["data"]["started"] == 0.0 and report["data"]["sources"] is None  # first incarnation, no mix
 
 
@@ -99,9 +99,9 @@ def test_an_id_beyond_max_learners_shares_a_shard_with_a_warning_and_the_summary
         learner.start()
     drive(syncer, learners)
     s = build_summary(store)
-    assert s["shared_shards"] == {"2": [2, 5]}
-    assert s["data_read"]["5"]["shard"] == 2 and s["data_read"]["5"]["own"] is False
-    assert s["data_read"]["2"]["own"] is True and s["unread_shards"] == [1]
+    assert s.shared_shards == {"2": [2, 5]}
+    assert s.data_read["5"]["shard"] == 2 and s.data_read["5"]["own"] is False
+    assert s.data_read["2"]["own"] is True and s.unread_shards == [1]
 
 
 def test_prepare_says_which_setting_cut_the_shards_too_small():

@@ -30,8 +30,8 @@ def test_run_with_row_pieces_finishes_and_reassembles() -> None:
         learner.start()
     drive(syncer, learners)
     s = build_summary(store)
-    assert s["status"] == "done" and s["rejected_updates"] == {}
-    assert s["ledger_balanced"] and min(s["global_versions"]) >= 1
+    assert s.status == "done" and s.rejected_updates == {}
+    assert s.ledger_balanced and min(s.global_versions) >= 1
     final = dict(root.final_model(layout).named_parameters())
     latest = dict(root.model_at_versions(layout, root.latest_versions(layout)).named_parameters())
     assert set(final) == set(latest)

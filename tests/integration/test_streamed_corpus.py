@@ -65,7 +65,7 @@ def test_learners_stream_disjoint_ranges_of_a_token_corpus_and_the_run_root_hold
 
     train_in_process(store, 2)
     s = build_summary(store)
-    assert s["status"] == "done" and s["ledger_balanced"] and s["tokens_outstanding"] == 0
+    assert s.status == "done" and s.ledger_balanced and s.tokens_outstanding == 0
     root = RunRoot(store, cfg.run_id)
     assert root.val().numel() == meta["val_tokens"]
     data_bytes = sum(n for k, n in store.sizes("data/").items())
@@ -121,9 +121,9 @@ def test_a_mixture_of_two_corpora_is_read_at_its_weights_and_reported(tmp_path):
     ]
     train_in_process(store, 2)
     s = build_summary(store)
-    assert s["status"] == "done" and s["ledger_balanced"]
-    mixture = s["data_mixture"]
+    assert s.status == "done" and s.ledger_balanced
+    mixture = s.data_mixture
     assert set(mixture) == {"text", "code"} and abs(mixture["text"]["share"] - 0.7) < 0.15, mixture
-    assert all(set(d["sources"]) <= {"text", "code"} for d in s["data_read"].values())
+    assert all(set(d["sources"]) <= {"text", "code"} for d in s.data_read.values())
     with pytest.raises(ConfigError, match="replaces data.source"):
         tiny_config("mix", mix, f"data.source={corpus}")

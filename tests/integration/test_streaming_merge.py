@@ -76,7 +76,7 @@ def test_rounds_hold_sums_not_answers_and_merge_like_the_batch_merge(robust_clip
     assert len(checked) >= 10 and max(checked) >= 2
     if robust_clip is not None:
         assert clipped, "no round clipped an answer: the reread path was not exercised"
-    assert build_summary(store)["ledger_balanced"]
+    assert build_summary(store).ledger_balanced
     torch.set_num_threads(torch_threads)
 
 

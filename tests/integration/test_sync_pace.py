@@ -49,13 +49,13 @@ def test_at_p_equal_h_each_fragment_is_synced_about_every_h_steps_and_the_summar
         learner.tick()
         learner.close("done")
     s = build_summary(store)
-    pace = s["sync_pace"]
-    assert s["status"] == "done" and s["ledger_balanced"]
-    closing = s["closing"]["closing_rounds_merged"]  # the run's last rounds: the learners do not step
-    assert pace["rounds_measured"] == s["rounds"] - closing > 4 * H
+    pace = s.sync_pace
+    assert s.status == "done" and s.ledger_balanced
+    closing = s.closing["closing_rounds_merged"]  # the run's last rounds: the learners do not step
+    assert pace["rounds_measured"] == s.rounds - closing > 4 * H
     assert pace["sync_every"] == H and pace["overlap_bound_steps"] == 2
     assert pace["mean_sync_period_steps"] <= 1.25 * H, pace
     assert 0 < pace["mean_overlap_steps"] <= pace["max_overlap_steps"]
-    assert s["syncer_lag"] == pace["syncer_lag"] <= 0.25
+    assert s.syncer_lag == pace["syncer_lag"] <= 0.25
     assert pace["syncer_threads_needed"] is None  # kept up: no warning, no threads asked for
     assert store.get_json(keys.SYNCER_PACE)["rounds"] == pace["rounds_measured"]

@@ -96,13 +96,13 @@ def test_a_syncer_whose_lease_was_taken_over_stops_publishing_and_exits_fenced()
     assert by_a and [r for r in records if r["epoch"] == 2], "both published, one after the other"
     assert max(r["merged_at"] for r in by_a) < taken_at, "epoch 1 published nothing after the takeover"
     s = build_summary(store)
-    assert s["versions_by_multiple_epochs"] == 0 and s["syncer_epochs"] == [1, 2]
-    assert s["global_versions_contiguous"] and s["ledger_balanced"]
+    assert s.versions_by_multiple_epochs == 0 and s.syncer_epochs == [1, 2]
+    assert s.global_versions_contiguous and s.ledger_balanced
     assert store.get_json(keys.SYNCER_STATE)["epoch"] == 2
     # Control: a second record of a published version (what two unfenced syncers leave) is counted.
     store.put_json(keys.round_record_key(10**6), by_a[0] | {"round": 10**6, "epoch": 9})
     s = build_summary(store)
-    assert s["versions_by_multiple_epochs"] == 1 and s["versions_by_epoch"]["9"] == 1
+    assert s.versions_by_multiple_epochs == 1 and s.versions_by_epoch["9"] == 1
 
 
 def test_each_version_is_written_once_even_by_a_syncer_that_missed_its_expiry():

@@ -87,8 +87,8 @@ def test_a_trainjob_learner_that_loses_a_node_restarts_whole_and_the_ledger_bala
         f"s3://{s3_server.bucket}/private/{NAMESPACE}/ddiloco/{run.run_id}", env=s3_server.env()
     )
     s = build_summary(store)
-    assert s["status"] == "done" and s["ledger_balanced"] and s["global_versions_contiguous"], s
-    assert s["tokens_outstanding"] == 0
-    assert s["incarnations"]["0"] == 2, s["incarnations"]  # the lost node restarted the learner whole, once
+    assert s.status == "done" and s.ledger_balanced and s.global_versions_contiguous, s
+    assert s.tokens_outstanding == 0
+    assert s.incarnations["0"] == 2, s.incarnations  # the lost node restarted the learner whole, once
     assert stragglers(run.run_id) == []
     print(f"trainjob run: {seconds:.0f} s")

@@ -47,13 +47,13 @@ Rules and their sources:
 from __future__ import annotations
 
 import re
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ddiloco.platform.ports import free_port
 from tests.twin import kueue
 
 GROUP_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -67,12 +67,6 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 def _rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -170,7 +164,7 @@ class TrainJobs:
         if invalid:
             return 422, {"reason": "Invalid", "message": f'TrainJob.trainer.kubeflow.org "{name}" is invalid: {invalid}'}  # fmt: skip
         body = kueue.suspend(self.ex.cluster.queues, {**body, "metadata": {**meta, "namespace": namespace}})
-        job = TrainJob(body, str(uuid.uuid4()), time.time(), _free_port())
+        job = TrainJob(body, str(uuid.uuid4()), time.time(), free_port())
         self.jobs[name] = job
         if job.suspended:
             job.conditions.append(self._cond("Suspended", "Suspended", "TrainJob is suspended"))

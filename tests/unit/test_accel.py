@@ -15,7 +15,9 @@ from ddiloco.learner import accel
 from ddiloco.learner.io import CheckpointWriter, snapshot_checkpoint
 from ddiloco.learner.loop import Learner
 from ddiloco.model import GPT, configure_optimizer, count_params, flops_per_token, gpt_config, init_model
+from ddiloco.platform.devices import resolve_device
 from ddiloco.prepare import prepare
+from ddiloco.schedule import lr_at
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 
@@ -42,24 +44,24 @@ def _train(precision: str, steps: int) -> list[float]:
     model = init_model(_cfg(), seed=0)
     opt = configure_optimizer(model, 3e-3, 0.1)
     return [
-        accel.train_step(model, opt, x, y, accel.lr_at(i, 3e-3, 5), 1.0, precision=precision)
+        accel.train_step(model, opt, x, y, lr_at(i, 3e-3, 5), 1.0, precision=precision)
         for i, (x, y) in enumerate(_batches(steps))
     ]
 
 
 def test_device_and_precision_resolution():
     cpu = torch.device("cpu")
-    assert accel.resolve_device("cpu") == cpu
+    assert resolve_device("cpu") == cpu
     if not torch.cuda.is_available():
-        assert accel.resolve_device("auto") == cpu
+        assert resolve_device("auto") == cpu
         with pytest.raises(ConfigError, match="no CUDA device"):
-            accel.resolve_device("cuda")
+            resolve_device("cuda")
     assert accel.resolve_precision("auto", cpu) == "fp32"  # CPU stays fp32 unless asked
     assert accel.resolve_precision("bf16", cpu) == "bf16"
     assert accel.resolve_precision("fp32", cpu) == "fp32"
     with pytest.raises(ValueError, match="fp16"):
         accel.resolve_precision("fp16", cpu)
-    assert accel.lr_at(0, 1.0, 4) == 0.25 and accel.lr_at(3, 1.0, 4) == accel.lr_at(99, 1.0, 4) == 1.0
+    assert lr_at(0, 1.0, 4) == 0.25 and lr_at(3, 1.0, 4) == lr_at(99, 1.0, 4) == 1.0
 
 
 def test_train_step_is_one_adamw_step_and_never_reads_the_loss():
@@ -81,7 +83,7 @@ def test_train_step_is_one_adamw_step_and_never_reads_the_loss():
         torch.testing.assert_close(model.lm_head.weight, ref.lm_head.weight)
 
     for step, (x, y) in enumerate(_batches(3)):
-        lr = accel.lr_at(step, 1e-2, 2)
+        lr = lr_at(step, 1e-2, 2)
         loss = accel.train_step(model, opt, x, y, lr, 0.5, before_update=before_update)
         for g in ref_opt.param_groups:
             g["lr"] = lr

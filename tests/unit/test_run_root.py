@@ -10,11 +10,13 @@ from ddiloco.config import EvalConfig, SFTConfig
 from ddiloco.errors import ConfigError
 from ddiloco.posttrain.evaluate import evaluate_checkpoint
 from ddiloco.posttrain.sft import run_sft
+from ddiloco.posttrain.summary import build_summary
 from ddiloco.prepare import prepare
 from ddiloco.protocol import signing, wire
+from ddiloco.protocol.messages import ClosingFigures, Done
 from ddiloco.run import RunRoot
 from ddiloco.store.url import open_store
-from tests._harness import tiny_config
+from tests._harness import status, tiny_config
 
 SECRET = bytes.fromhex("5a" * 32)
 OTHER = bytes.fromhex("a5" * 32)
@@ -102,14 +104,25 @@ def test_a_root_opened_with_another_key_refuses_the_run(root):
 
 
 def test_documents_round_trip_under_their_keys(root):
-    root.write_summary({"run_id": "run"})
+    summary = build_summary(root.store)
+    root.write_summary(summary)
     root.write_sft_meta({"steps": 1})
     root.write_eval_result("x", {"val_loss": 1.0})
-    assert root.store.get_json(keys.SUMMARY) == root.summary() == {"run_id": "run"}
+    assert root.store.get_json(keys.SUMMARY) == summary.to_json() and root.summary() == summary
+    assert summary.status == "running" and "posttrain_seconds" not in summary.to_json()
     assert root.store.get_json(keys.SFT_META) == root.sft_meta() == {"steps": 1}
     assert root.store.get_json(keys.eval_key("x")) == root.eval_result("x") == {"val_loss": 1.0}
     assert keys.eval_name(keys.eval_key("x")) == "x" and keys.eval_name(keys.EVAL_CURVE) is None
     assert root.done() is None and not root.is_done() and root.has_final_model()
+    done = Done(12.5, 6016.0, "budget", 40, ClosingFigures(1, 0, 2.0, 0.0))
+    root.write_signed_document(keys.DONE, done.to_json())
+    assert root.done() == done and root.is_done() and list(done.to_json()) == [
+        "time", "tokens_merged", "reason", "rounds_merged",
+        "closing_rounds", "closing_rounds_merged", "closing_seconds", "closing_tokens_merged",
+    ]  # fmt: skip
+    written = status(run_id="run", versions=[3, 4], loss=2.5)
+    root.write_signed_document(keys.STATUS, written.to_json())
+    assert root.status() == written
     with pytest.raises(ConfigError, match="run `ddiloco prepare"):
         RunRoot.read_config(open_store("memory://empty-run-root"))
 

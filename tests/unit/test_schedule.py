@@ -9,12 +9,14 @@ from ddiloco import keys
 from ddiloco.config import TrainConfig
 from ddiloco.errors import ConfigError
 from ddiloco.learner.loop import Learner
+from ddiloco.posttrain.sft import SFTConfig, sft_lr
 from ddiloco.prepare import prepare
 from ddiloco.protocol.messages import Status
 from ddiloco.recipes import RECIPES, load_config
 from ddiloco.schedule import (
     GlobalSchedule,
     decay_factor,
+    inner_lr,
     learner_train,
     lr_at,
     outer_steps_in_decay,
@@ -31,9 +33,9 @@ def _t(**kw) -> TrainConfig:
 
 def test_warmup_is_linear_on_the_callers_own_steps():
     t = _t()
-    assert [lr_at(0.0, s, t) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert lr_at(0.0, 0, _t(warmup_steps=0)) == 1.0
-    assert lr_at(0.5, 1, t) == pytest.approx(0.5 * lr_at(0.5, 99, t))  # warm-up scales the decayed rate
+    assert [inner_lr(0.0, s, t) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert inner_lr(0.0, 0, _t(warmup_steps=0)) == 1.0
+    assert inner_lr(0.5, 1, t) == pytest.approx(0.5 * inner_lr(0.5, 99, t))  # warm-up scales the decayed rate
 
 
 def test_cosine_decays_from_the_peak_to_the_floor_and_stays_there():
@@ -41,15 +43,15 @@ def test_cosine_decays_from_the_peak_to_the_floor_and_stays_there():
     assert t.lr_min_ratio == 0.1
     auto = _t(lr=2e-3)  # the default, unresolved (data-parallel): the same cosine
     assert auto.lr_schedule == "auto"
-    assert [lr_at(i / 10, 10, auto) for i in range(11)] == [lr_at(i / 10, 10, t) for i in range(11)]
-    assert lr_at(0.0, 10, t) == pytest.approx(2e-3)
-    assert lr_at(0.5, 10, t) == pytest.approx(2e-3 * 0.55)  # halfway between peak and floor
-    assert lr_at(0.25, 10, t) == pytest.approx(2e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi / 4))))
-    assert lr_at(1.0, 10, t) == pytest.approx(2e-4)
+    assert [inner_lr(i / 10, 10, auto) for i in range(11)] == [inner_lr(i / 10, 10, t) for i in range(11)]
+    assert inner_lr(0.0, 10, t) == pytest.approx(2e-3)
+    assert inner_lr(0.5, 10, t) == pytest.approx(2e-3 * 0.55)  # halfway between peak and floor
+    assert inner_lr(0.25, 10, t) == pytest.approx(2e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi / 4))))
+    assert inner_lr(1.0, 10, t) == pytest.approx(2e-4)
     for beyond in (1.0001, 1.5, 10.0, math.inf):  # merged past the budget: clamped at the floor
-        assert lr_at(beyond, 10, t) == pytest.approx(2e-4)
-    assert lr_at(-0.3, 10, t) == pytest.approx(2e-3)
-    curve = [lr_at(i / 100, 10, t) for i in range(101)]
+        assert inner_lr(beyond, 10, t) == pytest.approx(2e-4)
+    assert inner_lr(-0.3, 10, t) == pytest.approx(2e-3)
+    curve = [inner_lr(i / 100, 10, t) for i in range(101)]
     assert all(a >= b for a, b in zip(curve, curve[1:], strict=False))  # monotone non-increasing
     linear_drop = (curve[0] - curve[-1]) / 100  # per 1% of progress
     assert (
@@ -81,7 +83,9 @@ def test_wsd_holds_the_peak_then_cools_down_as_one_minus_sqrt_to_the_floor():
 
 def test_the_learners_rate_follows_the_wsd_decay_and_a_bad_fraction_is_refused():
     cfg = load_config(None, None, ["train.lr_schedule=wsd", "train.lr_decay_fraction=0.5"])
-    assert lr_at(0.75, 10**6, cfg.train) == pytest.approx(cfg.train.lr * decay_factor(0.75, "wsd", 0.1, 0.5))
+    assert inner_lr(0.75, 10**6, cfg.train) == pytest.approx(
+        cfg.train.lr * decay_factor(0.75, "wsd", 0.1, 0.5)
+    )
     with pytest.raises(ConfigError, match="train.lr_decay_fraction=0.0"):
         load_config(None, None, ["train.lr_decay_fraction=0"])
 
@@ -97,8 +101,8 @@ def test_every_recipe_decays_by_default(name):
     cfg = load_config(name)
     assert cfg.train.lr_schedule == "auto" and resolve(cfg) == "cosine"  # at the recipe's own budget
     for t in (cfg.train, learner_train(cfg)):  # data-parallel and the learners
-        assert lr_at(1.0, 10**9, t) == pytest.approx(t.lr_min_ratio * t.lr)
-        assert lr_at(1.0, 10**9, t) < 0.2 * t.lr
+        assert inner_lr(1.0, 10**9, t) == pytest.approx(t.lr_min_ratio * t.lr)
+        assert inner_lr(1.0, 10**9, t) < 0.2 * t.lr
 
 
 def test_auto_decays_only_over_enough_outer_steps_for_the_global_model_to_follow():
@@ -166,7 +170,7 @@ def test_a_late_joiner_runs_at_the_early_learners_rate_at_the_same_global_progre
     for merged in (0, 1200, 3100, 6000):  # the early learner saw every status
         early.observe(status(tokens_merged=merged))
     late.observe(status(tokens_merged=6000))  # the late one only the current one
-    assert early.lr(500) == late.lr(20) == pytest.approx(lr_at(0.6, 10**6, t))
+    assert early.lr(500) == late.lr(20) == pytest.approx(inner_lr(0.6, 10**6, t))
     assert late.lr(0) == pytest.approx(early.lr(500) / 20)  # its own warm-up first
 
 
@@ -196,7 +200,7 @@ def test_learner_optimizer_lr_follows_the_runs_global_progress():
     )  # no status: warm-up only
 
     store.put_json(keys.STATUS, _status(cfg, budget / 2))  # the syncer says half the budget is merged
-    half = lr_at(0.5, 99, t)
+    half = inner_lr(0.5, 99, t)
     assert half == pytest.approx(0.55 * t.lr)
     assert _tick(early) == pytest.approx(half)
     assert early.registry.get_sample_value("ddiloco_learner_learning_rate", {"learner_id": "0"}) == half
@@ -214,3 +218,21 @@ def test_learner_optimizer_lr_follows_the_runs_global_progress():
     assert _tick(early) == pytest.approx(t.lr_min_ratio * t.lr) == _tick(late)
     for learner in (early, late):
         learner.close("max_steps")
+
+
+def test_every_schedule_is_lr_at_with_its_own_parameters():
+    """One `lr_at` (issue 53): the learners' rate, the warm-up alone and SFT's warm-up + cosine to 10% over its
+    own steps are that function with their parameters, equal to their closed forms."""
+    t = _t(lr=3e-3, warmup_steps=5, lr_schedule="wsd", lr_decay_fraction=0.3)
+    for p in (0.0, 0.4, 0.8, 1.0):
+        for s in range(8):
+            decay = decay_factor(p, "wsd", t.lr_min_ratio, 0.3)
+            assert inner_lr(p, s, t) == t.lr * min(1.0, (s + 1) / 5) * decay
+    assert [lr_at(s, 2.0, 4) for s in range(6)] == [2.0 * min(1.0, (s + 1) / 4) for s in range(6)]
+    cfg = SFTConfig(steps=60, lr=1e-3, warmup_steps=20)
+    for s in range(70):
+        if s < 20:  # (lr·(s+1))/W before, lr·((s+1)/W) now: the last bit of a double may differ
+            assert sft_lr(s, cfg) == pytest.approx(cfg.lr * (s + 1) / 20, rel=1e-15, abs=0)
+        else:
+            cosine = 0.1 + 0.45 * (1 + math.cos(math.pi * min((s - 20) / 40, 1.0)))
+            assert sft_lr(s, cfg) == cfg.lr * cosine

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
 from ddiloco.metrics import TrackingMetrics
+from ddiloco.platform.ports import free_port
 from ddiloco.store.url import open_store
 from ddiloco.tracking import tfevents
 from ddiloco.tracking.channel import Channel
@@ -159,12 +160,8 @@ def test_an_mlflow_uri_that_does_not_answer_warns_once_and_training_goes_on(tmp_
     """The real MLflow client against a port nothing listens on (its retries off, so it fails at once rather
     than after minutes): every event counted as dropped, one warning, and TensorBoard unaffected."""
     pytest.importorskip("mlflow")
-    import socket
-
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again when the block ends: nothing answers there
+    port = free_port()  # nothing answers there
     store, registry = open_store((tmp_path / "run").as_uri()), CollectorRegistry()
     cfg = TrackingConfig(mlflow_uri=f"http://127.0.0.1:{port}")
     caplog.set_level(logging.WARNING, "ddiloco.tracking")
