@@ -124,7 +124,7 @@ def test_a_run_uploads_and_downloads_in_a_registered_codec(fp16):
     store = open_store("memory://fp16-run")
     cfg = tiny_config("fp16-run", "diloco.codec=fp16", "diloco.download_codec=fp16")
     prepare(store, cfg)
-    syncer = Syncer(store, poll_s=0)
+    syncer = Syncer.open(store, poll_s=0)
     learners = [Learner.open(store, i) for i in range(2)]
     for learner in learners:
         learner.start()
