@@ -130,7 +130,7 @@ def test_a_run_uploads_and_downloads_in_a_registered_codec(fp16):
         learner.start()
     drive(syncer, learners)
     s = build_summary(store)
-    assert (s["status"], s["codec"], s["rejected_updates"]) == ("done", "fp16", {})
+    assert (s.status, s.codec, s.rejected_updates) == ("done", "fp16", {})
     layout = read_layout(store)
     for learner in learners:
         assert learner.feed.fetched["delta"] > 0 and not learner.feed.rejected_globals
