@@ -18,15 +18,15 @@ from collections.abc import Iterator
 
 import torch
 
-from ddiloco.config import RunConfig
-from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import build_model, model_config_from_run, read_layout
+from ddiloco.config.run import RunConfig
+from ddiloco.data.loader import ShardLoader
 from ddiloco.learner.accel import maybe_compile, resolve_precision, to_device, train_step
 from ddiloco.learner.loop import Learner
-from ddiloco.model import configure_optimizer
-from ddiloco.prepare import prepare
-from ddiloco.run import RunRoot
-from ddiloco.schedule import lr_at
+from ddiloco.model.gpt import configure_optimizer
+from ddiloco.run.globalmodel import build_model, model_config_from_run, read_layout
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
+from ddiloco.run.schedule import lr_at
 from ddiloco.store.base import Store
 from ddiloco.store.url import open_store
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ddiloco.baseline import run_baseline
+from ddiloco.config.recipes import load_config
 from ddiloco.launch import LocalRun
-from ddiloco.prepare import prepare
-from ddiloco.recipes import load_config
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 
 log = logging.getLogger("parity")

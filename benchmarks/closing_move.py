@@ -29,7 +29,7 @@ import torch
 from ddiloco.posttrain.evaluate import load_model, run_validation_loss
 from ddiloco.posttrain.summary import read_round_records
 from ddiloco.protocol.signing import key_from_env
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 
 

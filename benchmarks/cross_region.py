@@ -40,11 +40,11 @@ from typing import Any
 import torch
 
 from ddiloco.baseline import run_baseline
-from ddiloco.config import RunConfig
+from ddiloco.config.recipes import load_config
+from ddiloco.config.run import RunConfig
 from ddiloco.launch import LocalRun
 from ddiloco.posttrain.summary import read_reports
-from ddiloco.prepare import prepare
-from ddiloco.recipes import load_config
+from ddiloco.run.prepare import prepare
 from ddiloco.store.shaped import Link
 from ddiloco.store.url import open_store
 

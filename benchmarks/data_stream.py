@@ -1,10 +1,10 @@
-"""Streaming a pre-tokenized `.npy` corpus: one learner's `ddiloco.tokens.stream.StreamLoader` over all of it.
+"""Streaming a pre-tokenized `.npy` corpus: one learner's `ddiloco.data.tokens.stream.StreamLoader` over all of it.
 
 A child process writes `--files` `.npy` files of random uint16 token ids totalling `--tokens` (a temp
 directory, or with `--store s3` a SeaweedFS server started on 127.0.0.1 for the run, the tests'
 `tests/_seaweed.py`); then a second, fresh child (so neither the writing nor the parent's memory counts)
 opens the corpus (`TokenCorpus.open`, a size-only manifest), plans its chunks for one learner slot with no
-validation, and reads one epoch of batches of the preset's shape. The `1b` preset (`ddiloco.model.PRESETS`)
+validation, and reads one epoch of batches of the preset's shape. The `1b` preset (`ddiloco.model.gpt.PRESETS`)
 fixes the model, not the batch: batches are `--batch-size` 8 x `--seq-len` 2048 unless given.
 
 Prints ONE JSON line: ``tokens_per_second`` (window tokens handed out, seq_len per window, over the read
@@ -51,10 +51,10 @@ def read_child(args: argparse.Namespace) -> None:
     """The measured part, in its own process: open, plan, one epoch of batches; one JSON line."""
     import torch
 
+    from ddiloco.data.tokens.corpus import TokenCorpus
+    from ddiloco.data.tokens.ranges import plan_ranges, slot_chunks
+    from ddiloco.data.tokens.stream import StreamLoader
     from ddiloco.store.url import open_store
-    from ddiloco.tokens.corpus import TokenCorpus
-    from ddiloco.tokens.ranges import plan_ranges, slot_chunks
-    from ddiloco.tokens.stream import StreamLoader
 
     if args.store == "s3":
         open_store(args.url).check()  # minio and urllib3 imported and connected before the baseline
@@ -147,7 +147,7 @@ def main() -> None:
         write_corpus(open_store(args.url), args.tokens, args.files, args.vocab, seed=0)
         return
     if args.role == "read":
-        from ddiloco.model import PRESETS
+        from ddiloco.model.gpt import PRESETS
 
         if args.preset not in PRESETS:
             raise SystemExit(f"unknown preset {args.preset!r}; choose one of {sorted(PRESETS)}")

@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddiloco.globalmodel import make_layout
 from ddiloco.learner.fsdp import full_tensors, load_full, shard_model
-from ddiloco.model import GPT, GPTConfig, count_params
+from ddiloco.model.gpt import GPT, GPTConfig, count_params
 from ddiloco.platform.ports import free_port
+from ddiloco.run.globalmodel import make_layout
 
 WORLD = 2
 METHODS = ("rows", "full_tensor", "state_dict", "load")

@@ -2,13 +2,13 @@
 
 Two gloo ranks on the CPU (spawned with `torch.multiprocessing`), the same seeded model, the same batches
 (bytes of the built-in synthetic corpus, a different seeded stream per rank), AdamW as
-`ddiloco.model.configure_optimizer` builds it with the learner's defaults, the learner's step
+`ddiloco.model.gpt.configure_optimizer` builds it with the learner's defaults, the learner's step
 (`ddiloco.learner.accel.train_step`: gradient clipping included, which under FSDP2 runs on DTensor
 gradients) and a linear warm-up to train.lr. Run once with DDP and once with FSDP2
 (`ddiloco.learner.fsdp.shard_model`). ``loss_*`` is the mean over ranks of the last 5 steps' losses;
 ``state_bytes_per_rank_*`` is `ddiloco.learner.fsdp.state_bytes_per_rank` (parameters, gradients, AdamW
 state) on rank 0; ``seconds_per_step_*`` excludes the first 3 steps. ``--model hf-llama`` trains a tiny
-Llama (`transformers.AutoConfig.for_model("llama")`, wrapped as `ddiloco.hf.model.HFCausalLM`).
+Llama (`transformers.AutoConfig.for_model("llama")`, wrapped as `ddiloco.model.hf.model.HFCausalLM`).
 Prints one JSON object as its last line.
 
     .venv/bin/python benchmarks/fsdp_parity.py --model gpt
@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddiloco.config import TrainConfig
+from ddiloco.config.run import TrainConfig
+from ddiloco.data.synthetic import make_world, synthetic_documents
 from ddiloco.learner.accel import train_step
 from ddiloco.learner.fsdp import shard_model, state_bytes_per_rank
-from ddiloco.model import GPTConfig, configure_optimizer, init_model
+from ddiloco.model.gpt import GPTConfig, configure_optimizer, init_model
 from ddiloco.platform.ports import free_port
-from ddiloco.synthetic import make_world, synthetic_documents
 
 WORLD, WARMUP, SKIP, LAST = 2, 10, 3, 5
 
@@ -44,7 +44,7 @@ def build(model: str, layers: int, width: int, seq: int, seed: int) -> torch.nn.
         )
     from transformers import AutoConfig
 
-    from ddiloco.hf.model import HFSpec, init_hf
+    from ddiloco.model.hf.model import HFSpec, init_hf
 
     cfg = AutoConfig.for_model(
         "llama", vocab_size=256, hidden_size=width, intermediate_size=width * 8 // 3, num_hidden_layers=layers,

@@ -21,10 +21,10 @@ import time
 import torch
 from _learner_bench import PlainLoop, hf_dir_like, prepared_run, sync
 
+from ddiloco.config.recipes import load_config
 from ddiloco.learner.loop import Learner
 from ddiloco.platform.devices import resolve_device
-from ddiloco.recipes import load_config
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 
 
 def tokens_per_s(fn, steps: int, device: torch.device) -> float:

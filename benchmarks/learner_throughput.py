@@ -2,14 +2,14 @@
 
 (a) plain: the learner's own inner step in a bare loop (`_learner_bench.PlainLoop`: same model from global
     version 0, same data, AdamW (fused on CUDA), precision and compile setting);
-(b) learner: `ddiloco.learner.loop.Learner` on a file:// run prepared by `ddiloco.prepare`, answering the rounds
+(b) learner: `ddiloco.learner.loop.Learner` on a file:// run prepared by `ddiloco.run.prepare`, answering the rounds
     of a real `ddiloco syncer` process (snapshots, uploads, new global versions, reports, checkpoints).
 The two alternate in --repeats slices so drift and noise hit both; tokens/s = tokens / seconds over a mode's
 slices, and overhead = 1 − learner / plain.
 
-MFU = flops_per_token × tokens/s / peak, flops_per_token = 6·N + 12·L·C·T (`ddiloco.model.flops_per_token`:
+MFU = flops_per_token × tokens/s / peak, flops_per_token = 6·N + 12·L·C·T (`ddiloco.model.gpt.flops_per_token`:
 N counts the parameters in matmuls; PaLM appendix B). Peak: dense tensor throughput from the vendor's data
-sheet for known GPUs at the run's precision (`ddiloco.peaks`; bf16: H100 SXM / H200 989.5 TFLOP/s; fp32
+sheet for known GPUs at the run's precision (`ddiloco.platform.peaks`; bf16: H100 SXM / H200 989.5 TFLOP/s; fp32
 without TF32: 67), and on CPU an fp32 matmul peak measured in this process (same threads);
 `peak_flops_source` says which, and an unknown GPU gets null.
 
@@ -31,12 +31,12 @@ import time
 import torch
 from _learner_bench import PlainLoop, hf_dir_like, learner_step, prepared_run, sync, timed
 
+from ddiloco.config.recipes import load_config
 from ddiloco.learner.accel import resolve_precision
 from ddiloco.learner.efficiency import device_name, device_peak
 from ddiloco.learner.loop import Learner
 from ddiloco.platform.devices import resolve_device
-from ddiloco.recipes import load_config
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 
 # preset: recipe (DiLoCo settings), seq_len, batch_size, synthetic documents
 PRESET_DEFAULTS = {
@@ -49,7 +49,7 @@ PRESET_DEFAULTS = {
 
 
 def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]:
-    """(peak FLOP/s, where the figure comes from): the library's data-sheet table on CUDA (`ddiloco.peaks`,
+    """(peak FLOP/s, where the figure comes from): the library's data-sheet table on CUDA (`ddiloco.platform.peaks`,
     what learners report MFU by), measured on CPU."""
     if device.type == "cuda":
         peak = device_peak(device, precision, None)

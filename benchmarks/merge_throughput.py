@@ -1,6 +1,6 @@
 """Throughput of the syncer's merge path for one fragment, against a plain memory copy of the same bytes.
 
-One round is what the syncer runs (`ddiloco.accumulate.RoundSums`): each learner's encoded delta
+One round is what the syncer runs (`ddiloco.syncer.merge.accumulate.RoundSums`): each learner's encoded delta
 (``--codec``) checked and decoded chunk by chunk into the round's running sums (``decode`` in the JSON,
 decode and add in one pass), the RDA finalisation (``merge``), one ``OuterNesterov`` step (``step``).
 ``merge_gb_per_s`` = M x fragment fp32 bytes / seconds per round; ``memcpy_gb_per_s`` times
@@ -21,11 +21,11 @@ import time
 
 import torch
 
-from ddiloco.accumulate import RoundSums
-from ddiloco.bufferpool import BufferPool
+from ddiloco.codec.encoded import EncodedTensor
 from ddiloco.codec.registry import CODECS, encode, encoded_nbytes
-from ddiloco.encoded import EncodedTensor
-from ddiloco.merge import OuterNesterov, token_weight
+from ddiloco.syncer.merge.accumulate import RoundSums
+from ddiloco.syncer.merge.bufferpool import BufferPool
+from ddiloco.syncer.merge.outer import OuterNesterov, token_weight
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ compute their `vs DP %` is. The JSON's `compare` says which mode ran and data-pa
 (`--dp-tokens processed|budget` is the old name of `--compare compute|tokens`.)
 
 Corpus (`--corpus`): `synthetic` (the recipe's generated world) or `python-docs`, real text nobody in this
-project wrote: the Python documentation shipped with CPython (`ddiloco corpus python-docs`, `ddiloco.corpora`;
+project wrote: the Python documentation shipped with CPython (`ddiloco corpus python-docs`, `ddiloco.data.corpora`;
 ~1.9M characters, PSF License), written into `--workdir` (or a temporary directory) unless `--corpus-path`
 names an existing file; byte tokenizer (the recipe's), so the model is the same on both corpora. The JSON's
 `corpus` holds its sidecar (Python version, SHA-256).
@@ -85,9 +85,9 @@ from _parity_runs import Runner, Spec, merged, setting
 from _parity_stats import AGGREGATE_COLUMNS, aggregate, checks, table, total_x_vs_dp, vs_dp
 
 from ddiloco.baseline import ring_factor
-from ddiloco.config import EvalConfig, RunConfig, TrainConfig
-from ddiloco.corpora import read_meta, write_python_docs
-from ddiloco.recipes import load_config
+from ddiloco.config.recipes import load_config
+from ddiloco.config.run import EvalConfig, RunConfig, TrainConfig
+from ddiloco.data.corpora import read_meta, write_python_docs
 
 log = logging.getLogger("parity")
 

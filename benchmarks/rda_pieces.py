@@ -1,7 +1,7 @@
 """How much RDA per row piece differs from RDA per whole tensor, on real learner deltas and on i.i.d. ones.
 
 A tensor larger than the ideal fragment is split into row pieces that merge on their own
-(`ddiloco.fragments`), so their RDA norms are per piece. This measures the difference on the tiny preset at
+(`ddiloco.run.fragments`), so their RDA norms are per piece. This measures the difference on the tiny preset at
 P = 12 (where matrices, not only embeddings, are split): M learners start from one init, each trains
 `--steps` AdamW steps on its own synthetic documents, and the learners' deltas of every split non-embedding
 tensor are merged both ways. Reported per tensor: relative L2 difference ‖rda_pieces − rda_whole‖ /
@@ -19,11 +19,11 @@ import json
 
 import torch
 
-from ddiloco.accumulate import RoundSums
-from ddiloco.globalmodel import make_layout
-from ddiloco.model import configure_optimizer, gpt_config, init_model
-from ddiloco.synthetic import make_world, synthetic_documents
-from ddiloco.tokenizer import ByteTokenizer
+from ddiloco.data.synthetic import make_world, synthetic_documents
+from ddiloco.data.tokenizer import ByteTokenizer
+from ddiloco.model.gpt import configure_optimizer, gpt_config, init_model
+from ddiloco.run.globalmodel import make_layout
+from ddiloco.syncer.merge.accumulate import RoundSums
 
 
 def train_delta(

@@ -1,5 +1,5 @@
 """Peak memory and time of one robust finalise (`diloco.robust_merge: trimmed_mean`) at a realistic fragment
-size: M answers of `--params` values each, int4 encoded as the syncer keeps them (`ddiloco.robust`).
+size: M answers of `--params` values each, int4 encoded as the syncer keeps them (`ddiloco.syncer.merge.robust`).
 
 Prints one JSON object: the encoded bytes the round keeps, the resident memory before the finalise and its
 peak during it (VmHWM, reset first), and the seconds of the plain merge and of the trimmed one on the same
@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from ddiloco.accumulate import RoundSums
+from ddiloco.codec.encoded import EncodedTensor
 from ddiloco.codec.registry import encode
-from ddiloco.encoded import EncodedTensor
+from ddiloco.syncer.merge.accumulate import RoundSums
 
 log = logging.getLogger(__name__)
 

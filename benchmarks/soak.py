@@ -8,7 +8,7 @@ Faults (real processes, real signals; `ddiloco.chaos` fires the kinds it has, th
   down here), then SIGKILL if the process is still alive;
 - OOM-style kills: SIGKILL of the run's process with the largest resident set, the one the kernel's OOM
   killer picks in a cgroup (`oom_badness` is dominated by RSS); on a learner or on the syncer, as it falls;
-- crashes inside a publish: every syncer is restarted with a one-shot failpoint (`ddiloco.failpoints`) armed
+- crashes inside a publish: every syncer is restarted with a one-shot failpoint (`ddiloco.platform.failpoints`) armed
   at a random write of a publish (after the momentum, the master, the round record, the download delta, the
   global version, the pointer, the status or the state), so whichever holds the lease next SIGKILLs itself
   there in one of its next publishes (the first to reach it; the marker makes it one-shot);
@@ -49,10 +49,11 @@ import time
 from collections import Counter
 from typing import Any
 
-from ddiloco import failpoints, keys
+from ddiloco import keys
+from ddiloco.config.recipes import load_config
 from ddiloco.launch import LocalRun
+from ddiloco.platform import failpoints
 from ddiloco.protocol.summary import Summary
-from ddiloco.recipes import load_config
 from ddiloco.store.url import open_store
 
 log = logging.getLogger("soak")

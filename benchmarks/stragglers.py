@@ -18,8 +18,8 @@ import statistics
 import sys
 import tempfile
 
+from ddiloco.config.recipes import load_config
 from ddiloco.launch import LocalRun
-from ddiloco.recipes import load_config
 from ddiloco.store.url import open_store
 
 SLOW = (

@@ -1,14 +1,14 @@
 """The syncer's rounds at scale: the real read → decode → merge → outer step → publish path, rounds in flight.
 
 Each measured round drives the syncer's own parts on synthetic answers of the real layout
-(`ddiloco.globalmodel.make_layout` on a meta-device model, so no full model is ever allocated):
+(`ddiloco.run.globalmodel.make_layout` on a meta-device model, so no full model is ever allocated):
 
 1. untimed setup: fragment p's global version 0 is published (random fp32) and read back into a
    `GlobalFragment` (`SyncerFiles.load_fragment`, outer momentum in steady state); M learners' answers are
    generated one at a time, packed the learner's way (`ddiloco.learner.io.pack_update`: the upload codec of
    `ddiloco.codec` + `ddiloco.protocol.wire`) and put in the store;
 2. timed: `Intake.collect` (list, get, unpack, verify and check each answer on `--threads` workers, then
-   decode it chunk by chunk into the round's running sums, `ddiloco.encoded` + `ddiloco.accumulate`;
+   decode it chunk by chunk into the round's running sums, `ddiloco.codec.encoded` + `ddiloco.syncer.merge.accumulate`;
    workers read ahead while the sums grow), `GlobalFragment.propose` (finalise the sums,
    Nesterov step), `SyncerFiles.publish` (momentum, round record, the download delta against the
    previous version as `--download-codec`, global + pointer) and
@@ -50,7 +50,7 @@ overlapped with the merge), the outer step and publishing are not merging. ``sta
 of each stage's own time (pipelined: they overlap), ``accept`` and ``finalize`` split the merge. The first
 round pays for fresh memory (its sums and merged gradient come from the OS: ~0.6 s of page faults at the
 1b preset), which a syncer process pays once; later rounds reuse buffers of closed rounds
-(`ddiloco.bufferpool`), as a running syncer does, and the yardstick faults its destination in before it is
+(`ddiloco.syncer.merge.bufferpool`), as a running syncer does, and the yardstick faults its destination in before it is
 timed. So the medians are the steady state, over the rounds after the first (all rounds when there is
 only one), and the first round is reported on its own as ``first_round``. ``--whole-tensors`` uses the
 layout without row pieces (what every run used before tensors above the ideal fragment were split), for
@@ -87,22 +87,22 @@ from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
 from ddiloco.codec.registry import CODECS, download_choices, encoded_nbytes
-from ddiloco.config import DilocoConfig
-from ddiloco.fragments import imbalance, partition
-from ddiloco.globalmodel import Layout, make_layout, publish_global
+from ddiloco.config.recipes import load_config
+from ddiloco.config.run import DilocoConfig
 from ddiloco.learner.accel import HostSnapshot
 from ddiloco.learner.io import pack_update
-from ddiloco.metrics import SyncerMetrics
-from ddiloco.model import GPT, gpt_config
+from ddiloco.model.gpt import GPT, gpt_config
 from ddiloco.protocol.messages import Ledger
-from ddiloco.recipes import load_config
-from ddiloco.run import RunRoot
+from ddiloco.run.fragments import imbalance, partition
+from ddiloco.run.globalmodel import Layout, make_layout, publish_global
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal
 from ddiloco.syncer.intake import Intake, UpdateValidator, split_threads
 from ddiloco.syncer.publisher import DEPTH, Pending, Publisher
 from ddiloco.syncer.rounds import Round
 from ddiloco.syncer.state import SyncerFiles
+from ddiloco.tracking.metrics import SyncerMetrics
 
 # preset: (vocab_size, context length)
 PRESET_DEFAULTS = {

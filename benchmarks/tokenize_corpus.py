@@ -1,4 +1,4 @@
-"""Throughput and memory of `ddiloco tokenize` (`ddiloco.textcorpus`) on a synthetic JSON lines corpus.
+"""Throughput and memory of `ddiloco tokenize` (`ddiloco.data.textcorpus`) on a synthetic JSON lines corpus.
 
 Writes ``--mb`` MB of generated documents (a few thousand made-up words, Zipf-distributed, documents of
 20-2000 words) as ``--files`` .jsonl files in a temp directory, then tokenizes them with the byte
@@ -28,9 +28,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # before tokenizers is
 
 import numpy as np  # noqa: E402
 
+from ddiloco.data.textcorpus.corpus import tokenize_to_npy  # noqa: E402
+from ddiloco.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe  # noqa: E402
 from ddiloco.store.file import FileStore  # noqa: E402
-from ddiloco.textcorpus.corpus import tokenize_to_npy  # noqa: E402
-from ddiloco.tokenizer import ByteTokenizer, Tokenizer, train_bpe  # noqa: E402
 
 SYLLABLES = "ka lo mi ne ru sa te vo zi pa qu ex an in or ul ba de fi go".split()
 

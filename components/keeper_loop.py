@@ -348,7 +348,7 @@ def worker_env(
     optional run key, the namespace and the pod's own name from the downward API, the S3 endpoint."""
     from ddiloco.components.runtime import NAMESPACE_ENV
 
-    from ddiloco.hostname import POD_NAME_ENV
+    from ddiloco.platform.hostname import POD_NAME_ENV
 
     env: list[dict[str, Any]] = [
         {"name": var, "valueFrom": {"secretKeyRef": {"name": store_secret, "key": key, "optional": True}}}
@@ -389,7 +389,7 @@ def keep_role(
     `worker` is the compile-time part (image, resources, limits, backoff), the rest comes from the run."""
     from ddiloco.components.runtime import NAMESPACE_ENV, command, open_run_store
 
-    from ddiloco.hostname import POD_NAME_ENV
+    from ddiloco.platform.hostname import POD_NAME_ENV
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cmd = command(role, store=store_root, learner_id=learner_id, **(flags or {}))

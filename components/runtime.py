@@ -218,14 +218,14 @@ def prepare_settings(inputs: Mapping[str, Any]) -> list[str]:
 def check_run(values: Mapping[str, Any], max_learners: int, learner_ranks: int = 1) -> None:
     """The config the prepare step would build from these run parameters (recipe, overrides and those with a
     config key) is valid: `prepare_settings`, then the recipe loaded with them, which refuses an unknown key
-    with a did-you-mean (`ddiloco.overrides.apply_dict`); and the placement parameters among `values`
+    with a did-you-mean (`ddiloco.config.overrides.apply_dict`); and the placement parameters among `values`
     (`ddiloco.components.clusterparams`). Used where the parameters are given (`ddiloco pipeline compile |
     submit | schedule`) and by a run's first step, for runs started from the KFP UI. No `recipe`: the
     placement parameters only."""
     from ddiloco.components.clusterparams import check_placement
 
+    from ddiloco.config.recipes import load_config
     from ddiloco.errors import ConfigError
-    from ddiloco.recipes import load_config
 
     check_placement(values)
     if "recipe" not in values:

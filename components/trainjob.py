@@ -74,7 +74,7 @@ Design choices:
   jobset_types.go JobSetNameKey, set on every pod by jobset_controller.go labelAndAnnotateObject) and told
   apart by `batch.kubernetes.io/job-completion-index` (the Indexed Job's annotation, also the source of
   PET_NODE_RANK).
-- Logs: rank 0 ships the learner's log to the run root itself (`ddiloco.logship`), as in a worker pod; the
+- Logs: rank 0 ships the learner's log to the run root itself (`ddiloco.tracking.logship`), as in a worker pod; the
   other ranks' output stays in their pods' logs. The keeper ships nothing.
 """
 

@@ -24,23 +24,23 @@ from typing import Any
 import torch
 
 from ddiloco import keys
-from ddiloco.config import RunConfig
-from ddiloco.data import ShardLoader
+from ddiloco.config.run import RunConfig
+from ddiloco.data.loader import ShardLoader
+from ddiloco.data.shards import assign_shard
+from ddiloco.data.streamed import open_loader, read_corpus_doc
 from ddiloco.errors import ConfigError
-from ddiloco.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_layout
 from ddiloco.learner.accel import resolve_precision, train_step
-from ddiloco.model import GPT, configure_optimizer
+from ddiloco.model.gpt import GPT, configure_optimizer
 from ddiloco.platform.devices import resolve_device
 from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.protocol import wire
-from ddiloco.run import RunRoot
-from ddiloco.schedule import inner_lr, progress_of
-from ddiloco.shards import assign_shard
+from ddiloco.run.globalmodel import MAX_FRAGMENT_BYTES, Layout, build_model, read_layout
+from ddiloco.run.root import RunRoot
+from ddiloco.run.schedule import inner_lr, progress_of
 from ddiloco.store.base import Store
 from ddiloco.store.shaped import Link
 from ddiloco.store.url import open_store
-from ddiloco.streamed import open_loader, read_corpus_doc
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Error classes shared across packages, kept apart so raising one never imports the module that checks it.
 
 Design choices:
-- A leaf module (imports nothing from ddiloco): `ddiloco.store.shaped`, `ddiloco.chaos.events` and the
+- A leaf module (imports nothing from ddiloco): `ddiloco.store.shaped`, `ddiloco.config.chaos_schedule` and the
   config modules all raise `ConfigError` without importing each other.
 - `ConfigError` is a `ValueError`: the command line prints every ValueError as one line with exit code 2.
 """
@@ -16,7 +16,7 @@ class ConfigError(ValueError):
 
 
 class CorpusError(ValueError):
-    """A corpus that cannot be read or tokenized as given (`ddiloco.tokens`, `ddiloco.textcorpus`); the
+    """A corpus that cannot be read or tokenized as given (`ddiloco.data.tokens`, `ddiloco.data.textcorpus`); the
     message names the file (and line or position) and says what to change."""
 
 

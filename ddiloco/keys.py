@@ -4,7 +4,7 @@ No torch here: `ddiloco.components`, `ddiloco.pipelines`, chaos and the summary 
 
 What stays how long (bounded storage): global versions `global/{p}/v{n}` and outer momentum
 `syncer/momentum/{p}/v{n}` are pruned by the syncer after each merge to the newest few plus the loss curve's
-moments (`ddiloco.retention`, remembered in `syncer/retention.json`); updates `updates/{p}/{round}/` are
+moments (`ddiloco.config.retention`, remembered in `syncer/retention.json`); updates `updates/{p}/{round}/` are
 deleted when their round merges or is abandoned (late ones at the fragment's next merge, all at the end); a
 learner keeps one checkpoint `learners/{id}/ckpt/` (`ddiloco.learner.checkpoint`). Everything else (round
 records, reports, logs, evaluation) is small and kept for the summary and the report.
@@ -19,7 +19,7 @@ DATA_META = "data/meta.json"
 TOKENIZER = "data/tokenizer.json"
 VAL = "data/val.safetensors"
 CORPUS = "data/corpus.json"
-"""A pre-tokenized corpus read in place (`ddiloco.streamed`): its source, file manifest and range plan."""
+"""A pre-tokenized corpus read in place (`ddiloco.data.streamed`): its source, file manifest and range plan."""
 LAYOUT = "global/layout.json"
 STATUS = "syncer/status.json"
 SYNCER_STATE = "syncer/state.json"
@@ -99,7 +99,7 @@ def global_key(p: int, version: int) -> str:
 
 
 def global_delta_key(p: int, version: int) -> str:
-    """Global version `version` of fragment p as a compressed delta against version − 1 (`ddiloco.downlink`)."""
+    """Global version `version` of fragment p as a compressed delta against version − 1 (`ddiloco.run.downlink`)."""
     return f"{global_prefix(p)}d{version:08d}.safetensors"
 
 
@@ -231,7 +231,7 @@ def is_report_key(key: str) -> bool:
 
 
 def claim_prefix(learner_id: int) -> str:
-    """Claims of a learner id by joiners from elsewhere (`ddiloco.join`)."""
+    """Claims of a learner id by joiners from elsewhere (`ddiloco.run.join`)."""
     return f"{learner_prefix(learner_id)}claims/"
 
 
@@ -262,7 +262,7 @@ _LOG_NAME = re.compile(r"(?:(\d{3,9})-)?(\d{4,9})(?:\.dup(\d{1,4}))?\.json")
 
 
 def log_key(role: str, incarnation: int, ident: int | None = None, dup: int = 0) -> str:
-    """Where a process ships its log (`ddiloco.logship`): `logs/learner/002-0001.json` (learner 2,
+    """Where a process ships its log (`ddiloco.tracking.logship`): `logs/learner/002-0001.json` (learner 2,
     incarnation 1), `logs/syncer/0003.json`, `logs/evaluate/0000.json`. Numbers are zero-padded so names sort;
     `.dupN` marks a second process that got a number already taken (one died before its role counted it)."""
     if not role.isalpha() or not role.islower():

@@ -6,7 +6,7 @@ Design choices:
 - The orchestrator only watches: it reads the syncer's status object for progress and restarts processes
   that die (delay with exponential backoff, a cap on restarts), and it never touches training state.
 - Logs of each process go to `{workdir}/{run_id}.logs/`, outside the store prefix.
-- On a machine with GPUs each learner gets its own (`CUDA_VISIBLE_DEVICES`, `ddiloco.gpus`), as a learner pod
+- On a machine with GPUs each learner gets its own (`CUDA_VISIBLE_DEVICES`, `ddiloco.platform.gpus`), as a learner pod
   does on a cluster.
 """
 
@@ -24,26 +24,26 @@ from pathlib import Path
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.chaos.events import schedule_from_config
 from ddiloco.chaos.local import LaunchedProcesses
 from ddiloco.chaos.runner import ChaosRunner
-from ddiloco.config import RunConfig
-from ddiloco.globalmodel import build_model
-from ddiloco.gpus import GpuPlan
+from ddiloco.config.chaos_schedule import schedule_from_config
+from ddiloco.config.run import RunConfig
+from ddiloco.platform.gpus import GpuPlan
 from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.posttrain.report import write_reports
 from ddiloco.posttrain.stages import posttrain
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.posttrain.tracked import posttrain_tracker
-from ddiloco.prepare import prepare
-from ddiloco.progress import Progress
 from ddiloco.protocol import signing
 from ddiloco.protocol.messages import Status
 from ddiloco.protocol.summary import Summary
-from ddiloco.run import RunRoot, prepared_at_of
+from ddiloco.run.globalmodel import build_model
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot, prepared_at_of
 from ddiloco.store.base import Store, StoreError
 from ddiloco.store.url import open_store
+from ddiloco.tracking.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,10 @@ class LocalRun:
         self.url = f"{base}/{cfg.run_id}"
         self.logdir = Path(workdir).resolve() / f"{cfg.run_id}.logs"
         self.extra_env = dict(extra_env or {})
-        self.gpus = GpuPlan.for_run(  # each learner's GPUs (`ddiloco.gpus`), before anything is written
-            cfg.train.device, cfg.diloco.learners, cfg.train.ranks, {**os.environ, **self.extra_env}
+        self.gpus = (
+            GpuPlan.for_run(  # each learner's GPUs (`ddiloco.platform.gpus`), before anything is written
+                cfg.train.device, cfg.diloco.learners, cfg.train.ranks, {**os.environ, **self.extra_env}
+            )
         )
         # The run key signs every update and global version; it never goes into the store. Without one
         # given, a key is generated once per run id and kept next to the logs (mode 0600).

@@ -8,7 +8,7 @@ Design choices:
   wrong root or key fails there, once, with a clear message) and returns the slots; a ParallelFor starts one
   `ddiloco learner --join RUN_ROOT --site SITE` per slot, with the same GPU placement, retries and deadline
   as the owner's learners.
-- Each learner claims a free learner id above the owner's (ddiloco/join.py); its join name is this KFP run's
+- Each learner claims a free learner id above the owner's (ddiloco/run/join.py); its join name is this KFP run's
   id plus its slot, so an Argo retry of a slot takes its id back and resumes from its own checkpoint.
 - `site` labels the learners' reports and metrics; the owner's summary and report break merged tokens down by
   site. `link_bandwidth` / `link_latency` (empty: none) emulate a slower link for this site's learners.

@@ -75,7 +75,7 @@ from ddiloco.components.runtime import NAMESPACE_ENV
 from kfp import dsl, kubernetes
 
 from ddiloco.chaos.k8s import DEFAULT_SELECTOR, ROLE_LABEL
-from ddiloco.hostname import POD_NAME_ENV
+from ddiloco.platform.hostname import POD_NAME_ENV
 
 RUN_KEY_ENV = "DDILOCO_RUN_KEY"  # ddiloco.protocol.signing.ENV_VAR (pipelines import no torch-heavy modules)
 LEARNER_KEY_ENVS = {"learner": "DDILOCO_LEARNER_KEY", "syncer_pub": "DDILOCO_SYNCER_PUBKEY"}

@@ -7,7 +7,7 @@ bit for bit (`tests/integration/test_loss_curve_repeats.py` holds both on CPU)."
 from __future__ import annotations
 
 from ddiloco.learner.loop import Learner
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.base import Store
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config

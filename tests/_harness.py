@@ -6,10 +6,10 @@ import dataclasses
 import math
 from typing import Any
 
-from ddiloco.config import RunConfig
+from ddiloco.config.recipes import load_config
+from ddiloco.config.run import RunConfig
 from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.protocol.messages import Status
-from ddiloco.recipes import load_config
 
 TINY = [
     "model.n_layer=1",

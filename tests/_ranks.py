@@ -36,13 +36,13 @@ def one_process_reference(store, cfg, world: int, steps: int):
     parameters before the first step)."""
     import torch
 
-    from ddiloco.data import ShardLoader
-    from ddiloco.globalmodel import read_layout
+    from ddiloco.data.loader import ShardLoader
     from ddiloco.learner import ddp
     from ddiloco.learner.accel import train_step
-    from ddiloco.model import configure_optimizer, init_model
-    from ddiloco.run import RunRoot
-    from ddiloco.schedule import lr_at
+    from ddiloco.model.gpt import configure_optimizer, init_model
+    from ddiloco.run.globalmodel import read_layout
+    from ddiloco.run.root import RunRoot
+    from ddiloco.run.schedule import lr_at
 
     t, B = cfg.train, cfg.train.batch_size
     layout = read_layout(store)

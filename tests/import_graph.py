@@ -2,8 +2,9 @@
 
     python tests/import_graph.py            # every module and the ddiloco modules it imports
     python tests/import_graph.py --cycles   # only the import cycles, with the lines that close them
+    python tests/import_graph.py --wings    # the wings, lowest first, their counts and any arrow back up
 
-Exit status 1 when there is a cycle. tests/unit/test_house_rules.py runs the same check.
+Exit status 1 when there is a cycle or an arrow back up. tests/unit/test_house_rules.py runs the same checks.
 
 Design choices:
 - Every import statement counts wherever it stands: at the top, inside a function, under `if TYPE_CHECKING`.
@@ -15,6 +16,8 @@ Design choices:
   `ddiloco.store` (its `__init__.py`), `from ddiloco import keys` on `ddiloco.keys`. The implicit import of
   parent packages is not an edge; every submodule would otherwise form a cycle with an `__init__` that imports it.
 - Cycles are the strongly connected components of that graph (Tarjan's algorithm, iterative).
+- The library is built in wings (`WINGS`, lowest first): a module may import its own wing and the wings below
+  it. Wings in one tier are siblings and do not import each other.
 """
 
 from __future__ import annotations
@@ -29,6 +32,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"ddiloco": "ddiloco", "ddiloco.components": "components", "ddiloco.pipelines": "pipelines"}
 """Installed package name -> its folder in the repository."""
+
+
+WINGS: tuple[tuple[str, ...], ...] = (
+    ("ddiloco", "ddiloco.errors", "ddiloco.keys", "ddiloco.stateful"),  # names, keys, errors: no imports
+    ("ddiloco.store",),  # the object-store contract and its backends
+    ("ddiloco.platform",),  # ports, devices, hosts, memory, failpoints
+    ("ddiloco.codec",),  # upload and download codecs, encoded tensors
+    ("ddiloco.config",),  # every config section and its checks
+    ("ddiloco.protocol",),  # messages, signing, the wire format, validation
+    ("ddiloco.model",),  # the GPT and Hugging Face causal LMs
+    ("ddiloco.data",),  # corpora, tokenizers, shards, token streams
+    ("ddiloco.tracking",),  # metrics, TensorBoard, MLflow, shipped logs, pace
+    ("ddiloco.run",),  # the run root, global versions, preparing and joining a run
+    ("ddiloco.chaos",),  # faults injected into a run
+    ("ddiloco.learner", "ddiloco.syncer"),  # the two roles
+    ("ddiloco.posttrain", "ddiloco.simulate"),  # evaluation, SFT, report; the what-if simulator
+    ("ddiloco.baseline", "ddiloco.launch"),  # data-parallel baseline; the local orchestrator
+    ("ddiloco.components",),  # KFP components
+    ("ddiloco.pipelines",),  # KFP pipelines
+    ("ddiloco.cli",),  # the `ddiloco` command
+)
+"""The wings, lowest first; each entry a module or package (with everything under it)."""
 
 
 @dataclass(frozen=True)
@@ -159,18 +184,65 @@ def describe_cycles(root: Path = ROOT) -> list[str]:
     return out
 
 
+def wing_of(module: str) -> str:
+    """The wing a module belongs to: the longest `WINGS` entry it is or lives under."""
+    names = [
+        w for tier in WINGS for w in tier if module == w or (w != "ddiloco" and module.startswith(w + "."))
+    ]
+    if not names:
+        raise KeyError(f"{module} is in no wing: add it to WINGS in tests/import_graph.py")
+    return max(names, key=len)
+
+
+def tier_of(wing: str) -> int:
+    return next(i for i, tier in enumerate(WINGS) if wing in tier)
+
+
+def arrows_up(root: Path = ROOT) -> list[str]:
+    """Every import of a wing above (or beside) the importer's own, with its line."""
+    modules = library_modules(root)
+    out = []
+    for e in import_edges(root):
+        a, b = wing_of(e.source), wing_of(e.target)
+        if a != b and tier_of(b) >= tier_of(a):
+            where = modules[e.source].relative_to(root)
+            out.append(f"{e.source} ({a}) -> {e.target} ({b})  ({where}:{e.line})")
+    return out
+
+
+def describe_wings(root: Path = ROOT) -> list[str]:
+    """Each wing, lowest first, with its module count and the wings it imports; then the counts."""
+    modules = library_modules(root)
+    graph = import_graph(root)
+    out = []
+    for i, tier in enumerate(WINGS):
+        for wing in tier:
+            members = [m for m in modules if wing_of(m) == wing]
+            uses = sorted({wing_of(t) for m in members for t in graph[m]} - {wing})
+            out.append(f"{i:2} {wing:22} {len(members):3} modules  imports: {', '.join(uses) or '-'}")
+    root_modules = [m for m in modules if m.count(".") == 1 and not (root / "ddiloco" / m[8:]).is_dir()]
+    root_modules = [m for m in root_modules if m.split(".")[1] not in ("components", "pipelines")]
+    out.append(f"root modules: {len(root_modules)} ({', '.join(sorted(m[8:] for m in root_modules))})")
+    out.append(f"arrows back up: {len(arrows_up(root))}; import cycles: {len(cycles(graph))}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", action="store_true", help="print only the import cycles")
+    parser.add_argument("--wings", action="store_true", help="print the wings and any arrow back up")
     parser.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
     args = parser.parse_args(argv)
     found = describe_cycles(args.root)
-    if args.cycles:
+    up = arrows_up(args.root)
+    if args.wings:
+        print("\n".join(describe_wings(args.root) + up))
+    elif args.cycles:
         print("\n".join(found) if found else "no import cycles")
     else:
         for module, targets in sorted(import_graph(args.root).items()):
             print(f"{module} -> {', '.join(sorted(targets))}")
-    return 1 if found else 0
+    return 1 if found or up else 0
 
 
 if __name__ == "__main__":

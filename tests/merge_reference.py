@@ -1,6 +1,6 @@
-"""The batch merge: every answer of a round at once, the reference `ddiloco.accumulate.RoundSums` (what the
+"""The batch merge: every answer of a round at once, the reference `ddiloco.syncer.merge.accumulate.RoundSums` (what the
 syncer runs: running sums, one answer at a time) is held against in the tests, and what the benchmarks that
-study RDA itself (`benchmarks/rda_pieces.py`) call. Same maths as `ddiloco.merge`'s docstring describes:
+study RDA itself (`benchmarks/rda_pieces.py`) call. Same maths as `ddiloco.syncer.merge.outer`'s docstring describes:
 RDA ``(Σ w‖Δ_m‖/Σ w) · φ(Σ w φ(Δ_m)/Σ w)`` per tensor, the weighted mean for embedding-like tensors or
 ``method="mean"``; one learner with positive weight gives back exactly its delta."""
 
@@ -12,7 +12,7 @@ from collections.abc import Container, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ddiloco.merge import METHODS
+from ddiloco.syncer.merge.outer import METHODS
 
 _CHUNK = 1 << 18
 
@@ -225,7 +225,7 @@ def trimmed_merge(
     plain: bool = False,
     eps: float = 1e-6,
 ) -> dict[str, Tensor]:
-    """The robust merge (`ddiloco.robust`) of ≥ 3 deltas of positive weight, all at once and in fp64: per
+    """The robust merge (`ddiloco.syncer.merge.robust`) of ≥ 3 deltas of positive weight, all at once and in fp64: per
     coordinate, the k = min(max(1, ⌊trim·n⌋), (n−1)//2) smallest and largest values dropped and the rest
     averaged with their weights; RDA tensors (unless `plain`) rescaled to the trimmed weighted mean of the
     deltas' norms (k dropped from each side), unless that mean is below `eps` × it. Ties are broken by position (a stable sort)."""

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.chaos.events import ChaosEvent, schedule_from_config
 from ddiloco.chaos.record import ChaosRecord
-from ddiloco.run import RunRoot
+from ddiloco.config.chaos_schedule import ChaosEvent, schedule_from_config
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.store.wrapped import OutageStore
 

@@ -18,10 +18,10 @@ import subprocess
 from pathlib import Path
 from typing import Protocol
 
-from ddiloco.chaos.events import ChaosEvent
 from ddiloco.chaos.runner import Outcome
 from ddiloco.chaos.victims import ReportedVictims
-from ddiloco.hostname import host_name
+from ddiloco.config.chaos_schedule import ChaosEvent
+from ddiloco.platform.hostname import host_name
 from ddiloco.store.base import Store
 
 

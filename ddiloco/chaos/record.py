@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddiloco.chaos.events import ChaosEvent
+from ddiloco.config.chaos_schedule import ChaosEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ddiloco import keys
-from ddiloco.chaos.events import ChaosEvent
 from ddiloco.chaos.record import ChaosRecord
+from ddiloco.config.chaos_schedule import ChaosEvent
 from ddiloco.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from ddiloco import keys
-from ddiloco.chaos.events import ChaosEvent
 from ddiloco.chaos.runner import Outcome
+from ddiloco.config.chaos_schedule import ChaosEvent
 from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.protocol.messages import Status
 from ddiloco.store.base import Store

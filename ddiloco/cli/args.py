@@ -15,10 +15,10 @@ import json
 import sys
 from typing import Any
 
-from ddiloco.config import RunConfig
+from ddiloco.config.overrides import apply_override
+from ddiloco.config.recipes import RECIPES, load_config
+from ddiloco.config.run import RunConfig
 from ddiloco.errors import ConfigError
-from ddiloco.overrides import apply_override
-from ddiloco.recipes import RECIPES, load_config
 
 
 def emit(result: Any, line: str | None = None, indent: int | None = None) -> int:

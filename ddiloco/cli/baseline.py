@@ -18,7 +18,7 @@ from ddiloco.store.url import open_store
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     from ddiloco.baseline import run_baseline  # imports torch: only when it runs
-    from ddiloco.prepare import prepare
+    from ddiloco.run.prepare import prepare
 
     if args.prepare:
         cfg = config_for_store(args)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.chaos.events import schedule_from_config
 from ddiloco.chaos.k8s import (
     DEFAULT_SELECTOR,
     SA_NAMESPACE_FILE,
@@ -30,8 +29,9 @@ from ddiloco.chaos.k8s import (
 from ddiloco.chaos.local import LocalPids
 from ddiloco.chaos.record import markdown_table
 from ddiloco.chaos.runner import Backend, ChaosRunner
-from ddiloco.config import RunConfig
-from ddiloco.run import MAX_DOC_BYTES, prepared_at_of
+from ddiloco.config.chaos_schedule import schedule_from_config
+from ddiloco.config.run import RunConfig
+from ddiloco.run.root import MAX_DOC_BYTES, prepared_at_of
 from ddiloco.store.url import open_store
 
 log = logging.getLogger(__name__)

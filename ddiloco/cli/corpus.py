@@ -1,4 +1,4 @@
-"""`ddiloco corpus python-docs --out PATH`: write a real-text corpus that needs no download (`ddiloco.corpora`).
+"""`ddiloco corpus python-docs --out PATH`: write a real-text corpus that needs no download (`ddiloco.data.corpora`).
 
 Design choices:
 - One subcommand per corpus, so a later corpus adds a name, not a flag; the file is what `data.source`
@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from ddiloco.cli.args import emit
-from ddiloco.corpora import sidecar_path, write_python_docs
+from ddiloco.data.corpora import sidecar_path, write_python_docs
 
 
 def cmd_python_docs(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""`ddiloco logs`: print the logs processes shipped to the run root (`ddiloco.logship`), or list them."""
+"""`ddiloco logs`: print the logs processes shipped to the run root (`ddiloco.tracking.logship`), or list them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import sys
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.logship import (
+from ddiloco.store.base import StoreError
+from ddiloco.store.url import open_store
+from ddiloco.tracking.logship import (
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_BYTES,
     ENDED,
@@ -19,8 +21,6 @@ from ddiloco.logship import (
     when,
     who,
 )
-from ddiloco.store.base import StoreError
-from ddiloco.store.url import open_store
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

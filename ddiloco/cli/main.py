@@ -6,7 +6,7 @@ The commands live in their own modules, each with a `register(subparsers)`: `run
 compile|submit|schedule`, kfp imported only when used). This module alone assembles the tree, so there are
 no cycles. Errors a user can fix are one line on stderr with exit code 2 (`--debug` shows the traceback); a
 CUDA out-of-memory error is one line saying what to change, exit code 1. The roles that run in pods ship
-their log to the run root (`ddiloco.logship`). `--version` prints the installed version and,
+their log to the run root (`ddiloco.tracking.logship`). `--version` prints the installed version and,
 in a checkout, its git commit.
 
 Design notes: docs/internals.md, "The command line".
@@ -19,17 +19,17 @@ import logging
 import sys
 from typing import NoReturn
 
-from ddiloco import logship
 from ddiloco.cli import baseline, chaos, corpus, keys, logs, posttrain, roles, run, simulate, tokenize
 from ddiloco.cli.version import VersionAction
 from ddiloco.errors import ConfigError
 from ddiloco.pipelines import cli as pipeline
 from ddiloco.store.base import StoreError
+from ddiloco.tracking import logship
 
 # The order of `ddiloco --help`.
 COMMANDS = (run, roles, simulate, posttrain, chaos, pipeline, baseline, corpus, tokenize, logs, keys)
 
-# Roles whose log goes to the run root (`ddiloco.logship`); learner and syncer bind once they know their
+# Roles whose log goes to the run root (`ddiloco.tracking.logship`); learner and syncer bind once they know their
 # incarnation, the others at once (the next free number).
 SHIPPED_ROLES = ("learner", "syncer", "prepare", "evaluate", "sft", "chaos", "report")
 

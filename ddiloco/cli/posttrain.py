@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ddiloco.cli.args import add_set_arg, emit, with_section_overrides
-from ddiloco.config import EvalConfig, SFTConfig
+from ddiloco.config.run import EvalConfig, SFTConfig
 from ddiloco.store.url import open_store
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def with_flags(section: Section, **flags: Any) -> Section:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from ddiloco.posttrain.evaluate import evaluate_checkpoint  # imports torch: only when it runs
     from ddiloco.posttrain.tracked import posttrain_tracker
-    from ddiloco.run import RunRoot
+    from ddiloco.run.root import RunRoot
 
     root = RunRoot.from_env(open_store(args.store), role="evaluate")
     cfg = with_section_overrides(root.config(), "eval", args.overrides)
@@ -90,7 +90,7 @@ def _evaluate_lm_eval(
 def cmd_sft(args: argparse.Namespace) -> int:
     from ddiloco.posttrain.sft import run_sft, skip_without_instructions  # imports torch: only when it runs
     from ddiloco.posttrain.tracked import posttrain_tracker, track_sft
-    from ddiloco.run import RunRoot
+    from ddiloco.run.root import RunRoot
 
     root = RunRoot.from_env(open_store(args.store), role="sft")
     cfg = with_section_overrides(root.config(), "sft", args.overrides)
@@ -124,7 +124,7 @@ def track_report_curve(url: str, store: Any, points: int) -> None:
     from ddiloco.keys import LAYOUT
     from ddiloco.posttrain.evaluate import global_loss_curve
     from ddiloco.posttrain.tracked import posttrain_tracker
-    from ddiloco.run import RunRoot
+    from ddiloco.run.root import RunRoot
 
     if not store.exists(LAYOUT):  # not a prepared run: the report says so
         return
@@ -134,8 +134,8 @@ def track_report_curve(url: str, store: Any, points: int) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ddiloco.hf.export import export_model  # imports transformers: only when it runs
-    from ddiloco.run import RunRoot
+    from ddiloco.posttrain.export import export_model  # imports transformers: only when it runs
+    from ddiloco.run.root import RunRoot
 
     root = RunRoot.from_env(open_store(args.store), role="export")
     out = export_model(root, args.model, args.out)

@@ -20,14 +20,16 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ddiloco import failpoints, keys, logship
+from ddiloco import keys
 from ddiloco.cli.args import add_config_args, add_metrics_args, config_for_store, emit
-from ddiloco.join import add_learner_args, learner_id_for, resolve_args, shape_learner_store
-from ddiloco.metrics import push_task_metrics, serve
+from ddiloco.platform import failpoints
 from ddiloco.protocol import signing
+from ddiloco.run.join import add_learner_args, learner_id_for, resolve_args, shape_learner_store
 from ddiloco.store.base import Store, StoreUnavailable
 from ddiloco.store.url import open_store
 from ddiloco.syncer.lease import FENCED_EXIT, Fenced, Lease
+from ddiloco.tracking import logship
+from ddiloco.tracking.metrics import push_task_metrics, serve
 from ddiloco.tracking.tracker import OFF, open_tracker
 
 log = logging.getLogger("ddiloco")
@@ -52,7 +54,7 @@ def role_store(url: str, role: str) -> Store:
     """The role's store (with the run's chaos wrapper) once the store answers; a clear error (run `ddiloco
     prepare` first) when the run root holds no run."""
     from ddiloco.chaos.inprocess import chaos_store
-    from ddiloco.run import RunRoot  # imports torch: only in the roles that train
+    from ddiloco.run.root import RunRoot  # imports torch: only in the roles that train
 
     store = open_store(url)
     cfg = until_store_answers(lambda: RunRoot.read_config(store), role)
@@ -60,7 +62,7 @@ def role_store(url: str, role: str) -> Store:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from ddiloco.prepare import prepare
+    from ddiloco.run.prepare import prepare
 
     cfg = config_for_store(args)
     t0 = time.monotonic()
@@ -96,7 +98,7 @@ def cmd_learner(args: argparse.Namespace) -> int:
 
 def _signed_done(store: Store, secret: Any) -> bool:
     """Whether the run's syncer marked it done (a marker it did not sign is logged and not believed)."""
-    from ddiloco.run import RunRoot
+    from ddiloco.run.root import RunRoot
 
     return store.exists(keys.DONE) and RunRoot.open(store, secret, role="learner").is_done()
 
@@ -134,7 +136,7 @@ def run_learner(args: argparse.Namespace, group: Any) -> int:
 
 
 def cmd_syncer(args: argparse.Namespace) -> int:
-    from ddiloco.run import RunRoot
+    from ddiloco.run.root import RunRoot
 
     failpoints.load_env()  # tests and the soak benchmark crash a syncer inside a publish
     secret = signing.key_from_env()
@@ -146,7 +148,7 @@ def cmd_syncer(args: argparse.Namespace) -> int:
 def run_syncer(store: Store, lease: Lease, args: argparse.Namespace, secret: bytes | None) -> int:
     """Stand by until `lease` is ours, resume and run the syncer; 0 when the run is done (also when it got
     done while standing by), `FENCED_EXIT` when another syncer took the lease over."""
-    from ddiloco.run import RunRoot
+    from ddiloco.run.root import RunRoot
     from ddiloco.syncer.loop import Syncer, run_until_done, syncer_threads
 
     done_root = RunRoot.keyed(store, lease.run_id, secret, role="syncer")

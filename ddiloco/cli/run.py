@@ -17,8 +17,8 @@ from typing import Any
 
 from ddiloco import keys
 from ddiloco.cli.args import add_config_args, config_from_args
-from ddiloco.progress import Progress, rate_and_eta
 from ddiloco.protocol.summary import Summary
+from ddiloco.tracking.progress import Progress, rate_and_eta
 
 
 def _duration(seconds: float | None) -> str:

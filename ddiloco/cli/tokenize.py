@@ -1,7 +1,7 @@
 """`ddiloco tokenize --input PATH_OR_URL --out URL`: text files -> content-addressed `.npy` token parts.
 
 Design choices:
-- A thin front end over `ddiloco.textcorpus.corpus.tokenize_to_npy` and `ddiloco.textcorpus.choose`; the
+- A thin front end over `ddiloco.data.textcorpus.corpus.tokenize_to_npy` and `ddiloco.data.textcorpus.choose`; the
   output is a prefix `corpus-{key}` under `--out`, reused when the same data and tokenizer come again.
 - `--stage plan|unit|finish` runs one stage of `tokenize_to_npy` (the pipeline's tokenize steps: a plan,
   a ParallelFor over the units, a finish); all state is in the store, so each stage is its own process.
@@ -18,9 +18,9 @@ from ddiloco.cli.args import emit
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
+    from ddiloco.data.textcorpus.choose import tokenizer_from_spec
+    from ddiloco.data.textcorpus.corpus import plan_corpus, tokenize_to_npy
     from ddiloco.store.url import open_store
-    from ddiloco.textcorpus.choose import tokenizer_from_spec
-    from ddiloco.textcorpus.corpus import plan_corpus, tokenize_to_npy
 
     if args.stage in ("unit", "finish"):
         return _stage(args)
@@ -52,8 +52,8 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 def _stage(args: argparse.Namespace) -> int:
     """`--stage unit|finish --corpus URL`: one planned unit, or the manifest once all are done."""
+    from ddiloco.data.textcorpus.corpus import finish_corpus, run_planned_unit
     from ddiloco.store.url import open_store
-    from ddiloco.textcorpus.corpus import finish_corpus, run_planned_unit
 
     if not args.corpus or "/corpus-" not in args.corpus:
         raise ValueError(f"--stage {args.stage} needs --corpus URL/corpus-KEY (the URL --stage plan printed)")
@@ -72,7 +72,7 @@ def _stage(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add `tokenize` to the `ddiloco` subcommands."""
-    from ddiloco.textcorpus.corpus import DEFAULT_SHARD_TOKENS
+    from ddiloco.data.textcorpus.corpus import DEFAULT_SHARD_TOKENS
 
     p = sub.add_parser(
         "tokenize", help="tokenize text files (txt, jsonl, parquet, datasets) into .npy token parts"

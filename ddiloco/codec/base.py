@@ -3,7 +3,7 @@ tensor codec, so none of them branches on a codec's name; and the numeric helper
 
 A codec turns a floating tensor into flat CPU parts (``{part name: tensor}``, ready for safetensors) and back.
 Parts are untrusted when read: `decode` and `check` raise ``ValueError`` naming the problem. The syncer keeps
-an answer encoded until it merges (`ddiloco.encoded`): `check` validates it whole before any value is used,
+an answer encoded until it merges (`ddiloco.codec.encoded`): `check` validates it whole before any value is used,
 `accumulate` adds it to a running sum in one pass (measuring its norm there), `decode_range` decodes a
 block-aligned slice. `part_specs` is what a payload must hold (names, dtypes, sizes: checked before anything
 else), `bits` and `scaled` what the bandwidth planner counts. Families: `ddiloco.codec.float`,
@@ -57,7 +57,7 @@ class Codec(abc.ABC):
     upload: bool = True
     """Learners may upload deltas in it (`diloco.codec`)."""
     download: bool = False
-    """The syncer may publish download deltas in it (`diloco.download_codec`, `ddiloco.downlink`)."""
+    """The syncer may publish download deltas in it (`diloco.download_codec`, `ddiloco.run.downlink`)."""
     packing: str | None = None
     """How codes sit in their bytes, which a payload's header must name (`ddiloco.protocol.validation.packing`);
     None: nothing to check."""

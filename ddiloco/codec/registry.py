@@ -3,7 +3,7 @@
 The built-in families register at import, in this order: `ddiloco.codec.float` (fp32, bf16) and
 `ddiloco.codec.blockwise` (int8, int4, int2). Another codec is one `Codec` subclass or instance in a file of
 its own, made known with `register` (and `unregister`, as tests do). A codec is for uploads
-(`diloco.codec`), download deltas (`diloco.download_codec`, `ddiloco.downlink`) or both; `NONE` as a
+(`diloco.codec`), download deltas (`diloco.download_codec`, `ddiloco.run.downlink`) or both; `NONE` as a
 download codec means full versions only. `CODECS` is the built-in upload codecs' names (command-line
 choices); checks read `names`, so a codec registered later counts.
 """

@@ -8,7 +8,7 @@ Design choices:
   that supports it); parameters, gradients and AdamW state stay fp32, and the model computes its loss in
   fp32. fp32 runs no TF32 matmuls: this module never changes global torch flags, so CPU and GPU fp32 runs
   follow the same loss curve.
-- AdamW is fused on CUDA (`ddiloco.model.configure_optimizer` picks it when every parameter is on CUDA);
+- AdamW is fused on CUDA (`ddiloco.model.gpt.configure_optimizer` picks it when every parameter is on CUDA);
   `place_optimizer_steps` moves restored `step` counters to the parameters' device, as fused AdamW needs.
 - `torch.compile` is opt-in (`train.compile`); the compiled module shares its parameters with the original,
   which stays the one the learner names, snapshots and overwrites.

@@ -22,7 +22,7 @@ import torch
 from ddiloco import keys
 from ddiloco.learner.accel import place_optimizer_steps
 from ddiloco.protocol import wire
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import NotFound, ObjectTooLarge
 
 log = logging.getLogger(__name__)

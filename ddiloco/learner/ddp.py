@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddiloco.config import RunConfig, TrainConfig
-from ddiloco.data import ShardLoader
+from ddiloco.config.run import RunConfig, TrainConfig
+from ddiloco.data.loader import ShardLoader
+from ddiloco.data.streamed import open_loader
 from ddiloco.errors import ConfigError
-from ddiloco.globalmodel import Layout, build_model
 from ddiloco.learner import sharded
 from ddiloco.learner.accel import (
     maybe_compile,
@@ -37,10 +37,10 @@ from ddiloco.learner.accel import (
     to_device,
     train_step,
 )
-from ddiloco.model import configure_optimizer
+from ddiloco.model.gpt import configure_optimizer
 from ddiloco.platform.devices import resolve_device
-from ddiloco.schedule import inner_lr, learner_train, progress_of
-from ddiloco.streamed import open_loader
+from ddiloco.run.globalmodel import Layout, build_model
+from ddiloco.run.schedule import inner_lr, learner_train, progress_of
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ def lead_handshake_loader(
     slot: int,
 ) -> Any:
     """Rank 0's hand-shake; returns its own loader: over its slice of the shard, or over its share of the
-    streamed corpus's slot (`ddiloco.streamed.open_loader` with part (0, ranks))."""
+    streamed corpus's slot (`ddiloco.data.streamed.open_loader` with part (0, ranks))."""
     shape = {"batch_size": loader.batch_size, "seq_len": loader.seq_len, "seed": loader.seed}
     if isinstance(loader, ShardLoader):
         return ShardLoader(group.lead_handshake(cfg, layout, learner_id, loader.tokens), **shape)
@@ -337,7 +337,7 @@ class Follower:
         else:
             self.loader = ShardLoader(tokens, **shape)
         named = dict(self.model.named_parameters())
-        self.schedule = learner_train(self.cfg)  # the rate rank 0 steps at (`ddiloco.schedule.resolve`)
+        self.schedule = learner_train(self.cfg)  # the rate rank 0 steps at (`ddiloco.run.schedule.resolve`)
         self.params = {} if group.sharded else self.layout.members(named)  # by fragment member (DDP)
 
     def run(self) -> int:

@@ -1,11 +1,11 @@
 """How efficiently a learner trains: processed tokens/s, MFU, data-loader wait and peak memory.
 
 Processed tokens/s are a step's tokens (all ranks) over the loop's wall seconds per step
-(`ddiloco.chiptime.StepCadence`). MFU (PaLM appendix B, as nanoGPT's `estimate_mfu`) is model FLOPs per token
+(`ddiloco.protocol.chiptime.StepCadence`). MFU (PaLM appendix B, as nanoGPT's `estimate_mfu`) is model FLOPs per token
 × processed tokens/s over the peak FLOP/s of the learner's devices, from `train.peak_flops` or the GPU's
-data-sheet figure (`ddiloco.peaks`); without either, MFU is omitted with one log line saying how to give it.
+data-sheet figure (`ddiloco.platform.peaks`); without either, MFU is omitted with one log line saying how to give it.
 Data-loader wait is the time spent in `next_batch` (the summary's `data_wait_fraction`); peak memory is
-CUDA's `max_memory_allocated` or the process's peak resident set (`ddiloco.procinfo`). Every figure is a
+CUDA's `max_memory_allocated` or the process's peak resident set (`ddiloco.platform.procinfo`). Every figure is a
 plain scalar in the learner's report (`figures`) and a Prometheus metric.
 
 Design notes: docs/internals.md, "Efficiency figures".
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from ddiloco import peaks
-from ddiloco.metrics import LearnerMetrics
-from ddiloco.procinfo import peak_rss_bytes
+from ddiloco.platform import peaks
+from ddiloco.platform.procinfo import peak_rss_bytes
+from ddiloco.tracking.metrics import LearnerMetrics
 
 __all__ = ["Efficiency", "device_peak", "matmul_precision"]
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def matmul_precision(precision: str, device: torch.device) -> str:
-    """The `ddiloco.peaks` precision of the inner step's matmuls: bf16 under bf16 autocast; fp32 tensors run
+    """The `ddiloco.platform.peaks` precision of the inner step's matmuls: bf16 under bf16 autocast; fp32 tensors run
     as tf32 on CUDA when PyTorch allows it (`torch.backends.cuda.matmul.allow_tf32`), else as fp32."""
     if precision == "bf16":
         return "bf16"

@@ -26,18 +26,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from ddiloco import keys
-from ddiloco.config import DilocoConfig
-from ddiloco.globalmodel import Received
+from ddiloco.config.run import DilocoConfig
 from ddiloco.learner.accel import HostSnapshot
 from ddiloco.learner.health import guard
 from ddiloco.learner.io import ReportWriter, RoundRecords, pack_update
 from ddiloco.learner.ledger import FragmentLedger, Settled
 from ddiloco.learner.versions import VersionFeed
-from ddiloco.metrics import LearnerMetrics
 from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.protocol.messages import Status, credited
 from ddiloco.protocol.update import UpdateHeader
+from ddiloco.run.globalmodel import Received
 from ddiloco.store.base import Store, StoreError
+from ddiloco.tracking.metrics import LearnerMetrics
 
 __all__ = ["Exchange"]
 

@@ -31,12 +31,12 @@ from torch.utils.checkpoint import checkpoint
 
 PRECISIONS = ("fp32", "bf16")
 _PIECE = re.compile(r"^(?P<tensor>.+)\[(?P<start>\d+):(?P<stop>\d+)\]$")
-"""A layout piece's member name, `ddiloco.fragments.Piece.name`: rows [start, stop) of a parameter."""
+"""A layout piece's member name, `ddiloco.run.fragments.Piece.name`: rows [start, stop) of a parameter."""
 
 
 def blocks_of(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a GPT or a Hugging Face causal LM, in model order (outermost matches only)."""
-    from ddiloco.model import Block
+    from ddiloco.model.gpt import Block
 
     split = {c for m in model.modules() for c in (getattr(m, "_no_split_modules", None) or ())}
 

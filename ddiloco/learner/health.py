@@ -21,10 +21,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ddiloco.config import DilocoConfig
-from ddiloco.metrics import LearnerMetrics
+from ddiloco.config.run import DilocoConfig
 from ddiloco.protocol.messages import Status
 from ddiloco.store.base import StoreError
+from ddiloco.tracking.metrics import LearnerMetrics
 
 __all__ = ["Heartbeats", "IoErrors", "MergeBound", "UNMERGED_EXIT", "Unmerged", "guard"]
 

@@ -27,14 +27,14 @@ import torch
 from ddiloco import keys
 from ddiloco.codec import registry
 from ddiloco.codec.blockwise import PACKING
-from ddiloco.encoded import EncodedTensor
-from ddiloco.hostname import host_name
+from ddiloco.codec.encoded import EncodedTensor
 from ddiloco.learner.accel import HostCopier, HostSnapshot
 from ddiloco.learner.checkpoint import optimizer_tensors, write_checkpoint
 from ddiloco.learner.health import IoErrors, guard
+from ddiloco.platform.hostname import host_name
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import Merged, RoundRecord, Status
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ def pack_update(snap: HostSnapshot, codec: str, header: dict, signer: wire.RunSi
         upload = registry.get(codec)
         for name, d in snap.wait().items():
             parts = upload.encode(d)
-            # The norm of what the syncer will decode, so it can add Δ/‖Δ‖ in one pass (`ddiloco.encoded`).
+            # The norm of what the syncer will decode, so it can add Δ/‖Δ‖ in one pass (`ddiloco.codec.encoded`).
             norms[name] = EncodedTensor(codec, d.shape, parts).norm()
             for part, t in parts.items():
                 tensors[f"{name}/{part}"] = t

@@ -28,14 +28,15 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
-from ddiloco.chaos.events import schedule_from_config
 from ddiloco.chaos.inprocess import LearnerChaos
-from ddiloco.chiptime import StepCadence
-from ddiloco.config import RunConfig
-from ddiloco.data import ShardLoader
+from ddiloco.config.chaos_schedule import schedule_from_config
+from ddiloco.config.run import RunConfig
+from ddiloco.data.loader import ShardLoader
+from ddiloco.data.shards import Assignment, assign_shard
+from ddiloco.data.streamed import open_loader, read_corpus_doc
+from ddiloco.data.tokens.mixture import MixtureLoader
+from ddiloco.data.tokens.stream import StreamLoader
 from ddiloco.errors import ConfigError
-from ddiloco.globalmodel import Layout, build_model
-from ddiloco.hostname import host_name
 from ddiloco.learner.accel import (
     HostCopier,
     maybe_compile,
@@ -63,19 +64,18 @@ from ddiloco.learner.sharded import LiveMembers, ShardedMembers
 from ddiloco.learner.tracked import track_report, track_step
 from ddiloco.learner.trainer_status import TrainerStatus
 from ddiloco.learner.versions import VersionFeed
-from ddiloco.metrics import LearnerMetrics
-from ddiloco.model import configure_optimizer
+from ddiloco.model.gpt import configure_optimizer
 from ddiloco.platform.devices import resolve_device
-from ddiloco.procinfo import peak_rss_bytes
+from ddiloco.platform.hostname import host_name
+from ddiloco.platform.procinfo import peak_rss_bytes
+from ddiloco.protocol.chiptime import StepCadence
 from ddiloco.protocol.learner_report import LearnerReport
 from ddiloco.protocol.messages import Status
-from ddiloco.run import RunRoot, prepared_at_of
-from ddiloco.schedule import GlobalSchedule, learner_train
-from ddiloco.shards import Assignment, assign_shard
+from ddiloco.run.globalmodel import Layout, build_model
+from ddiloco.run.root import RunRoot, prepared_at_of
+from ddiloco.run.schedule import GlobalSchedule, learner_train
 from ddiloco.store.base import Store, StoreError
-from ddiloco.streamed import open_loader, read_corpus_doc
-from ddiloco.tokens.mixture import MixtureLoader
-from ddiloco.tokens.stream import StreamLoader
+from ddiloco.tracking.metrics import LearnerMetrics
 from ddiloco.tracking.tracker import OFF, Tracker
 
 __all__ = ["Learner", "Opened"]
@@ -109,7 +109,7 @@ class Opened:
         meta = store.get_json(keys.DATA_META)
         shard = assign_shard(learner_id, meta["shard_tokens"])  # warns when the id has no shard of its own
         tokens, corpus = None, None
-        if meta.get("streamed"):  # a pre-tokenized corpus read in place (`ddiloco.streamed`)
+        if meta.get("streamed"):  # a pre-tokenized corpus read in place (`ddiloco.data.streamed`)
             corpus = read_corpus_doc(store)
         else:
             span = shard.end - shard.start

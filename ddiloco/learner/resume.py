@@ -28,7 +28,7 @@ MAX_REPORT_BYTES = 4 << 20
 
 
 class Cursor(Protocol):
-    """What a data loader offers for resuming (`ddiloco.data.ShardLoader` and the streamed loaders)."""
+    """What a data loader offers for resuming (`ddiloco.data.loader.ShardLoader` and the streamed loaders)."""
 
     @property
     def epochs_read(self) -> float: ...

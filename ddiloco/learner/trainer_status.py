@@ -6,7 +6,7 @@ gives each trainer container `KUBEFLOW_TRAINER_SERVER_URL`, `KUBEFLOW_TRAINER_SE
 progress, time left and metrics. Only where those variables are set (`components/trainjob.py`) is anything
 sent, and only by the learner process (rank 0); elsewhere `from_env` returns a reporter that does nothing.
 It sends merged tokens over the token budget, the time left at the last minute's merged rate
-(`ddiloco.progress`) and the learner's loss, tokens/s and MFU. It never gets in training's way: one post in
+(`ddiloco.tracking.progress`) and the learner's loss, tokens/s and MFU. It never gets in training's way: one post in
 flight on its own thread, at most every `MIN_INTERVAL_S`, and a failure is logged once and counted.
 
 Design notes (the Trainer's API as read at v2.3.0): docs/internals.md, "Progress in a Kubeflow TrainJob's
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ddiloco.learner.efficiency import Efficiency
-from ddiloco.progress import rate_and_eta
 from ddiloco.protocol.messages import Status
+from ddiloco.tracking.progress import rate_and_eta
 
 __all__ = ["ENV_CA_CERT", "ENV_TOKEN", "ENV_URL", "TrainerStatus", "https_post", "trainer_status"]
 

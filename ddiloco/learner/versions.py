@@ -5,7 +5,7 @@ A learner never trains from a random init: `wait_for_latest` blocks until every 
 ones at a step boundary, for the fragments the caller says may be overwritten now. A version that fails
 verification is logged, counted by reason (`rejected_globals`) and skipped, never retried. The anchors (what
 an answer's delta is taken against) live here with the version and digest they hold (`held`). With
-compressed downloads (`ddiloco.downlink`) a fragment one version behind applies the signed delta, bit for bit
+compressed downloads (`ddiloco.run.downlink`) a fragment one version behind applies the signed delta, bit for bit
 the full version; anything else (a join, a gap, a delta that does not fit) fetches the full version.
 `bytes_down` counts the objects' stored sizes.
 
@@ -26,9 +26,13 @@ import torch
 
 from ddiloco import keys
 from ddiloco.codec.registry import publishes_deltas
-from ddiloco.config import DilocoConfig
-from ddiloco.downlink import apply_delta
-from ddiloco.globalmodel import (
+from ddiloco.config.run import DilocoConfig
+from ddiloco.learner.accel import HostCopier, pin
+from ddiloco.learner.health import IoErrors, guard
+from ddiloco.learner.sharded import LiveMembers, ShardedMembers
+from ddiloco.protocol import signing, wire
+from ddiloco.run.downlink import apply_delta
+from ddiloco.run.globalmodel import (
     GlobalDelta,
     Layout,
     Received,
@@ -36,13 +40,9 @@ from ddiloco.globalmodel import (
     read_global_delta,
     read_global_full,
 )
-from ddiloco.learner.accel import HostCopier, pin
-from ddiloco.learner.health import IoErrors, guard
-from ddiloco.learner.sharded import LiveMembers, ShardedMembers
-from ddiloco.metrics import LearnerMetrics
-from ddiloco.protocol import signing, wire
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import NotFound, StoreError, StoreUnavailable
+from ddiloco.tracking.metrics import LearnerMetrics
 
 __all__ = ["VersionFeed"]
 
@@ -127,7 +127,7 @@ class VersionFeed:
 
     def _candidates(self, p: int, latest: int) -> Iterator[int]:
         """`latest`, then, only if it fails, the older versions of p still in the store, newest first
-        (retention prunes most of them: `ddiloco.retention`)."""
+        (retention prunes most of them: `ddiloco.config.retention`)."""
         yield latest
         prefix = keys.global_prefix(p)
         listed = {keys.version_of(k, prefix) for k in self.store.list(prefix)}
@@ -177,7 +177,7 @@ class VersionFeed:
                 yield p, got
 
     def _apply_delta(self, p: int, delta: GlobalDelta) -> Received | None:
-        """L_v = round(L_{v−1} + deq) on the device (`ddiloco.downlink`), or None if p does not hold its base."""
+        """L_v = round(L_{v−1} + deq) on the device (`ddiloco.run.downlink`), or None if p does not hold its base."""
         if self.held.get(p) != (delta.base_version, delta.base_digest):
             self._no_delta.add((p, delta.version))
             self.rejected_globals["base_mismatch"] += 1

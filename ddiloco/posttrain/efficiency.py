@@ -2,7 +2,7 @@
 
 Design choices:
 - Per learner id, over its incarnations: `processed_tokens_per_s` = tokens processed / productive seconds (time
-  in the training loop, `ddiloco.chiptime`); `mfu` = Σ flops_per_token·tokens / Σ peak FLOP/s·productive
+  in the training loop, `ddiloco.protocol.chiptime`); `mfu` = Σ flops_per_token·tokens / Σ peak FLOP/s·productive
   seconds over the incarnations whose peak is known (`ddiloco.learner.efficiency`), None when none is;
   `data_wait_fraction` = seconds waiting for batches / seconds in inner steps; `peak_memory_bytes` the largest
   incarnation's, with its `peak_memory_kind` (`cuda_max_allocated` or `peak_rss`).
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ddiloco import chiptime
+from ddiloco.protocol import chiptime
 from ddiloco.protocol.learner_report import LearnerReport
 
 FIELDS = ("processed_tokens_per_s", "mfu", "data_wait_fraction", "peak_memory_bytes", "peak_memory_kind")

@@ -10,7 +10,7 @@ Design choices:
 - Tasks come from the run's own data: the synthetic world (`tasks.synthetic_tasks`) for the built-in corpus,
   cloze multiple choice from the validation split for user corpora. Deterministic given `EvalTasksConfig.seed`.
 - Results are JSON under `eval/` so reports and reruns read them instead of recomputing.
-- Everything is read through a `ddiloco.run.RunRoot`, so with the run key every model and the validation
+- Everything is read through a `ddiloco.run.root.RunRoot`, so with the run key every model and the validation
   split must verify; a model signed with another key, or unsigned, is refused (one line: which key to set).
 """
 
@@ -24,19 +24,19 @@ from typing import Any
 import torch
 
 from ddiloco import keys
-from ddiloco.config import EvalConfig
-from ddiloco.data import val_batches
-from ddiloco.globalmodel import Layout
-from ddiloco.model import GPT
+from ddiloco.config.run import EvalConfig
+from ddiloco.data.loader import val_batches
+from ddiloco.data.synthetic import make_world
+from ddiloco.data.tokenizer import Tokenizer
+from ddiloco.model.gpt import GPT
 from ddiloco.platform.devices import resolve_device
 from ddiloco.posttrain.summary import read_round_records
 from ddiloco.posttrain.tasks import TaskItem, cloze_tasks, evaluate_tasks, synthetic_tasks
 from ddiloco.posttrain.tracked import track_curve, track_eval
 from ddiloco.protocol import wire
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import Layout
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import NotFound
-from ddiloco.synthetic import make_world
-from ddiloco.tokenizer import Tokenizer
 from ddiloco.tracking.tracker import OFF, Tracker
 
 log = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ def curve_points(
     The first point is global version 0 of every fragment (before any merge); tokens merged are summed over
     the merged answers' c_tokens and divided by the number of fragments, as in the summary's ledger.
     `available`: per fragment, the global versions still in the store (retention prunes the others,
-    `ddiloco.retention`); only moments whose every version is available are drawn, each target moment
+    `ddiloco.config.retention`); only moments whose every version is available are drawn, each target moment
     replaced by the nearest available one (the run's start and end always are).
     """
     records = sorted(records, key=lambda r: r["merged_at"])

@@ -1,6 +1,6 @@
 """`ddiloco evaluate --harness lm-eval`: a checkpoint scored by EleutherAI's lm-evaluation-harness.
 
-lm-eval scores the run's checkpoint exported as a Hugging Face directory (`ddiloco.hf.export`), loaded by
+lm-eval scores the run's checkpoint exported as a Hugging Face directory (`ddiloco.posttrain.export`), loaded by
 its own `hf` model in fp32; nothing is fetched (`HF_HUB_OFFLINE`, `HF_DATASETS_OFFLINE`, local files only).
 This package's own tasks (`ddiloco.posttrain.tasks`) go to lm-eval as task YAMLs over local JSONL files,
 built so that both evaluators score the same ids (they agree exactly with the byte tokenizer, within
@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
+from ddiloco.data.tokenizer import EOS, ModelTokenizer, Tokenizer
 from ddiloco.posttrain.tasks import TaskItem
-from ddiloco.run import RunRoot
-from ddiloco.tokenizer import EOS, ModelTokenizer, Tokenizer
+from ddiloco.run.root import RunRoot
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ KEPT = ("results", "versions", "n-samples", "configs", "higher_is_better", "n-sh
 
 
 def eos_text(tokenizer: Tokenizer) -> str:
-    """The text the exported tokenizer encodes to the eos id (`ddiloco.hf.export`)."""
+    """The text the exported tokenizer encodes to the eos id (`ddiloco.posttrain.export`)."""
     return tokenizer.eos_token if isinstance(tokenizer, ModelTokenizer) and tokenizer.eos_token else EOS
 
 
@@ -108,7 +108,7 @@ def run_lm_eval(
 ) -> dict[str, Any]:
     """Export checkpoint `spec`, score it with lm-eval on `tasks` (this package's) or on the YAMLs in
     `task_dir` (`task_names` of them, default all), write eval/lm-{name}.json; returns what was written."""
-    from ddiloco.hf.export import export_model
+    from ddiloco.posttrain.export import export_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -9,7 +9,7 @@ Design choices:
   `Markdown` and `Metrics` artifacts.
 - Missing pieces (no evaluation yet, no chaos) show as "—" or a note; a report never fails for lack of data.
 - Processes that died (a killed learner incarnation, a SIGTERMed syncer, ...) show the last lines of the log
-  they shipped to the store (`ddiloco.logship`): a deleted pod's log is gone from Kubernetes, not from here.
+  they shipped to the store (`ddiloco.tracking.logship`): a deleted pod's log is gone from Kubernetes, not from here.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Design choices:
   JSON), so a report can be made for any run, finished or not, from anywhere that can read its prefix.
 - The global model's validation loss over the run is computed post hoc (`evaluate.global_loss_curve`: the
   model as of several merges, assembled from the global versions the store still keeps: retention keeps
-  evenly spaced moments of the run, `ddiloco.retention`) and cached in eval/curve.json.
+  evenly spaced moments of the run, `ddiloco.config.retention`) and cached in eval/curve.json.
 - summary.json may predate the evaluation (`ddiloco evaluate` ran later): `load_run` fills what it lacks
   from eval/ and sft/.
 - Missing pieces (no evaluation yet, no chaos) show as "—"; a report never fails for lack of data.
@@ -21,12 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddiloco import keys, logship
+from ddiloco import keys
 from ddiloco.posttrain import plots
 from ddiloco.posttrain.evaluate import global_loss_curve
 from ddiloco.posttrain.summary import build_summary, read_reports, read_round_records
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import Store, StoreError
+from ddiloco.tracking import logship
 from ddiloco.tracking.info import tracking_info
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,7 @@ GOODPUT_NOTES = (
 
 
 def _shared_shards(s: dict[str, Any]) -> str:
-    """The data row: "4 / none", or "4 / shard 1: learners 1, 9" when learners read one shard (`ddiloco.shards`)."""
+    """The data row: "4 / none", or "4 / shard 1: learners 1, 9" when learners read one shard (`ddiloco.data.shards`)."""
     shared = s.get("shared_shards") or {}
     what = "; ".join(f"shard {k}: learners {', '.join(map(str, ids))}" for k, ids in shared.items())
     return f"{fmt(s.get('data_shards'))} / {what or 'none'}"

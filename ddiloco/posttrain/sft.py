@@ -37,9 +37,11 @@ from typing import Any
 
 import torch
 
-from ddiloco.config import SFTConfig
-from ddiloco.data import iter_jsonl
-from ddiloco.model import GPT, IGNORE_INDEX, configure_optimizer
+from ddiloco.config.run import SFTConfig
+from ddiloco.data.loader import iter_jsonl
+from ddiloco.data.synthetic import SyntheticWorld, make_world
+from ddiloco.data.tokenizer import Tokenizer
+from ddiloco.model.gpt import GPT, IGNORE_INDEX, configure_optimizer
 from ddiloco.platform.devices import resolve_device
 from ddiloco.posttrain.evaluate import load_model
 from ddiloco.posttrain.tasks import (
@@ -50,10 +52,8 @@ from ddiloco.posttrain.tasks import (
     evaluate_tasks,
     random_word,
 )
-from ddiloco.run import RunRoot
-from ddiloco.schedule import lr_at
-from ddiloco.synthetic import SyntheticWorld, make_world
-from ddiloco.tokenizer import Tokenizer
+from ddiloco.run.root import RunRoot
+from ddiloco.run.schedule import lr_at
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[t
 
 def sft_lr(step: int, cfg: SFTConfig) -> float:
     """Linear warm-up over `cfg.warmup_steps`, then cosine decay to `SFT_LR_FLOOR` of `cfg.lr` at the last step
-    (`ddiloco.schedule.lr_at`, progress counted over the steps after the warm-up)."""
+    (`ddiloco.run.schedule.lr_at`, progress counted over the steps after the warm-up)."""
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return lr_at(step, cfg.lr, cfg.warmup_steps, progress=progress, schedule="cosine", min_ratio=SFT_LR_FLOOR)
 

@@ -15,7 +15,7 @@ from typing import Any
 from ddiloco.posttrain.evaluate import EvalTasksConfig, evaluate_checkpoint, global_loss_curve
 from ddiloco.posttrain.sft import SFTConfig, run_sft, skip_without_instructions
 from ddiloco.posttrain.tracked import track_sft
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.tracking.tracker import OFF, Tracker
 
 log = logging.getLogger(__name__)

@@ -6,12 +6,12 @@ Design choices:
   and the learners' reports (per incarnation and fragment: processed = merged + discarded + outstanding). An
   answer still in flight in a report is settled as the learner settles it (`FragmentBooks.settled`), merged
   when its round record credits it. `ledger_balanced`: both books agree on every fragment and they balance.
-- Goodput (`ddiloco.chiptime`): learner seconds in the training loop / provisioned learner seconds (M × the
+- Goodput (`ddiloco.protocol.chiptime`): learner seconds in the training loop / provisioned learner seconds (M × the
   wall time for an id that never reported); `merged_token_share` = merged / processed tokens: overlap steps
   and late answers count against it, not against goodput.
 - Split brain, from the round records: `versions_by_multiple_epochs` counts the (fragment, version) pairs
   records of more than one lease epoch name (must be 0); `syncer_epochs`, `versions_by_epoch`.
-- Data read (`ddiloco.shards.data_read`), efficiency (`ddiloco.posttrain.efficiency`) and the store's size
+- Data read (`ddiloco.data.shards.data_read`), efficiency (`ddiloco.posttrain.efficiency`) and the store's size
   (`store_bytes`, by prefix; `global_versions_kept`: what retention bounds) come from their own modules.
 """
 
@@ -24,15 +24,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ddiloco import chiptime, keys
-from ddiloco.config import RunConfig
-from ddiloco.globalmodel import Layout, read_layout
+from ddiloco import keys
+from ddiloco.config.run import RunConfig
+from ddiloco.data.shards import data_read
 from ddiloco.posttrain.efficiency import fleet_efficiency, learner_efficiency
+from ddiloco.protocol import chiptime
 from ddiloco.protocol.learner_report import FragmentBooks, LearnerReport
 from ddiloco.protocol.messages import Done, LearnerEvent, RoundRecord, SyncerState, credited
 from ddiloco.protocol.summary import Summary
-from ddiloco.run import RunRoot
-from ddiloco.shards import data_read
+from ddiloco.run.globalmodel import Layout, read_layout
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.tracking.info import tracking_info
 
@@ -334,7 +335,7 @@ def _syncer_fields(b: RunBooks) -> Part:
 
 
 def learner_accounting(reports: list[LearnerReport], end: float | None, P: int) -> dict[str, dict[str, Any]]:
-    """Per learner: seconds provisioned, up, in the training loop (`productive`, `ddiloco.chiptime`) and
+    """Per learner: seconds provisioned, up, in the training loop (`productive`, `ddiloco.protocol.chiptime`) and
     computing inner steps (`training`), its goodput, the share of its tokens that were merged, the peak
     resident memory of its largest incarnation (None when its reports predate the field), the tokens
     its restarts read again (`read_twice`) and its efficiency (`ddiloco.posttrain.efficiency`)."""

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ddiloco.synthetic import AGREEMENT_NOUNS, AGREEMENT_PREPOSITIONS, LETTERS, SyntheticWorld
-from ddiloco.tokenizer import Tokenizer
+from ddiloco.data.synthetic import AGREEMENT_NOUNS, AGREEMENT_PREPOSITIONS, LETTERS, SyntheticWorld
+from ddiloco.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

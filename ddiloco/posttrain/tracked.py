@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.config import RunConfig
-from ddiloco.run import RunRoot
+from ddiloco.config.run import RunConfig
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.tracking.tracker import Tracker, open_tracker
 

@@ -83,7 +83,7 @@ class FragmentBooks:
 
 @dataclass(frozen=True, slots=True)
 class DataRead:
-    """Which data a learner reads (report `data`, `ddiloco.shards`): shard `shard`, tokens [start, end) of the
+    """Which data a learner reads (report `data`, `ddiloco.data.shards`): shard `shard`, tokens [start, end) of the
     training stream; `own`: false when its id has no shard of its own and shares this one; `epochs`: passes
     its data cursor (kept across incarnations) has made over the shard; `started`: the passes it had made
     when this incarnation began reading (None in reports from before the field)."""
@@ -145,9 +145,9 @@ class LearnerReport:
     lr: float | None
     progress: float
     data: DataRead | None = None
-    """The data it reads (absent in reports from before `ddiloco.shards`)."""
+    """The data it reads (absent in reports from before `ddiloco.data.shards`)."""
     peak_rss_bytes: int | None = None
-    """The learner process's peak resident memory so far (`ddiloco.procinfo`; rank 0 under DDP)."""
+    """The learner process's peak resident memory so far (`ddiloco.platform.procinfo`; rank 0 under DDP)."""
     cursor: dict[str, Any] | None = None
     """The data cursor after the last step this report counts (single-process learners): a restart resumes
     there (`ddiloco.learner.resume`). None under DDP, whose ranks resume from their checkpoint."""
@@ -159,7 +159,7 @@ class LearnerReport:
     peak_flops: float | None = None
     """Peak FLOP/s of the learner's devices together (one device's × ranks); None: unknown (no MFU)."""
     peak_flops_source: str | None = None
-    """Where the peak comes from: a data-sheet entry of `ddiloco.peaks`, `train.peak_flops`, or why unknown."""
+    """Where the peak comes from: a data-sheet entry of `ddiloco.platform.peaks`, `train.peak_flops`, or why unknown."""
     mfu: float | None = None
     """flops_per_token × tokens_per_s / peak_flops; None while either is unknown."""
     device_name: str | None = None

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddiloco import chiptime
+from ddiloco.protocol import chiptime
 
 MAX_STEP_S = 3600.0
 """Seconds per step beyond which a reported cadence is absurd (a 1b step takes about a second)."""

@@ -22,7 +22,7 @@ Rejection reasons (counted by the syncer, in metrics, the status object and the 
   bad_base                                        base version not published (or unreadable)
   too_stale                                       base more than `diloco.max_staleness` versions behind
                                                   (the honest answer of a learner that fell far behind)
-  pruned_base                                     base version older than the syncer keeps (`ddiloco.retention`:
+  pruned_base                                     base version older than the syncer keeps (`ddiloco.config.retention`:
                                                   outside the newest `retention.keep_latest` and no curve
                                                   moment): its staleness is past what the syncer accepts
   future_steps                                    more steps than the learner could have made (below,
@@ -63,7 +63,7 @@ import torch
 
 from ddiloco.codec import registry
 from ddiloco.codec.base import all_finite
-from ddiloco.encoded import EncodedTensor
+from ddiloco.codec.encoded import EncodedTensor
 from ddiloco.protocol.update import UpdateHeader
 from ddiloco.protocol.wire import PayloadError
 
@@ -206,7 +206,7 @@ def check_delta(
     measure: bool = False,
     buf: torch.Tensor | None = None,
 ) -> dict[str, EncodedTensor]:
-    """The delta of every tensor of the fragment, checked whole but still encoded (`ddiloco.encoded`):
+    """The delta of every tensor of the fragment, checked whole but still encoded (`ddiloco.codec.encoded`):
     what the syncer adds to a round's sums chunk by chunk. `measure`: with each tensor's norm measured,
     in the pass that checks its codes (`EncodedTensor.check`)."""
     checked = {}

@@ -285,7 +285,7 @@ def dumps(obj: Any) -> bytes:
 class RunSigner:
     """One run's payloads: every payload packed names `run_id` and, with a `key`, is signed with it; every
     payload unpacked must name `run_id` and, with a key, verify under it. `key=None`: an unsigned run (nothing
-    signed, no signature required). Obtained from `ddiloco.run.RunRoot.signer`."""
+    signed, no signature required). Obtained from `ddiloco.run.root.RunRoot.signer`."""
 
     run_id: str
     key: signing.RunKeys | None = dataclasses.field(default=None, repr=False)

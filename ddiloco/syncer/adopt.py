@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.globalmodel import Layout, read_global_full
 from ddiloco.protocol import wire
 from ddiloco.protocol.messages import RoundRecord
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import Layout, read_global_full
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import NotFound, ObjectTooLarge
 from ddiloco.syncer.lease import Fenced
 

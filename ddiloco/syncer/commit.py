@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ddiloco.metrics import SyncerMetrics
 from ddiloco.protocol.messages import RoundRecord
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.pace import Pace
 from ddiloco.syncer.publisher import Pending
 from ddiloco.syncer.state import Books, SyncerFiles, credit
+from ddiloco.tracking.metrics import SyncerMetrics
 from ddiloco.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)

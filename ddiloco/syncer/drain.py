@@ -46,7 +46,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from ddiloco.config import RunConfig
+from ddiloco.config.run import RunConfig
 from ddiloco.protocol.messages import ClosingFigures
 from ddiloco.syncer.rounds import Round
 

@@ -2,8 +2,8 @@
 
 Design choices:
 - A merge is two steps. `propose` does the arithmetic on copies (it finalises the round's running sums of
-  `ddiloco.accumulate`, to which the syncer added each answer as it arrived, with robust clipping and, with
-  `diloco.robust_merge`, the trimmed mean of `ddiloco.robust`, then one outer Nesterov step; called
+  `ddiloco.syncer.merge.accumulate`, to which the syncer added each answer as it arrived, with robust clipping and, with
+  `diloco.robust_merge`, the trimmed mean of `ddiloco.syncer.merge.robust`, then one outer Nesterov step; called
   without sums it adds the answers itself, one merge path for both) and returns a `Proposal`; `commit`
   adopts it once it is persisted. If persisting fails (store outage) the
   round stays open and is merged again later, and the fragment has not moved.
@@ -15,7 +15,7 @@ Design choices:
   functions, the deltas are merged as they are and the result negated once (a sign flip is exact).
 - Staleness rule (s = versions published since the answer's base; `cfg.diloco.staleness_exponent` a,
   default 0.5, and `max_staleness`): an answer's merge weight is its token weight × (1 + s)^-a (FedAsync's
-  polynomial staleness function, `ddiloco.merge.staleness_discount`), so older information has less say in
+  polynomial staleness function, `ddiloco.syncer.merge.outer.staleness_discount`), so older information has less say in
   the direction and length of the step; and the merged outer gradient is scaled by the discount of the
   round's *freshest* answer, so a round with one fresh answer takes a full step while a round of stale
   answers only takes a damped one (a delayed gradient under momentum overshoots: asynchronous SGD scales its
@@ -27,13 +27,13 @@ Design choices:
   master until they show. The master of each version is persisted by `ddiloco.syncer.state` so a restart
   does not fall back to the rounded values.
 - Memory: a fragment holds Θ_p and its momentum, nothing else between merges. A proposal writes the new
-  ones into pooled buffers (`ddiloco.bufferpool`) in one pass, and the commit gives the replaced ones back:
+  ones into pooled buffers (`ddiloco.syncer.merge.bufferpool`) in one pass, and the commit gives the replaced ones back:
   only the fragment reads its own Θ_p and momentum, and a fragment has one round in flight at a time. The merge no longer needs the
   base an answer names (Δ_m = −δ_m), so no published version is kept in memory; the intake decides from the
   version numbers whether a base is acceptable. The one published version a merge needs, L_{v−1} for the
   download delta, is read back from the store when the delta is made (one fragment read per merge), so the
   syncer's resident state stays 2× the model whatever the download codec.
-- Compressed downloads (`diloco.download_codec`, `ddiloco.downlink`): what is published for version v is
+- Compressed downloads (`diloco.download_codec`, `ddiloco.run.downlink`): what is published for version v is
   L_v = L_{v−1} + deq(Q(Θ_v − L_{v−1})), not Θ_v rounded; the publisher reads L_{v−1}
   back from the store (`ddiloco.syncer.state.SyncerFiles.publish`).
 """
@@ -46,15 +46,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ddiloco.accumulate import Reread, RoundSums
-from ddiloco.bufferpool import SYNCER_POOL, carve
-from ddiloco.config import DilocoConfig, TrainConfig
-from ddiloco.globalmodel import Layout
-from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
+from ddiloco.config.run import DilocoConfig, TrainConfig
 from ddiloco.protocol.messages import Contribution, Ledger, RoundRecord
 from ddiloco.protocol.update import UpdateHeader
-from ddiloco.robust import TRIMMED_MEAN
-from ddiloco.schedule import decay_of, progress_of
+from ddiloco.run.globalmodel import Layout
+from ddiloco.run.schedule import decay_of, progress_of
+from ddiloco.syncer.merge.accumulate import Reread, RoundSums
+from ddiloco.syncer.merge.bufferpool import SYNCER_POOL, carve
+from ddiloco.syncer.merge.outer import OuterNesterov, staleness_discount, token_weight
+from ddiloco.syncer.merge.robust import TRIMMED_MEAN
 from ddiloco.syncer.rounds import Answer, Round
 
 KEEP_PUBLISHED = 64
@@ -81,7 +81,7 @@ class MergeRule:
     token_budget: int = 0
     robust_merge: str | None = None
     """`trimmed_mean`: rounds of 3 or more answers merge as their coordinate-wise trimmed mean
-    (`ddiloco.robust`); None: off."""
+    (`ddiloco.syncer.merge.robust`); None: off."""
     robust_trim: float = 0.2
     """β of the trimmed mean."""
 
@@ -113,7 +113,7 @@ class MergeRule:
         return OuterNesterov(lr=self.outer_lr, momentum=self.outer_momentum)
 
     def lr_scale(self, tokens_merged: float) -> float:
-        """The learners' inner-rate decay at `tokens_merged` (`ddiloco.schedule`, the progress they read);
+        """The learners' inner-rate decay at `tokens_merged` (`ddiloco.run.schedule`, the progress they read);
         1.0 when the momentum does not follow it."""
         if self.schedule is None:
             return 1.0
@@ -186,7 +186,7 @@ class GlobalFragment:
         return w, staleness_discount(self.version - header.base_version, rule.staleness_exponent)
 
     def new_sums(self, rule: MergeRule) -> RoundSums:
-        """Empty running sums for a round of this fragment (`ddiloco.accumulate`)."""
+        """Empty running sums for a round of this fragment (`ddiloco.syncer.merge.accumulate`)."""
         shapes = {n: t.shape for n, t in self.theta.items()}
         trim = rule.robust_trim if rule.robust_merge == TRIMMED_MEAN else None
         return RoundSums(

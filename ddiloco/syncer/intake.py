@@ -2,11 +2,11 @@
 
 Design choices:
 - `Intake.collect` reads each new object of an open round once; what `UpdateValidator` accepts is checked
-  whole and kept encoded (`ddiloco.encoded`): the syncer decodes it chunk by chunk into the round's running
+  whole and kept encoded (`ddiloco.codec.encoded`): the syncer decodes it chunk by chunk into the round's running
   sums. Readers (`split_threads`) fetch, verify and check the next answers (and from three threads on
   measure their norms, `MEASURE_IN_READERS_FROM`) while the loop adds the previous one to the sums; on one
   thread reads run inline; where readers do not measure, the merge's pass measures the norms itself
-  (against the learner's claim, `ddiloco.encoded`). The rules and reasons live in
+  (against the learner's claim, `ddiloco.codec.encoded`). The rules and reasons live in
   `ddiloco.protocol.validation`; the validator adds the checks that need the syncer's fragments (the
   newest version, how far behind it a base is, when a base was published). A too-stale answer is
   rejected before anything else is checked. The base itself is never read: the merge takes the learner's δ
@@ -48,15 +48,15 @@ import torch
 
 from ddiloco import keys
 from ddiloco.codec.base import chunk_buffer
-from ddiloco.config import RunConfig
-from ddiloco.globalmodel import Layout
-from ddiloco.metrics import SyncerMetrics
+from ddiloco.config.run import RunConfig
 from ddiloco.protocol import claims, validation, wire
 from ddiloco.protocol.messages import Merged, Rejection, RoundRecord
+from ddiloco.run.globalmodel import Layout
 from ddiloco.store.base import NotFound, ObjectTooLarge, Store, StoreError
 from ddiloco.store.blob import Lend
 from ddiloco.syncer.fragment import GlobalFragment
 from ddiloco.syncer.rounds import Answer, Round
+from ddiloco.tracking.metrics import SyncerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ MAX_NOTICES = 64
 
 MEASURE_IN_READERS_FROM = 3
 """Readers measure the answers' norms (so the merge's pass only adds) from this many syncer threads on.
-Below it the merge measures them in its own pass against the learner's claim (`ddiloco.encoded`): that
+Below it the merge measures them in its own pass against the learner's claim (`ddiloco.codec.encoded`): that
 costs the loop's thread ~0.11 s more per round at the 1b preset (16 int4 answers) but saves ~0.3 CPU-s, a
 reader's separate pass; with two threads on two cores every CPU-second is on the critical path (1b, 24
 fragments: 0.57 → 0.62 rounds/s in one A/B run of `benchmarks/syncer_scale.py`; docs/results.md §14.1); with a third the
@@ -368,7 +368,7 @@ class Intake:
         self, rnd: Round, contributor: str, out: Mapping[str, torch.Tensor] | None = None
     ) -> dict[str, torch.Tensor]:
         """An accepted answer's δ read and decoded again (its bytes must be the ones accepted), into `out`
-        when given (`ddiloco.accumulate.Reread`)."""
+        when given (`ddiloco.syncer.merge.accumulate.Reread`)."""
         ans = rnd.answers[contributor]
         blob = self._fetch(rnd, ans.key)
         if accepted_digest(blob) != ans.digest:

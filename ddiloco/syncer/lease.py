@@ -56,8 +56,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.hostname import host_name
-from ddiloco.lease_config import LeaseConfig
+from ddiloco.config.lease import LeaseConfig
+from ddiloco.platform.hostname import host_name
 from ddiloco.protocol.messages import Standby
 from ddiloco.store.base import Store, StoreError
 

@@ -21,9 +21,9 @@ import math
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from ddiloco import failpoints, keys
-from ddiloco.config import RunConfig
-from ddiloco.metrics import SyncerMetrics
+from ddiloco import keys
+from ddiloco.config.run import RunConfig
+from ddiloco.platform import failpoints
 from ddiloco.protocol import wire
 from ddiloco.protocol.messages import RoundRecord
 from ddiloco.store.base import NotFound, Store, StoreError
@@ -39,6 +39,7 @@ from ddiloco.syncer.retention import Retention
 from ddiloco.syncer.roster import Roster
 from ddiloco.syncer.rounds import DEFAULT_EMA, OpenRule, QuorumRule, Round, Verdict, decide, ema, link_time
 from ddiloco.syncer.state import Books, SyncerFiles
+from ddiloco.tracking.metrics import SyncerMetrics
 
 log = logging.getLogger(__name__)
 

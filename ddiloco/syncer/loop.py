@@ -5,14 +5,14 @@ Design choices:
   seconds, at most τ rounds in flight, never two for the same fragment, and a fragment's round no sooner than
   H·ξ_step after its previous version was published, so an answer covers about H learner steps (the merge's
   latency is not taken out of them). ξ_step is the median of the live learners' *wall* seconds per step, the
-  loop's overhead included, each measured on the learner's own clock (`ddiloco.chiptime`): compute time alone
+  loop's overhead included, each measured on the learner's own clock (`ddiloco.protocol.chiptime`): compute time alone
   would open rounds faster than every H/P real steps.
 - When a round has its quorum, waits out its grace window, merges or is abandoned is decided by
   `ddiloco.syncer.rounds` (pure); the round owner (`ddiloco.syncer.lifecycle`) applies the verdicts.
 - Answers are parsed and validated as they arrive (`ddiloco.syncer.intake`; every rule and reason is listed in
-  `ddiloco.protocol.validation`) and added to their round's running sums at once (`ddiloco.accumulate`), so
+  `ddiloco.protocol.validation`) and added to their round's running sums at once (`ddiloco.syncer.merge.accumulate`), so
   an open round holds two fragment-sized buffers whatever the number of answers, and a merge finalises the
-  sums and takes the outer step (`GlobalFragment.propose`, the outer optimizer of `ddiloco.merge`). A merge
+  sums and takes the outer step (`GlobalFragment.propose`, the outer optimizer of `ddiloco.syncer.merge.outer`). A merge
   that must read an answer again (robust clipping, a single answer) and finds other bytes or none abandons
   the round. A rejected object never touches the global model; it is counted by reason
   (state, metrics, summary), and the learner it authentically came from is told through a bounded
@@ -36,7 +36,7 @@ Design choices:
   and the writes that landed are recognised as its own. A version an older epoch published meanwhile
   (`Superseded`) is adopted and the round abandoned. Then the round's updates are deleted and the
   fragment's old versions pruned (`ddiloco.syncer.retention`) on the cleaner's thread. The steps of a
-  publish are failpoints (`ddiloco.failpoints`). How closely the rounds keep H and τ is measured per
+  publish are failpoints (`ddiloco.platform.failpoints`). How closely the rounds keep H and τ is measured per
   merge (`ddiloco.syncer.pace`: overlap, sync period, `syncer_lag`).
 - The end of a run: when the budget is reached (or the deadline passed) the syncer closes it, every
   fragment gets one last round on what the learners trained since its last merge and the learners stop
@@ -62,12 +62,11 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
-from ddiloco.config import RunConfig
-from ddiloco.hostname import host_name
-from ddiloco.metrics import SyncerMetrics
+from ddiloco.config.run import RunConfig
+from ddiloco.platform.hostname import host_name
 from ddiloco.protocol.messages import Done, RoundRecord, Status, SyncerState
-from ddiloco.run import RunRoot
-from ddiloco.schedule import learner_train
+from ddiloco.run.root import RunRoot
+from ddiloco.run.schedule import learner_train
 from ddiloco.stateful import Stateful, gather, restore
 from ddiloco.store.base import Store, StoreError
 from ddiloco.syncer.commit import track_merge
@@ -81,6 +80,7 @@ from ddiloco.syncer.retention import Retention
 from ddiloco.syncer.roster import Roster
 from ddiloco.syncer.rounds import DEFAULT_STEP_S, GraceRule, Round, grace_window, open_rounds
 from ddiloco.syncer.state import Resumed, SyncerFiles
+from ddiloco.tracking.metrics import SyncerMetrics
 from ddiloco.tracking.tracker import OFF, Tracker
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The syncer's pruning of the run store: after each merge, the fragment's global and momentum versions that
-the retention rules (`ddiloco.retention`) no longer keep are deleted.
+the retention rules (`ddiloco.config.retention`) no longer keep are deleted.
 
 Design choices:
 - Called once per merge, after the merge is fully persisted (momentum, round record, global + pointer,
@@ -24,7 +24,7 @@ import logging
 from typing import Any
 
 from ddiloco import keys
-from ddiloco.retention import RetentionConfig, curve_stride, kept_versions, pinned_by, window
+from ddiloco.config.retention import RetentionConfig, curve_stride, kept_versions, pinned_by, window
 from ddiloco.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)

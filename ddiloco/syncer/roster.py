@@ -27,8 +27,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddiloco import chiptime, keys
-from ddiloco.protocol import reports, signing, validation
+from ddiloco import keys
+from ddiloco.protocol import chiptime, reports, signing, validation
 from ddiloco.protocol.claims import Pace
 from ddiloco.protocol.messages import LearnerEvent
 from ddiloco.protocol.reports import CheckedReport
@@ -207,7 +207,7 @@ class Roster:
         return sum(n for r in self.reports.values() for n in r.discarded_tokens.values())
 
     def goodput(self) -> float:
-        """The paper's goodput up to now (`ddiloco.chiptime`). A live learner's books end at its newest
+        """The paper's goodput up to now (`ddiloco.protocol.chiptime`). A live learner's books end at its newest
         report; a dead one's are extended by the time since its report last changed, on this syncer's clock
         (never by comparing this host's clock with the learner's)."""
         reports, past, heard = dict(self.reports), list(self.past.values()), dict(self.heard)

@@ -39,10 +39,10 @@ from ddiloco.protocol.messages import OpenRound
 if TYPE_CHECKING:  # annotations only: this module runs without torch
     import torch
 
-    from ddiloco.accumulate import RoundSums
-    from ddiloco.config import DilocoConfig
-    from ddiloco.encoded import EncodedTensor
+    from ddiloco.codec.encoded import EncodedTensor
+    from ddiloco.config.run import DilocoConfig
     from ddiloco.protocol.update import UpdateHeader
+    from ddiloco.syncer.merge.accumulate import RoundSums
 
 DEFAULT_EMA = 0.2
 """Smoothing of ξ_quorum and ξ_sync when the config has no grace section."""
@@ -58,7 +58,7 @@ class Answer:
     """fp32, relative to the learner's base version (answers built in memory); None once added to its
     round's sums."""
     encoded: dict[str, EncodedTensor] | None = None
-    """The same as uploaded and checked (`ddiloco.encoded`), as the intake files it; None once added."""
+    """The same as uploaded and checked (`ddiloco.codec.encoded`), as the intake files it; None once added."""
     key: str = ""
     """The store key it was read from (to read it again)."""
     digest: str = ""
@@ -86,7 +86,7 @@ class Round:
     seen: set[str] = field(default_factory=set)
     answers: dict[str, Answer] = field(default_factory=dict)
     sums: RoundSums | None = None
-    """The running sums of the answers accepted so far (`ddiloco.accumulate`); None before the first."""
+    """The running sums of the answers accepted so far (`ddiloco.syncer.merge.accumulate`); None before the first."""
     rejected: dict[str, str] = field(default_factory=dict)
     retry: dict[str, tuple[float, str]] = field(default_factory=dict)
     """Rejected names: (when to look again, digest of the rejected bytes)."""

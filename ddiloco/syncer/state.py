@@ -1,7 +1,7 @@
 """The syncer's own objects in the run store, and its restart from them.
 
 Design choices:
-- `SyncerFiles` is the syncer's view of its `ddiloco.run.RunRoot` (store, run id, key), and the only code
+- `SyncerFiles` is the syncer's view of its `ddiloco.run.root.RunRoot` (store, run id, key), and the only code
   that reads or writes what the syncer owns: syncer/state.json, the status,
   round records, outer momentum, global versions and the final model, each through its typed message
   (`ddiloco.protocol.messages`) or the signed payload format (`ddiloco.protocol.wire`).
@@ -25,7 +25,7 @@ Design choices:
   master.
 - Outer momentum that does not verify (or does not fit the layout) restarts from zero rather than
   stopping the run: it only smooths the outer steps.
-- Compressed downloads (`diloco.download_codec` other than none, `ddiloco.downlink`): `publish` writes the
+- Compressed downloads (`diloco.download_codec` other than none, `ddiloco.run.downlink`): `publish` writes the
   signed delta of version v against v − 1 before the full version, and the full version is L_v (what a
   learner applying the delta holds), not the master rounded; the master is then persisted as with bf16.
 - The final model is the fp32 master of every fragment.
@@ -47,20 +47,10 @@ from typing import Any
 
 import torch
 
-from ddiloco import failpoints, keys
-from ddiloco.bufferpool import SYNCER_POOL, Loan
+from ddiloco import keys
 from ddiloco.codec.base import all_finite
 from ddiloco.codec.registry import publishes_deltas
-from ddiloco.downlink import digest, encode_step
-from ddiloco.globalmodel import (
-    Layout,
-    latest_version,
-    pack_global_blob,
-    pack_global_delta,
-    put_latest,
-    read_global_full,
-)
-from ddiloco.merge import OuterNesterov
+from ddiloco.platform import failpoints
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import (
     Ledger,
@@ -70,12 +60,23 @@ from ddiloco.protocol.messages import (
     Status,
     SyncerState,
 )
-from ddiloco.run import RunRoot
+from ddiloco.run.downlink import digest, encode_step
+from ddiloco.run.globalmodel import (
+    Layout,
+    latest_version,
+    pack_global_blob,
+    pack_global_delta,
+    put_latest,
+    read_global_full,
+)
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import NotFound, ObjectTooLarge
 from ddiloco.store.blob import Blob, Data, Lend
 from ddiloco.syncer import adopt
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule, Proposal, Tensors
 from ddiloco.syncer.lease import Fenced
+from ddiloco.syncer.merge.bufferpool import SYNCER_POOL, Loan
+from ddiloco.syncer.merge.outer import OuterNesterov
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class SyncerFiles:
         self, root: RunRoot, layout: Layout, dtype: str = "fp32", download_codec: str = "none"
     ) -> None:
         """`root`: the run root; `dtype`: the run's `diloco.global_dtype`, what global versions are published
-        as; `download_codec`: `diloco.download_codec` (`ddiloco.downlink`)."""
+        as; `download_codec`: `diloco.download_codec` (`ddiloco.run.downlink`)."""
         self.store, self.run_id, self.layout, self.dtype = root.store, root.run_id, layout, dtype
         self.root, self.signer = root, root.signer
         self.download_codec = download_codec

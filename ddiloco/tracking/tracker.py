@@ -25,10 +25,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
-from ddiloco.metrics import TrackingMetrics
+from ddiloco.config.tracking import TrackingConfig
 from ddiloco.store.base import Store
 from ddiloco.tracking.channel import Artifacts, Channel, Params, Scalars
-from ddiloco.tracking.config import TrackingConfig
+from ddiloco.tracking.metrics import TrackingMetrics
 from ddiloco.tracking.mlflow_run import MlflowRun, flat_params
 from ddiloco.tracking.tensorboard import EventFiles
 

@@ -3,9 +3,9 @@
 import pytest
 
 from ddiloco import keys
-from ddiloco.globalmodel import latest_version
 from ddiloco.launch import LocalRun
 from ddiloco.protocol import wire
+from ddiloco.run.globalmodel import latest_version
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 

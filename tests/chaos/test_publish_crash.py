@@ -1,4 +1,4 @@
-"""A real syncer process SIGKILLed inside a publish (`ddiloco.failpoints`): right after it created a global
+"""A real syncer process SIGKILLed inside a publish (`ddiloco.platform.failpoints`): right after it created a global
 version, before the latest pointer. The restarted syncer adopts that version, and the run finishes with
 every fragment past it, versions contiguous and the ledger balanced."""
 
@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-from ddiloco import failpoints, keys
-from ddiloco.globalmodel import latest_version
+from ddiloco import keys
 from ddiloco.launch import LocalRun
+from ddiloco.platform import failpoints
+from ddiloco.run.globalmodel import latest_version
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from ddiloco import keys
-from ddiloco.globalmodel import latest_version
 from ddiloco.posttrain.summary import build_summary, read_round_records
-from ddiloco.prepare import prepare
+from ddiloco.run.globalmodel import latest_version
+from ddiloco.run.prepare import prepare
 from ddiloco.store.base import NotFound
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config

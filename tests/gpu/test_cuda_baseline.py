@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ddiloco.baseline import load_baseline_model, run_baseline
-from ddiloco.globalmodel import read_layout
-from ddiloco.prepare import prepare
+from ddiloco.run.globalmodel import read_layout
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 

@@ -1,5 +1,5 @@
 """Download deltas applied on a CUDA device give bit for bit what the syncer computed on the CPU
-(`ddiloco.downlink.apply_delta`: one fp32 add, then bf16 rounding).
+(`ddiloco.run.downlink.apply_delta`: one fp32 add, then bf16 rounding).
 
 Run with `pytest -m gpu tests/gpu`; skipped without a CUDA device.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddiloco.downlink import apply_delta, decode_delta, encode_step
+from ddiloco.run.downlink import apply_delta, decode_delta, encode_step
 
 pytestmark = [
     pytest.mark.gpu,

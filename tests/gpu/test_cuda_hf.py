@@ -1,4 +1,4 @@
-"""A Hugging Face model in a learner on a CUDA device (`ddiloco.hf.model`): the CPU loss curve in fp32 for a
+"""A Hugging Face model in a learner on a CUDA device (`ddiloco.model.hf.model`): the CPU loss curve in fp32 for a
 dense Llama, a mixture-of-experts Qwen3 and the newest Gemma text model (tiny configs built in the test), bf16
 tracking fp32, and attention through SDPA's flash kernel under bf16.
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddiloco import peaks
 from ddiloco.learner.accel import HostCopier
 from ddiloco.learner.loop import Learner
+from ddiloco.platform import peaks
 from tests._curves import losses, prepared
 
 pytestmark = [
@@ -39,7 +39,7 @@ def test_bf16_on_cuda_tracks_fp32():
     figures = learner.efficiency.figures()  # issue 52: device memory and MFU from the data-sheet table
     assert figures["peak_memory_kind"] == "cuda_max_allocated" and figures["peak_memory_bytes"] > 0
     assert figures["device_name"] == torch.cuda.get_device_name()
-    if peaks.lookup(figures["device_name"], "bf16").flops is not None:  # a GPU in ddiloco.peaks
+    if peaks.lookup(figures["device_name"], "bf16").flops is not None:  # a GPU in ddiloco.platform.peaks
         assert 0 < figures["mfu"] < 1 and "data sheet" in figures["peak_flops_source"]
     late = slice(-10, None)
     assert abs(sum(fp32[late]) - sum(bf16[late])) / 10 < 0.03 * sum(fp32[late]) / 10, (fp32, bf16)

@@ -13,7 +13,7 @@ import torch
 from ddiloco.launch import LocalRun
 from ddiloco.posttrain.stages import posttrain
 from ddiloco.protocol import signing
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 from tests.integration.conftest import RUN_OVERRIDES, TEST_EVAL, TEST_SFT

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddiloco.globalmodel import make_layout
 from ddiloco.learner.accel import train_step
 from ddiloco.learner.fsdp import full_tensors, load_full, shard_model, state_bytes_per_rank
-from ddiloco.model import GPT, GPTConfig, configure_optimizer, init_model
+from ddiloco.model.gpt import GPT, GPTConfig, configure_optimizer, init_model
 from ddiloco.platform.ports import free_port
+from ddiloco.run.globalmodel import make_layout
 from tests._ranks import spawn_ranks
 
 pytestmark = [

@@ -12,7 +12,7 @@ from ddiloco import keys
 from ddiloco.posttrain.evaluate import EvalTasksConfig
 from ddiloco.posttrain.sft import SFTConfig
 from ddiloco.protocol import signing
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.store.url import open_store
 

@@ -20,14 +20,14 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.globalmodel import publish_global, read_layout
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.update import UpdateHeader
 from ddiloco.protocol.wire import RunSigner
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import publish_global, read_layout
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.base import Store
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer

@@ -12,14 +12,14 @@ from ddiloco.baseline import (
     ring_factor,
     run_baseline,
 )
-from ddiloco.data import ShardLoader
+from ddiloco.data.loader import ShardLoader
 from ddiloco.errors import ConfigError
-from ddiloco.globalmodel import read_layout
 from ddiloco.learner.accel import train_step
-from ddiloco.model import configure_optimizer
-from ddiloco.prepare import prepare
-from ddiloco.run import RunRoot
-from ddiloco.schedule import inner_lr, progress_of
+from ddiloco.model.gpt import configure_optimizer
+from ddiloco.run.globalmodel import read_layout
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
+from ddiloco.run.schedule import inner_lr, progress_of
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 

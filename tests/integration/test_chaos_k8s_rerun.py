@@ -8,7 +8,7 @@ import sys
 import time
 
 from ddiloco import keys
-from ddiloco.config import ChaosConfig, RunConfig
+from ddiloco.config.run import ChaosConfig, RunConfig
 from ddiloco.store.url import open_store
 from tests.unit.test_chaos_k8s import NS, KubeAPIStandIn, _pod, report, two_runs
 

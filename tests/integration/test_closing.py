@@ -16,7 +16,7 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.posttrain.summary import round_records
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from tests.integration.test_bad_inputs import SECRET, Run, start, tick
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from ddiloco.launch import LocalRun
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.report_data import flat_metrics, site_rows
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol import signing
+from ddiloco.run.prepare import prepare
 from ddiloco.store.shaped import Link, shape
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done

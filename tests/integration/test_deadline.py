@@ -5,7 +5,7 @@ import time
 from ddiloco import keys
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config

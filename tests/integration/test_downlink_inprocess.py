@@ -3,11 +3,11 @@ published values."""
 
 import torch
 
-from ddiloco.globalmodel import latest_version, read_layout
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import latest_version, read_layout
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config

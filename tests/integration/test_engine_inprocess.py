@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.chiptime import WARMUP_SAMPLES
-from ddiloco.globalmodel import latest_version, read_layout
+from ddiloco.config.retention import RetentionConfig
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.evaluate import global_loss_curve
 from ddiloco.posttrain.summary import build_summary, read_round_records
-from ddiloco.prepare import prepare
-from ddiloco.retention import RetentionConfig
-from ddiloco.run import RunRoot
+from ddiloco.protocol.chiptime import WARMUP_SAMPLES
+from ddiloco.run.globalmodel import latest_version, read_layout
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
@@ -79,7 +79,7 @@ def test_bf16_globals_publish_the_rounded_fp32_master_and_a_restart_keeps_the_ma
     """Issue 16 item 4 through the real loop: learners train from bf16-published versions, the syncer keeps
     and persists its fp32 master, and a restarted syncer continues from it bit for bit. Full-fragment
     downloads, so a published version is exactly the master rounded (with download deltas it is what the
-    learners hold, `ddiloco.downlink`, tested in test_downlink*)."""
+    learners hold, `ddiloco.run.downlink`, tested in test_downlink*)."""
     store, cfg = _prepared(
         "eng-bf16", "diloco.global_dtype=bf16", "diloco.token_budget=4000", "diloco.download_codec=none"
     )

@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ddiloco.globalmodel import make_layout
 from ddiloco.learner.accel import train_step
 from ddiloco.learner.fsdp import full_tensors, load_full, shard_model, state_bytes_per_rank
-from ddiloco.model import GPTConfig, configure_optimizer, init_model
+from ddiloco.model.gpt import GPTConfig, configure_optimizer, init_model
 from ddiloco.platform.ports import free_port
+from ddiloco.run.globalmodel import make_layout
 from tests._ranks import spawn_ranks
 
 WORLD, STEPS, B, T = 2, 3, 4, 32

@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 
+from ddiloco.data.tokenizer import ModelTokenizer
 from ddiloco.errors import ConfigError
-from ddiloco.globalmodel import build_model, read_layout
 from ddiloco.posttrain.evaluate import validation_loss
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import build_model, read_layout
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
-from ddiloco.tokenizer import ModelTokenizer
 from tests._harness import tiny_config, train_in_process
 from tests._hf import ARCHS, SAMPLE, tiny_hf_dir
 

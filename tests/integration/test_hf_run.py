@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from ddiloco.cli.main import main
-from ddiloco.data import val_batches
-from ddiloco.run import RunRoot
+from ddiloco.data.loader import val_batches
+from ddiloco.data.synthetic import make_world, synthetic_documents
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
-from ddiloco.synthetic import make_world, synthetic_documents
 from tests._hf import tiny_hf_dir
 
 pytest.importorskip("transformers")

@@ -20,9 +20,9 @@ from ddiloco.learner import ddp
 from ddiloco.learner.loop import Learner
 from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
-from ddiloco.run import RunRoot
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config
@@ -138,15 +138,15 @@ def test_single_process_learner_has_no_group_and_early_exit_releases_followers(t
 
 
 def test_two_ranks_share_a_streamed_corpus_slot_and_resume_their_own_cursors(tmp_path):
-    """A pre-tokenized corpus read in place (`ddiloco.streamed`): rank r reads every second chunk of the
+    """A pre-tokenized corpus read in place (`ddiloco.data.streamed`): rank r reads every second chunk of the
     learner's slot from the r-th, the ranks stay identical, and a second launch resumes each rank's stream
     cursor from the checkpoint (cursors travel as JSON, not as ShardLoader rows)."""
     import numpy as np
 
-    from ddiloco.data import tokenize_corpus
-    from ddiloco.streamed import open_loader, read_corpus_doc
-    from ddiloco.synthetic import make_world, synthetic_documents
-    from ddiloco.tokenizer import ByteTokenizer
+    from ddiloco.data.loader import tokenize_corpus
+    from ddiloco.data.streamed import open_loader, read_corpus_doc
+    from ddiloco.data.synthetic import make_world, synthetic_documents
+    from ddiloco.data.tokenizer import ByteTokenizer
 
     ids = tokenize_corpus(synthetic_documents(make_world(0, 8), 0, 1200), ByteTokenizer()).numpy()
     (tmp_path / "corpus").mkdir()
@@ -164,7 +164,7 @@ def test_two_ranks_share_a_streamed_corpus_slot_and_resume_their_own_cursors(tmp
     p0, p1 = _params(tmp_path / "a", 0), _params(tmp_path / "a", 1)
     assert all(torch.equal(p0[n], p1[n]) for n in p0)
     cursors = _checkpoint_meta(store)["cursors"]
-    assert [c["format"] for c in cursors] == ["ddiloco.tokens.cursor/1"] * WORLD
+    assert [c["format"] for c in cursors] == ["ddiloco.data.tokens.cursor/1"] * WORLD
     assert cursors[0]["assignment"] != cursors[1]["assignment"], "the ranks read different chunks"
 
     b = _launch(url, tmp_path / "b", 3)

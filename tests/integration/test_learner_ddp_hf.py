@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddiloco.data import ShardLoader
-from ddiloco.globalmodel import build_model, read_layout
+from ddiloco.data.loader import ShardLoader
 from ddiloco.learner import ddp
 from ddiloco.learner.accel import train_step
-from ddiloco.model import configure_optimizer
-from ddiloco.prepare import prepare
-from ddiloco.run import RunRoot
-from ddiloco.schedule import lr_at
+from ddiloco.model.gpt import configure_optimizer
+from ddiloco.run.globalmodel import build_model, read_layout
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
+from ddiloco.run.schedule import lr_at
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 from tests._hf import tiny_hf_dir

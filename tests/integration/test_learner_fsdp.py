@@ -23,8 +23,8 @@ from ddiloco.learner.fsdp import full_tensors
 from ddiloco.learner.loop import Learner
 from ddiloco.platform.ports import free_port
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config

@@ -13,7 +13,7 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.learner.loop import Learner, Opened
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.base import Store
 from ddiloco.store.url import open_store
 from ddiloco.store.wrapped import DelegatingStore, OutageStore

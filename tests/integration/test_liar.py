@@ -14,7 +14,7 @@ from ddiloco import keys
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.posttrain.summary import build_summary, read_round_records
 from ddiloco.protocol import signing, wire
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from tests.integration.test_bad_inputs import SECRET, Run, put, run
 
 pytestmark = pytest.mark.slow

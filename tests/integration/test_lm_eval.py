@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddiloco.cli.main import main
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config, train_in_process
 from tests.integration.test_report_browser import CHROMIUM, chromium

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from ddiloco import keys, logship
+from ddiloco import keys
 from ddiloco.cli.main import main
 from ddiloco.posttrain.summary import read_reports
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
+from ddiloco.tracking import logship
 from tests._harness import tiny_config
 
 pytestmark = pytest.mark.slow

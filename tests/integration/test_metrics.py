@@ -7,12 +7,12 @@ from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
 from ddiloco.learner.loop import Learner
-from ddiloco.metrics import serve
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol.messages import Status
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
+from ddiloco.tracking.metrics import serve
 from tests._harness import drive, tiny_config
 
 

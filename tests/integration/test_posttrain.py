@@ -116,7 +116,7 @@ def test_report_cli_compares_two_runs(posttrained_runs, tmp_path):
 
 def _kept_round(store) -> int:
     """The first round after which every fragment has moved and whose versions retention still keeps (the
-    run keeps the newest versions and the loss curve's moments, `ddiloco.retention`)."""
+    run keeps the newest versions and the loss curve's moments, `ddiloco.config.retention`)."""
     records = read_round_records(store)
     kept = keys.global_versions_listed(store.list("global/"), 2)
     for r in sorted(records, key=lambda r: r["round"]):

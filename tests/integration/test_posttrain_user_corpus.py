@@ -10,11 +10,11 @@ from pathlib import Path
 from ddiloco.components.roles import evaluate, export_sft, sft
 
 from ddiloco import keys
+from ddiloco.data.synthetic import make_world, synthetic_documents
 from ddiloco.posttrain.stages import posttrain
-from ddiloco.prepare import prepare
-from ddiloco.run import RunRoot
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
-from ddiloco.synthetic import make_world, synthetic_documents
 from tests._harness import tiny_config, train_in_process
 
 

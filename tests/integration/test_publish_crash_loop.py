@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from ddiloco import failpoints, keys
-from ddiloco.globalmodel import latest_version
+from ddiloco import keys
 from ddiloco.learner.io import RoundRecords
 from ddiloco.learner.loop import Learner
+from ddiloco.platform import failpoints
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
+from ddiloco.run.globalmodel import latest_version
+from ddiloco.run.prepare import prepare
 from ddiloco.store.base import StoreError
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer

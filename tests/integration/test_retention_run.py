@@ -9,7 +9,7 @@ from concurrent.futures import Executor, Future
 from ddiloco import keys
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
@@ -154,8 +154,8 @@ def test_a_joining_learner_falls_back_to_the_newest_kept_version_without_trying_
     store still has (a curve moment's), without trying, and counting as bad, every pruned one in between."""
     import torch
 
-    from ddiloco.globalmodel import publish_global, read_layout
     from ddiloco.protocol.wire import RunSigner
+    from ddiloco.run.globalmodel import publish_global, read_layout
 
     name = "ret-first"
     store = open_store(f"memory://{name}")

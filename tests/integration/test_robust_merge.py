@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.globalmodel import read_layout
 from ddiloco.posttrain.evaluate import run_validation_loss
 from ddiloco.protocol import wire
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import read_layout
+from ddiloco.run.root import RunRoot
 from tests.integration import test_bad_inputs as bad_inputs
 from tests.integration.test_bad_inputs import Run, put
 

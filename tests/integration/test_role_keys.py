@@ -11,11 +11,11 @@ import torch
 
 from ddiloco import keys
 from ddiloco.cli.roles import _signed_done
-from ddiloco.globalmodel import pack_global
 from ddiloco.posttrain.summary import build_summary
 from ddiloco.protocol import signing
 from ddiloco.protocol.wire import RunSigner
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import pack_global
+from ddiloco.run.root import RunRoot
 from ddiloco.syncer.loop import Syncer
 from tests.integration.test_bad_inputs import SECRET, Run, assert_bitwise_equal, rel_distance, run
 

@@ -1,14 +1,14 @@
 """The same end-to-end run with the store on a real S3 server (SeaweedFS on loopback), its corpus too: the
 text tokenized into `.npy` parts in the bucket, read in place by the learners with range GETs
-(`ddiloco.streamed`), one learner SIGKILLed mid-run and resuming its data after its last report."""
+(`ddiloco.data.streamed`), one learner SIGKILLed mid-run and resuming its data after its last report."""
 
 import pytest
 
+from ddiloco.data.synthetic import make_world, synthetic_documents
+from ddiloco.data.textcorpus.corpus import tokenize_to_npy
+from ddiloco.data.tokenizer import ByteTokenizer
 from ddiloco.launch import LocalRun
 from ddiloco.store.url import open_store
-from ddiloco.synthetic import make_world, synthetic_documents
-from ddiloco.textcorpus.corpus import tokenize_to_npy
-from ddiloco.tokenizer import ByteTokenizer
 from tests._harness import tiny_config
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]

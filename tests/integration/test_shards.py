@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.data import tokenize_corpus
+from ddiloco.data.loader import tokenize_corpus
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import corpus_texts, prepare
-from ddiloco.run import RunRoot
+from ddiloco.run.prepare import corpus_texts, prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import drive, tiny_config
@@ -89,9 +89,9 @@ def test_the_summary_names_each_learners_shard_and_token_range():
 def test_an_id_beyond_max_learners_shares_a_shard_with_a_warning_and_the_summary_says_so(caplog):
     store, cfg, meta = _prepared("shards-beyond", "diloco.max_learners=3", "diloco.token_budget=6000")
     syncer = Syncer.open(store, poll_s=0)
-    with caplog.at_level(logging.WARNING, logger="ddiloco.shards"):
+    with caplog.at_level(logging.WARNING, logger="ddiloco.data.shards"):
         learners = [Learner.open(store, i) for i in (0, 2, 5)]
-    warned = [r.getMessage() for r in caplog.records if r.name == "ddiloco.shards"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "ddiloco.data.shards"]
     assert len(warned) == 1 and "learner 5 has no shard of its own" in warned[0]
     assert "diloco.max_learners" in warned[0] and "shard 2" in warned[0]
     assert torch.equal(learners[2].loader.tokens, learners[1].loader.tokens)  # the documented fallback

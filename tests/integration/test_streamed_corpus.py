@@ -1,5 +1,5 @@
-"""A run over a pre-tokenized corpus read in place (`ddiloco.streamed`): text tokenized by `ddiloco tokenize`
-(`ddiloco.textcorpus`) into `.npy` parts under a `file://` prefix (the same code reads `s3://`). Prepare copies no shard into the run
+"""A run over a pre-tokenized corpus read in place (`ddiloco.data.streamed`): text tokenized by `ddiloco tokenize`
+(`ddiloco.data.textcorpus`) into `.npy` parts under a `file://` prefix (the same code reads `s3://`). Prepare copies no shard into the run
 root, learners stream their own disjoint ranges, the ledger balances and the loss falls; bad corpora are
 refused in one line before anything is written."""
 
@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from ddiloco import keys
-from ddiloco.data import tokenize_corpus
+from ddiloco.data.loader import tokenize_corpus
+from ddiloco.data.synthetic import make_world, synthetic_documents
+from ddiloco.data.textcorpus.corpus import tokenize_to_npy
+from ddiloco.data.tokenizer import ByteTokenizer
+from ddiloco.data.tokens.npy import CorpusError
 from ddiloco.errors import ConfigError
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
-from ddiloco.run import RunRoot
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
-from ddiloco.synthetic import make_world, synthetic_documents
-from ddiloco.textcorpus.corpus import tokenize_to_npy
-from ddiloco.tokenizer import ByteTokenizer
-from ddiloco.tokens.npy import CorpusError
 from tests._harness import tiny_config, train_in_process
 
 STREAMED = ("data.chunk_tokens=4096", "diloco.token_budget=12000")

@@ -10,8 +10,8 @@ import torch
 
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol.wire import PayloadError
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from ddiloco.syncer.rounds import Answer

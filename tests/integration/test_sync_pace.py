@@ -10,7 +10,7 @@ import time
 from ddiloco import keys
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer, run_until_done
 from tests._harness import tiny_config

@@ -13,12 +13,12 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.cli.roles import run_syncer
-from ddiloco.globalmodel import read_layout
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary, read_round_records
-from ddiloco.prepare import prepare
 from ddiloco.protocol import wire
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import read_layout
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.store.wrapped import DelegatingStore
 from ddiloco.syncer.lease import FENCED_EXIT, Fenced, Lease

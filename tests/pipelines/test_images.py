@@ -34,7 +34,8 @@ def test_dockerfile_runs_as_non_root_from_the_repository_without_secrets(name):
     # locked: the lock's runtime set is checked against pyproject in tests/unit/test_lock.py
     assert f"COPY requirements/{name}.lock /wheels/requirements.lock" in text
     assert re.search(
-        r"pip install --require-hashes --no-deps (?:--extra-index-url \S+ )?-r /wheels/requirements\.lock", text
+        r"pip install --require-hashes --no-deps (?:--extra-index-url \S+ )?-r /wheels/requirements\.lock",
+        text,
     )
     assert "pip install --no-deps /wheels/ddiloco-*.whl" in text
     assert not re.search(r"(?i)(secret|password|token|access_?key)\s*=", text)

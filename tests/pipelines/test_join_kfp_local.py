@@ -32,7 +32,7 @@ def comps(tmp_path_factory):
 
 def test_join_check_then_a_joiner_on_a_finished_run(comps, tmp_path):
     from ddiloco import keys
-    from ddiloco.prepare import prepare
+    from ddiloco.run.prepare import prepare
     from ddiloco.store.url import open_store
     from tests._harness import tiny_config
 

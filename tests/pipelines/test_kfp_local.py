@@ -133,7 +133,7 @@ def test_the_final_model_is_a_hugging_face_directory_with_a_model_card(comps, po
     from transformers import AutoModelForCausalLM
 
     from ddiloco.posttrain.evaluate import load_model
-    from ddiloco.run import RunRoot
+    from ddiloco.run.root import RunRoot
     from ddiloco.store.url import open_store
 
     store, tasks = post_trained

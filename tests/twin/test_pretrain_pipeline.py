@@ -104,7 +104,7 @@ WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta", 
 
 def _text_corpus(s3) -> str:
     """The synthetic corpus as text in the namespace's own prefix (what a team uploads), for `text_corpus`."""
-    from ddiloco.synthetic import make_world, synthetic_documents
+    from ddiloco.data.synthetic import make_world, synthetic_documents
 
     texts = open_store(s3.url(f"private/{NAMESPACE}/texts"), env=s3.env())
     docs = synthetic_documents(make_world(0, 8), 0, 1500)

@@ -14,10 +14,10 @@ from ddiloco.errors import ConfigError
 from ddiloco.learner import accel
 from ddiloco.learner.io import CheckpointWriter, snapshot_checkpoint
 from ddiloco.learner.loop import Learner
-from ddiloco.model import GPT, configure_optimizer, count_params, flops_per_token, gpt_config, init_model
+from ddiloco.model.gpt import GPT, configure_optimizer, count_params, flops_per_token, gpt_config, init_model
 from ddiloco.platform.devices import resolve_device
-from ddiloco.prepare import prepare
-from ddiloco.schedule import lr_at
+from ddiloco.run.prepare import prepare
+from ddiloco.run.schedule import lr_at
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from ddiloco.accumulate import RoundSums
-from ddiloco.bufferpool import BufferPool
 from ddiloco.protocol.validation import clip_outliers
+from ddiloco.syncer.merge.accumulate import RoundSums
+from ddiloco.syncer.merge.bufferpool import BufferPool
 from tests.merge_reference import merge_with_stats
 
 SHAPES = {"wte": (16, 8), "h.0.w": (8, 8), "h.0.b": (8,), "ln.g": (8,)}

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddiloco.accumulate import RoundSums
+from ddiloco.codec.encoded import EncodedTensor
 from ddiloco.codec.registry import decode, encode
-from ddiloco.encoded import EncodedTensor
 from ddiloco.protocol.validation import clip_outliers
-from ddiloco.robust import trim_count
+from ddiloco.syncer.merge.accumulate import RoundSums
+from ddiloco.syncer.merge.robust import trim_count
 from tests.merge_reference import merge, trimmed_merge
 
 SHAPES = {"wte": (64, 16), "h.0.w": (32, 32), "h.0.b": (32,), "h.1.w": (300, 7)}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ddiloco.accumulate import RoundSums
-from ddiloco.bufferpool import BufferPool
+from ddiloco.syncer.merge.accumulate import RoundSums
+from ddiloco.syncer.merge.bufferpool import BufferPool
 
 
 def test_a_given_back_buffer_is_reused_when_it_fits_and_the_pool_stays_bounded():

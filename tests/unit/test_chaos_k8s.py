@@ -14,13 +14,13 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from ddiloco import keys
-from ddiloco.chaos.events import schedule_from_config
 from ddiloco.chaos.k8s import ROLE_LABEL, WORKFLOW_LABEL, ChaosBackendError, KubernetesPods
 from ddiloco.chaos.local import LocalPids
 from ddiloco.chaos.record import markdown_table
 from ddiloco.chaos.runner import ChaosRunner
 from ddiloco.cli.chaos import register
-from ddiloco.config import ChaosConfig, RunConfig
+from ddiloco.config.chaos_schedule import schedule_from_config
+from ddiloco.config.run import ChaosConfig, RunConfig
 from ddiloco.store.memory import reset_memory_stores
 from ddiloco.store.url import open_store
 from tests._harness import learner_report, status

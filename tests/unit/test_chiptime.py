@@ -1,11 +1,11 @@
-"""A learner's cadence and productive time (`ddiloco.chiptime`), and goodput from its incarnations'
+"""A learner's cadence and productive time (`ddiloco.protocol.chiptime`), and goodput from its incarnations'
 reports."""
 
 import dataclasses
 
 import pytest
 
-from ddiloco.chiptime import MIN_STALL_S, STALL_FACTOR, StepCadence, goodput, learner_chip_time
+from ddiloco.protocol.chiptime import MIN_STALL_S, STALL_FACTOR, StepCadence, goodput, learner_chip_time
 from tests._harness import learner_report
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.prepare import prepare
 from ddiloco.protocol import reports, signing, wire
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config

@@ -8,7 +8,7 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.cli.main import main
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 

@@ -10,23 +10,23 @@ import math
 import pytest
 import torch
 
-from ddiloco.accumulate import RoundSums
 from ddiloco.codec import registry
 from ddiloco.codec.base import Codec
 from ddiloco.codec.float import FloatCodec
-from ddiloco.downlink import decode_delta, encode_step
 from ddiloco.errors import ConfigError
-from ddiloco.globalmodel import read_layout
 from ddiloco.learner.accel import HostSnapshot
 from ddiloco.learner.io import pack_update
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol import validation, wire
-from ddiloco.run import RunRoot
+from ddiloco.run.downlink import decode_delta, encode_step
+from ddiloco.run.globalmodel import read_layout
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.simulate import bandwidth as bw
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
+from ddiloco.syncer.merge.accumulate import RoundSums
 from tests._harness import drive, tiny_config
 
 

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from ddiloco.config import RunConfig
+from ddiloco.config.recipes import RECIPES, load_config
+from ddiloco.config.run import RunConfig
 from ddiloco.errors import ConfigError
-from ddiloco.recipes import RECIPES, load_config
 
 
 def test_default_recipe_is_tiny_cpu_and_valid():

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ddiloco.config_schema import render, schema
-from ddiloco.recipes import RECIPES, from_recipe
+from ddiloco.config.jsonschema import render, schema
+from ddiloco.config.recipes import RECIPES, from_recipe
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "config.schema.json"
 jsonschema = pytest.importorskip("jsonschema")
@@ -20,7 +20,7 @@ def test_the_committed_schema_is_the_generated_one():
     if os.environ.get("UPDATE_GOLDEN") == "1":
         COMMITTED.write_text(render())
     assert COMMITTED.read_text() == render(), (
-        "docs/config.schema.json is stale: python -m ddiloco.config_schema > docs/config.schema.json"
+        "docs/config.schema.json is stale: python -m ddiloco.config.jsonschema > docs/config.schema.json"
     )
 
 

@@ -1,4 +1,4 @@
-"""The `python-docs` corpus (`ddiloco.corpora`, `ddiloco.pydocs`): offline, deterministic, real prose, usable.
+"""The `python-docs` corpus (`ddiloco.data.corpora`, `ddiloco.data.pydocs`): offline, deterministic, real prose, usable.
 
 The text comes from the interpreter running the tests, so the checks are on properties (sizes, a sentence of
 the Language Reference every CPython 3 ships, byte-identical rewrites), not on a fixed checksum.
@@ -10,9 +10,9 @@ import json
 import pytest
 
 from ddiloco.cli.main import main as cli_main
-from ddiloco.corpora import read_meta, sidecar_path, write_python_docs
-from ddiloco.data import load_texts
-from ddiloco.prepare import prepare
+from ddiloco.data.corpora import read_meta, sidecar_path, write_python_docs
+from ddiloco.data.loader import load_texts
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 

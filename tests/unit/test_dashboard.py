@@ -4,7 +4,7 @@ import json
 import re
 from pathlib import Path
 
-from ddiloco.metrics import METRIC_NAMES
+from ddiloco.tracking.metrics import METRIC_NAMES
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "manifests" / "monitoring" / "dashboards" / "ddiloco.json"
 FUNCTIONS = {
@@ -65,7 +65,7 @@ def test_dashboard_queries_only_use_exported_metrics():
 def test_every_exported_metric_name_is_real():
     from prometheus_client import CollectorRegistry
 
-    from ddiloco.metrics import LearnerMetrics, SyncerMetrics, TrackingMetrics
+    from ddiloco.tracking.metrics import LearnerMetrics, SyncerMetrics, TrackingMetrics
 
     reg = CollectorRegistry()
     learner = LearnerMetrics(reg, 0, 0)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddiloco.data import ShardLoader, load_texts, split_tokens, tokenize_corpus, val_batches
-from ddiloco.tokenizer import ByteTokenizer, train_bpe
+from ddiloco.data.loader import ShardLoader, load_texts, split_tokens, tokenize_corpus, val_batches
+from ddiloco.data.tokenizer import ByteTokenizer, train_bpe
 
 torch.set_num_threads(1)
 

@@ -14,28 +14,28 @@ from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
 from ddiloco.codec.blockwise import PACKING
-from ddiloco.config import DilocoConfig
-from ddiloco.downlink import apply_delta, digest, encode_step
-from ddiloco.fragments import Fragment
-from ddiloco.globalmodel import (
+from ddiloco.config.run import DilocoConfig
+from ddiloco.learner.accel import HostCopier
+from ddiloco.learner.sharded import LiveMembers
+from ddiloco.learner.versions import VersionFeed
+from ddiloco.protocol import signing, wire
+from ddiloco.protocol.update import UpdateHeader
+from ddiloco.protocol.wire import RunSigner
+from ddiloco.run.downlink import apply_delta, digest, encode_step
+from ddiloco.run.fragments import Fragment
+from ddiloco.run.globalmodel import (
     Layout,
     pack_global,
     publish_global,
     read_global_delta,
     read_global_full,
 )
-from ddiloco.learner.accel import HostCopier
-from ddiloco.learner.sharded import LiveMembers
-from ddiloco.learner.versions import VersionFeed
-from ddiloco.metrics import LearnerMetrics
-from ddiloco.protocol import signing, wire
-from ddiloco.protocol.update import UpdateHeader
-from ddiloco.protocol.wire import RunSigner
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import MergeRule
 from ddiloco.syncer.rounds import Answer, Round
 from ddiloco.syncer.state import SyncerFiles
+from ddiloco.tracking.metrics import LearnerMetrics
 
 RUN = "r"
 KEY = signing.for_run(b"master-key" * 4, RUN)

@@ -10,13 +10,13 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from ddiloco import peaks
 from ddiloco.learner.efficiency import Efficiency, device_peak, matmul_precision
-from ddiloco.metrics import LearnerMetrics
-from ddiloco.model import GPTConfig, flops_per_token, init_model
+from ddiloco.model.gpt import GPTConfig, flops_per_token, init_model
+from ddiloco.platform import peaks
 from ddiloco.posttrain.efficiency import fleet_efficiency, learner_efficiency
 from ddiloco.store.url import open_store
 from ddiloco.syncer.roster import Roster
+from ddiloco.tracking.metrics import LearnerMetrics
 from tests._harness import learner_report
 
 CPU = torch.device("cpu")
@@ -34,7 +34,7 @@ def test_gpt_flops_per_token_match_a_hand_count():
 
 def test_hf_llama_flops_per_token_match_a_hand_count():
     pytest.importorskip("transformers")
-    from ddiloco.hf.model import HFSpec, init_hf
+    from ddiloco.model.hf.model import HFSpec, init_hf
 
     hf_config = {
         "model_type": "llama", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,

@@ -1,4 +1,4 @@
-"""`ddiloco.encoded`: answers checked whole while encoded, then decoded chunk by chunk into running sums.
+"""`ddiloco.codec.encoded`: answers checked whole while encoded, then decoded chunk by chunk into running sums.
 
 References: `ddiloco.codec.registry.decode` of the same parts, fp64 norms, and the batch merge
 (`merge.merge_with_stats`, itself checked against independent references in test_merge*.py).
@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from ddiloco.accumulate import RoundSums
 from ddiloco.codec.base import BLOCK
 from ddiloco.codec.blockwise import codes_in_range
+from ddiloco.codec.encoded import EncodedTensor
 from ddiloco.codec.registry import decode, encode
-from ddiloco.encoded import EncodedTensor
+from ddiloco.syncer.merge.accumulate import RoundSums
 from tests.merge_reference import merge_with_stats
 
 INT_CODECS = ("int8", "int4", "int2")

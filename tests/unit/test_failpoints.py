@@ -1,9 +1,9 @@
-"""`ddiloco.failpoints`: the spec read from the environment, firing at the n-th hit only, once per run with a
+"""`ddiloco.platform.failpoints`: the spec read from the environment, firing at the n-th hit only, once per run with a
 marker file, and a clear error for a spec that names nothing real."""
 
 import pytest
 
-from ddiloco import failpoints
+from ddiloco.platform import failpoints
 from ddiloco.store.base import StoreUnavailable
 
 

@@ -9,10 +9,10 @@ import random
 import pytest
 import torch
 
-from ddiloco.fragments import Piece, balanced, imbalance, partition, split_rows
-from ddiloco.globalmodel import Layout, make_layout
-from ddiloco.merge import OuterNesterov
-from ddiloco.model import GPT, gpt_config, init_model
+from ddiloco.model.gpt import GPT, gpt_config, init_model
+from ddiloco.run.fragments import Piece, balanced, imbalance, partition, split_rows
+from ddiloco.run.globalmodel import Layout, make_layout
+from ddiloco.syncer.merge.outer import OuterNesterov
 from tests.merge_reference import merge, rda
 
 

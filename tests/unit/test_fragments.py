@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ddiloco.fragments import Fragment, assignment, imbalance, partition
+from ddiloco.run.fragments import Fragment, assignment, imbalance, partition
 
 
 def gpt2_numels(n_layer: int = 12, d: int = 768, vocab: int = 50304, ctx: int = 1024) -> dict[str, int]:

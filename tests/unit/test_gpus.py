@@ -1,4 +1,4 @@
-"""`ddiloco.gpus`: each learner of a local run gets GPUs of its own (this machine has none: the CUDA device
+"""`ddiloco.platform.gpus`: each learner of a local run gets GPUs of its own (this machine has none: the CUDA device
 count is patched, and what the launcher hands its processes is read off `subprocess.Popen`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from ddiloco import launch
 from ddiloco.errors import ConfigError
-from ddiloco.gpus import GpuPlan, visible_gpus
+from ddiloco.platform.gpus import GpuPlan, visible_gpus
 from tests._harness import tiny_config
 
 
@@ -79,7 +79,7 @@ def test_the_launcher_starts_each_learner_with_its_gpus_and_logs_the_plan(
 
     monkeypatch.setattr(launch.subprocess, "Popen", Popen)
     cfg = tiny_config("gpus", "diloco.learners=3")
-    with caplog.at_level(logging.INFO, logger="ddiloco.gpus"):
+    with caplog.at_level(logging.INFO, logger="ddiloco.platform.gpus"):
         run = launch.LocalRun(cfg, tmp_path, extra_env={"CUDA_VISIBLE_DEVICES": "2,3"})
     assert "learners' GPUs: 0: 2, 1: 3, 2: 2 (3 learner ranks on 2 GPUs: learners share GPUs)" in caplog.text
     run.spawn(launch.Proc("syncer", None))

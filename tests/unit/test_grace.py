@@ -11,9 +11,9 @@ import pytest
 from ddiloco import keys
 from ddiloco.learner.io import StatusPoller
 from ddiloco.learner.loop import Learner
-from ddiloco.prepare import prepare
 from ddiloco.protocol.messages import OpenRound
 from ddiloco.protocol.update import UpdateHeader
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from ddiloco.syncer.rounds import Answer, link_time

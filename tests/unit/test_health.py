@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ddiloco.config import DilocoConfig
+from ddiloco.config.run import DilocoConfig
 from ddiloco.errors import ConfigError
 from ddiloco.learner.health import UNMERGED_MIN_S, MergeBound, Unmerged
 from tests._harness import status, tiny_config

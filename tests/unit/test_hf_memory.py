@@ -1,4 +1,4 @@
-"""Which memory `prepare` holds a `model.hf` model's training state against (ddiloco.hf.prepare)."""
+"""Which memory `prepare` holds a `model.hf` model's training state against (ddiloco.model.hf.prepare)."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ pytest.importorskip("transformers")
 
 
 def test_the_learners_memory_is_judged_only_where_this_machine_can_see_it(monkeypatch):
-    from ddiloco.hf.prepare import device_memory
+    from ddiloco.model.hf.prepare import device_memory
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)

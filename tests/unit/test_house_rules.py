@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.import_graph import describe_cycles
+from tests.import_graph import arrows_up, describe_cycles, library_modules, wing_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = sorted((ROOT / "ddiloco").rglob("*.py"))
@@ -68,6 +68,20 @@ def test_no_import_cycles_counting_imports_inside_functions():
     """A cycle hidden by a function-level import is still a cycle: `python tests/import_graph.py --cycles`."""
     found = describe_cycles(ROOT)
     assert not found, "import cycles (move what both sides need into a third module):\n" + "\n".join(found)
+
+
+def test_every_module_is_in_a_wing_and_no_import_runs_back_up():
+    """The wings (tests/import_graph.py `WINGS`, lowest first): a module imports its own wing or lower ones."""
+    for module in library_modules(ROOT):
+        wing_of(module)  # names the module in its error when it is in no wing
+    up = arrows_up(ROOT)
+    assert not up, "imports of a higher (or sibling) wing; move the shared part down:\n" + "\n".join(up)
+
+
+def test_the_package_root_stays_small():
+    """The root of `ddiloco/` holds at most 12 modules; everything else lives in its wing."""
+    root_modules = [p.name for p in (ROOT / "ddiloco").glob("*.py")]
+    assert len(root_modules) <= 12, sorted(root_modules)
 
 
 def test_library_files_stay_under_500_lines():

@@ -7,7 +7,7 @@ import pytest
 from ddiloco import keys
 from ddiloco.cli.main import build_parser
 from ddiloco.errors import ConfigError
-from ddiloco.join import (
+from ddiloco.run.join import (
     check_site,
     claim_learner_id,
     default_site,
@@ -15,7 +15,7 @@ from ddiloco.join import (
     reserved_ids,
     resolve_args,
 )
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.shaped import Link
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config

@@ -4,7 +4,7 @@ behind or ahead are live while their reports keep changing, and dead when they s
 import pytest
 
 from ddiloco import keys
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config

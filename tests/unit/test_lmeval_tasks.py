@@ -4,9 +4,9 @@ user's task directory is safe YAML with only lm-eval's `!function` tag added."""
 import pytest
 import yaml
 
+from ddiloco.data.tokenizer import ByteTokenizer
 from ddiloco.posttrain.lmeval import _defined_tasks, _read_yaml, write_task_dir
 from ddiloco.posttrain.tasks import TaskItem
-from ddiloco.tokenizer import ByteTokenizer
 
 
 def test_task_yamls_give_the_eos_text_plus_prompt_and_no_delimiter(tmp_path):

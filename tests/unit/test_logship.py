@@ -1,4 +1,4 @@
-"""Log shipping (`ddiloco.logship`): the ring's bound, periodic writes, store errors, keys, SIGTERM, the
+"""Log shipping (`ddiloco.tracking.logship`): the ring's bound, periodic writes, store errors, keys, SIGTERM, the
 report's view of processes that died, and `ddiloco logs`. Really killed processes:
 tests/integration/test_log_shipping.py."""
 
@@ -10,12 +10,13 @@ import time
 
 import pytest
 
-from ddiloco import keys, logship
+from ddiloco import keys
 from ddiloco.cli.main import main
 from ddiloco.posttrain.report import deaths_html, deaths_markdown
 from ddiloco.store.base import StoreUnavailable
 from ddiloco.store.memory import reset_memory_stores
 from ddiloco.store.url import open_store
+from ddiloco.tracking import logship
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ def test_store_errors_keep_the_ring_and_the_next_write_catches_up(store, caplog)
         flaky.down = False
         wait_for(lambda: store.exists("logs/learner/0000.json"))
     assert logship.read_log(store, "logs/learner/0000.json")["lines"] == ["one", "two"]
-    assert not [r for r in caplog.records if r.name == "ddiloco.logship"], "store errors: debug only"
+    assert not [r for r in caplog.records if r.name == "ddiloco.tracking.logship"], "store errors: debug only"
     flaky.down = True
     assert not h.finish("exit", timeout=2)  # the final write fails too, without raising or hanging
     h.close()

@@ -1,4 +1,4 @@
-"""Batches from several streamed corpora with weights (`ddiloco.tokens.mixture`): the n-th batch's source is
+"""Batches from several streamed corpora with weights (`ddiloco.data.tokens.mixture`): the n-th batch's source is
 fixed by the seed, shares converge to the weights, a resumed loader continues exactly, and a cursor of
 another mixture is refused."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from ddiloco.data.tokens.corpus import TokenCorpus
+from ddiloco.data.tokens.mixture import MixtureLoader
+from ddiloco.data.tokens.ranges import plan_ranges, slot_chunks
+from ddiloco.data.tokens.stream import StreamLoader
 from ddiloco.store.url import open_store
-from ddiloco.tokens.corpus import TokenCorpus
-from ddiloco.tokens.mixture import MixtureLoader
-from ddiloco.tokens.ranges import plan_ranges, slot_chunks
-from ddiloco.tokens.stream import StreamLoader
 
 
 def _corpus(name: str, offset: int):

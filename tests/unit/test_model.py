@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ddiloco.model import (
+from ddiloco.model.gpt import (
     GPT,
     PRESETS,
     GPTConfig,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from ddiloco.merge import OuterNesterov, staleness_discount, token_weight
+from ddiloco.syncer.merge.outer import OuterNesterov, staleness_discount, token_weight
 from tests.merge_reference import (
     merge,
     merge_with_stats,

@@ -1,4 +1,4 @@
-"""Schedule-aware outer momentum (`ddiloco.merge.OuterNesterov` lr_scale, `MergeRule.lr_scale`): the outer
+"""Schedule-aware outer momentum (`ddiloco.syncer.merge.outer.OuterNesterov` lr_scale, `MergeRule.lr_scale`): the outer
 step anneals with the learners' inner rate, as torch's SGD momentum does under an LR schedule."""
 
 import uuid
@@ -6,17 +6,17 @@ import uuid
 import pytest
 import torch
 
-from ddiloco.config import DilocoConfig, TrainConfig
-from ddiloco.fragments import Fragment
-from ddiloco.globalmodel import Layout, publish_global
-from ddiloco.merge import OuterNesterov
+from ddiloco.config.run import DilocoConfig, TrainConfig
 from ddiloco.protocol import signing
 from ddiloco.protocol.update import UpdateHeader
 from ddiloco.protocol.wire import RunSigner
-from ddiloco.run import RunRoot
-from ddiloco.schedule import decay_factor
+from ddiloco.run.fragments import Fragment
+from ddiloco.run.globalmodel import Layout, publish_global
+from ddiloco.run.root import RunRoot
+from ddiloco.run.schedule import decay_factor
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import MergeRule
+from ddiloco.syncer.merge.outer import OuterNesterov
 from ddiloco.syncer.rounds import Answer, Round
 from ddiloco.syncer.state import SyncerFiles
 

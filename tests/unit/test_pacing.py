@@ -4,7 +4,7 @@ and 7), with the syncer's clocks under the test's control."""
 import pytest
 
 from ddiloco import keys
-from ddiloco.prepare import prepare
+from ddiloco.run.prepare import prepare
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer
 from tests._harness import tiny_config

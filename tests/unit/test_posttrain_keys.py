@@ -12,10 +12,10 @@ import pytest
 
 from ddiloco import keys
 from ddiloco.cli.main import main
-from ddiloco.globalmodel import build_model
-from ddiloco.prepare import prepare
 from ddiloco.protocol import signing, wire
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import build_model
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddiloco.errors import ConfigError
-from ddiloco.prepare import config_differences, prepare
+from ddiloco.run.prepare import config_differences, prepare
 from ddiloco.store.url import open_store
 from tests._harness import tiny_config
 

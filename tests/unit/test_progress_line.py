@@ -6,7 +6,7 @@ import dataclasses
 from collections import deque
 
 from ddiloco.cli.run import progress_printer, rate_and_eta
-from ddiloco.progress import Progress
+from ddiloco.tracking.progress import Progress
 from tests._harness import status
 
 

@@ -1,19 +1,20 @@
 """A syncer that dies between any two writes of a publish, or finds an unverifiable object at a version key
 (`ddiloco.syncer.state`, `ddiloco.syncer.adopt`): the next syncer adopts or supersedes what it left, fences
-only a newer writer, and quarantines what does not verify. Crashes are failpoints (`ddiloco.failpoints`)."""
+only a newer writer, and quarantines what does not verify. Crashes are failpoints (`ddiloco.platform.failpoints`)."""
 
 import uuid
 
 import pytest
 import torch
 
-from ddiloco import failpoints, keys
-from ddiloco.globalmodel import latest_version, pack_global, publish_global
+from ddiloco import keys
+from ddiloco.platform import failpoints
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import Ledger, RoundRecord, SyncerState
 from ddiloco.protocol.update import UpdateHeader
 from ddiloco.protocol.wire import RunSigner
-from ddiloco.run import RunRoot
+from ddiloco.run.globalmodel import latest_version, pack_global, publish_global
+from ddiloco.run.root import RunRoot
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import GlobalFragment
 from ddiloco.syncer.lease import Fenced
@@ -212,7 +213,7 @@ def test_a_version_an_older_epoch_publishes_meanwhile_is_superseded_not_overwrit
 def test_the_quarantine_count_is_exported_as_a_metric():
     from prometheus_client import CollectorRegistry
 
-    from ddiloco.metrics import SyncerMetrics
+    from ddiloco.tracking.metrics import SyncerMetrics
 
     reg = CollectorRegistry()
     state = {"tokens_merged": 1, "tokens_discarded": 0, "token_budget": 2, "live_learners": 1}

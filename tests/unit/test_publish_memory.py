@@ -3,9 +3,9 @@ into lent memory verifies the same and is not copied, and a fragment hands its r
 
 import torch
 
-from ddiloco.bufferpool import BufferPool, Loan, carve
-from ddiloco.merge import OuterNesterov
 from ddiloco.protocol import signing, wire
+from ddiloco.syncer.merge.bufferpool import BufferPool, Loan, carve
+from ddiloco.syncer.merge.outer import OuterNesterov
 
 KEY = signing.for_run(b"k" * 32, "r")  # the run "r"'s keys
 

@@ -3,7 +3,7 @@
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from ddiloco.metrics import push_task_metrics
+from ddiloco.tracking.metrics import push_task_metrics
 
 
 def test_push_sends_the_task_gauges_to_the_gateway():
@@ -44,7 +44,7 @@ def test_a_taken_metrics_port_is_logged_and_training_goes_on(caplog):
 
     from prometheus_client import CollectorRegistry
 
-    from ddiloco.metrics import serve
+    from ddiloco.tracking.metrics import serve
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from ddiloco import keys
-from ddiloco.config import RunConfig
+from ddiloco.config.run import RunConfig
 from ddiloco.posttrain.report import render_comparison_html, render_run_html, render_run_markdown
 from ddiloco.posttrain.report_data import _event_time, flat_metrics, load_run
 from ddiloco.store.memory import reset_memory_stores

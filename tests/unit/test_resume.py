@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ddiloco import keys
-from ddiloco.data import ShardLoader
+from ddiloco.data.loader import ShardLoader
 from ddiloco.learner.resume import resume_from_reports
 from ddiloco.posttrain.summary import read_twice
 from ddiloco.protocol.learner_report import DataRead

@@ -1,4 +1,4 @@
-"""Bounded storage (issue 16 item 6): which versions the rules keep (`ddiloco.retention`), the syncer's pruning
+"""Bounded storage (issue 16 item 6): which versions the rules keep (`ddiloco.config.retention`), the syncer's pruning
 (`ddiloco.syncer.retention`) over a long simulated run, learner checkpoint retention and cadence."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.config import RunConfig
+from ddiloco.config.retention import RetentionConfig, curve_moments, curve_stride, kept_versions
+from ddiloco.config.run import RunConfig
 from ddiloco.errors import ConfigError
 from ddiloco.learner.checkpoint import (
     MAX_CHECKPOINT_S,
@@ -18,10 +19,9 @@ from ddiloco.learner.checkpoint import (
     load_learner_checkpoint,
     save_learner_checkpoint,
 )
-from ddiloco.model import PRESETS, configure_optimizer, count_params, gpt_config, init_model
+from ddiloco.model.gpt import PRESETS, configure_optimizer, count_params, gpt_config, init_model
 from ddiloco.posttrain.evaluate import curve_points
-from ddiloco.retention import RetentionConfig, curve_moments, curve_stride, kept_versions
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from ddiloco.syncer.retention import Retention
 
@@ -222,9 +222,9 @@ def test_checkpoint_cadence_scales_with_the_state():
 
 
 def test_evaluating_a_parameter_less_learner_checkpoint_says_what_to_do_instead():
-    from ddiloco.globalmodel import build_model, read_layout
     from ddiloco.posttrain.evaluate import load_model
-    from ddiloco.prepare import prepare
+    from ddiloco.run.globalmodel import build_model, read_layout
+    from ddiloco.run.prepare import prepare
     from tests._harness import tiny_config
 
     store = open_store("memory://retention-eval-learner")

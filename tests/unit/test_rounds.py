@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ddiloco.config import DilocoConfig
+from ddiloco.config.run import DilocoConfig
 from ddiloco.syncer.rounds import (
     DEFAULT_STEP_S,
     GraceRule,

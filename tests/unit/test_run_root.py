@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.config import EvalConfig, SFTConfig
+from ddiloco.config.run import EvalConfig, SFTConfig
 from ddiloco.errors import ConfigError
 from ddiloco.posttrain.evaluate import evaluate_checkpoint
 from ddiloco.posttrain.sft import run_sft
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.messages import ClosingFigures, Done
-from ddiloco.run import RunRoot
+from ddiloco.run.prepare import prepare
+from ddiloco.run.root import RunRoot
 from ddiloco.store.url import open_store
 from tests._harness import status, tiny_config
 
@@ -128,7 +128,7 @@ def test_documents_round_trip_under_their_keys(root):
 
 
 def test_prepared_at_is_a_finite_number_of_the_data_meta_or_none():
-    from ddiloco.run import prepared_at_of
+    from ddiloco.run.root import prepared_at_of
 
     assert prepared_at_of({"prepared_at": 1700000000.5}) == 1700000000.5
     assert prepared_at_of({"prepared_at": 17}) == 17.0

@@ -6,14 +6,14 @@ import math
 import pytest
 
 from ddiloco import keys
-from ddiloco.config import TrainConfig
+from ddiloco.config.recipes import RECIPES, load_config
+from ddiloco.config.run import TrainConfig
 from ddiloco.errors import ConfigError
 from ddiloco.learner.loop import Learner
 from ddiloco.posttrain.sft import SFTConfig, sft_lr
-from ddiloco.prepare import prepare
 from ddiloco.protocol.messages import Status
-from ddiloco.recipes import RECIPES, load_config
-from ddiloco.schedule import (
+from ddiloco.run.prepare import prepare
+from ddiloco.run.schedule import (
     GlobalSchedule,
     decay_factor,
     inner_lr,

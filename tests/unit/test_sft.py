@@ -10,7 +10,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from ddiloco.model import IGNORE_INDEX, GPTConfig, init_model
+from ddiloco.data.synthetic import make_world
+from ddiloco.data.tokenizer import ByteTokenizer
+from ddiloco.model.gpt import IGNORE_INDEX, GPTConfig, init_model
 from ddiloco.posttrain import sft
 from ddiloco.posttrain.sft import (
     SFTConfig,
@@ -22,8 +24,6 @@ from ddiloco.posttrain.sft import (
     train_sft,
 )
 from ddiloco.posttrain.tasks import TaskItem
-from ddiloco.synthetic import make_world
-from ddiloco.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 
@@ -102,7 +102,7 @@ def test_a_few_steps_lower_the_response_loss(replay):
 
 
 def test_training_on_the_shared_schedule_is_bitwise_the_closed_form_one(monkeypatch):
-    """SFT's rate comes from `ddiloco.schedule.lr_at`; where a warm-up step's double differs from the closed
+    """SFT's rate comes from `ddiloco.run.schedule.lr_at`; where a warm-up step's double differs from the closed
     form lr·(s+1)/W in its last bit, the fp32 update does not: losses and parameters are identical."""
     cfg = SFTConfig(steps=12, batch_size=8, lr=3e-3, warmup_steps=7, replay_fraction=0.0)
     items = [TaskItem("t", f"name {c}?", f" {c * 3}") for c in "abcd"]

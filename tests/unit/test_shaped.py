@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
+from ddiloco.config.recipes import load_config
 from ddiloco.errors import ConfigError
-from ddiloco.recipes import load_config
 from ddiloco.store.shaped import (
     Link,
     ShapedStore,

@@ -1,4 +1,4 @@
-"""`ddiloco.shards`: which shard an id reads, the report's `data`, the summary's record of who read what."""
+"""`ddiloco.data.shards`: which shard an id reads, the report's `data`, the summary's record of who read what."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
+from ddiloco.data.shards import assign_shard, data_read
 from ddiloco.protocol.learner_report import DataRead, LearnerReport
-from ddiloco.shards import assign_shard, data_read
 from tests._harness import learner_report as report
 from tests.unit.test_ledger import _report as learner_report
 

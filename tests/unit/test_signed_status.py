@@ -9,7 +9,7 @@ import threading
 from ddiloco import keys
 from ddiloco.learner.io import StatusPoller
 from ddiloco.protocol import signing
-from ddiloco.run import RunRoot
+from ddiloco.run.root import RunRoot
 from ddiloco.store.memory import MemoryStore
 from tests._harness import status
 

@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 
 from ddiloco import keys
-from ddiloco.prepare import prepare
 from ddiloco.protocol.messages import LearnerEvent, Merged
+from ddiloco.run.prepare import prepare
 from ddiloco.stateful import Stateful, gather, restore
 from ddiloco.store.url import open_store
 from ddiloco.syncer.loop import Syncer

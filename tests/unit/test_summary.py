@@ -11,10 +11,10 @@ import pytest
 from ddiloco import keys
 from ddiloco.learner.ledger import FragmentLedger
 from ddiloco.posttrain.summary import build_summary
-from ddiloco.prepare import prepare
 from ddiloco.protocol.learner_report import FragmentBooks, PendingAnswer
 from ddiloco.protocol.messages import Contribution, Done, Ledger, RoundRecord, SyncerState
 from ddiloco.protocol.summary import POSTTRAIN_FIELDS, Summary
+from ddiloco.run.prepare import prepare
 from ddiloco.store.memory import reset_memory_stores
 from ddiloco.store.url import open_store
 from tests._harness import learner_report, tiny_config

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from ddiloco import keys
-from ddiloco.fragments import Fragment
-from ddiloco.globalmodel import Layout, publish_global
 from ddiloco.protocol import signing, wire
 from ddiloco.protocol.update import UpdateHeader
 from ddiloco.protocol.wire import RunSigner
-from ddiloco.run import RunRoot
+from ddiloco.run.fragments import Fragment
+from ddiloco.run.globalmodel import Layout, publish_global
+from ddiloco.run.root import RunRoot
 from ddiloco.store.memory import MemoryStore
 from ddiloco.syncer.fragment import GlobalFragment, MergeRule
 from ddiloco.syncer.rounds import Answer, Round

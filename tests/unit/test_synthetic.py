@@ -7,9 +7,8 @@ import re
 import pytest
 import torch
 
-from ddiloco.data import ShardLoader, tokenize_corpus
-from ddiloco.model import configure_optimizer, gpt_config, init_model
-from ddiloco.synthetic import (
+from ddiloco.data.loader import ShardLoader, tokenize_corpus
+from ddiloco.data.synthetic import (
     AGREEMENT_ADJECTIVES,
     AGREEMENT_NOUNS,
     AGREEMENT_PREPOSITIONS,
@@ -19,7 +18,8 @@ from ddiloco.synthetic import (
     make_world,
     synthetic_documents,
 )
-from ddiloco.tokenizer import ByteTokenizer, train_bpe
+from ddiloco.data.tokenizer import ByteTokenizer, train_bpe
+from ddiloco.model.gpt import configure_optimizer, gpt_config, init_model
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from ddiloco.model import GPTConfig, init_model
+from ddiloco.data.synthetic import make_world
+from ddiloco.data.tokenizer import ByteTokenizer
+from ddiloco.model.gpt import GPTConfig, init_model
 from ddiloco.posttrain.tasks import (
     TaskItem,
     cloze_tasks,
@@ -17,8 +19,6 @@ from ddiloco.posttrain.tasks import (
     score_items,
     synthetic_tasks,
 )
-from ddiloco.synthetic import make_world
-from ddiloco.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 

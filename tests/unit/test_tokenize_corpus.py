@@ -1,4 +1,4 @@
-"""`ddiloco.textcorpus`: text files -> content-addressed `.npy` token parts, streamed, in parallel, reused."""
+"""`ddiloco.data.textcorpus`: text files -> content-addressed `.npy` token parts, streamed, in parallel, reused."""
 
 import gzip
 import io
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from ddiloco.cli.main import main
-from ddiloco.data import tokenize_corpus
+from ddiloco.data.loader import tokenize_corpus
+from ddiloco.data.textcorpus.choose import tokenizer_from_spec
+from ddiloco.data.textcorpus.corpus import tokenize_to_npy
+from ddiloco.data.textcorpus.npyparts import token_dtype
+from ddiloco.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, train_bpe
 from ddiloco.errors import CorpusError
 from ddiloco.store.file import FileStore
 from ddiloco.store.memory import MemoryStore
-from ddiloco.textcorpus.choose import tokenizer_from_spec
-from ddiloco.textcorpus.corpus import tokenize_to_npy
-from ddiloco.textcorpus.npyparts import token_dtype
-from ddiloco.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, train_bpe
 
 TEXTS = [f"document {i}: {'ünïcode ' * (i % 3)}words {i * 7} and more" for i in range(40)]
 

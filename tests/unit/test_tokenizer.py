@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ddiloco.tokenizer import (
+from ddiloco.data.tokenizer import (
     BPETokenizer,
     ByteTokenizer,
     build_tokenizer,

@@ -1,4 +1,4 @@
-"""Pre-tokenized `.npy` corpora (ddiloco.tokens): headers, bad files, manifest, ranges, streaming loader."""
+"""Pre-tokenized `.npy` corpora (ddiloco.data.tokens): headers, bad files, manifest, ranges, streaming loader."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
+from ddiloco.data.tokens.corpus import TokenCorpus
+from ddiloco.data.tokens.npy import CorpusError, TokenFile
+from ddiloco.data.tokens.ranges import cut_chunks, plan_ranges, slot_chunks
+from ddiloco.data.tokens.stream import StreamLoader
+from ddiloco.data.tokens.val import val_batches_from
 from ddiloco.store.base import Store, StoreUnavailable
 from ddiloco.store.memory import MemoryStore, reset_memory_stores
 from ddiloco.store.shaped import Link, ShapedStore
 from ddiloco.store.url import open_store
 from ddiloco.store.wrapped import DelegatingStore
-from ddiloco.tokens.corpus import TokenCorpus
-from ddiloco.tokens.npy import CorpusError, TokenFile
-from ddiloco.tokens.ranges import cut_chunks, plan_ranges, slot_chunks
-from ddiloco.tokens.stream import StreamLoader
-from ddiloco.tokens.val import val_batches_from
 
 
 @pytest.fixture(autouse=True)

@@ -12,13 +12,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ddiloco import keys
-from ddiloco.metrics import TrackingMetrics
+from ddiloco.config.tracking import TrackingConfig
 from ddiloco.platform.ports import free_port
 from ddiloco.store.url import open_store
 from ddiloco.tracking import tfevents
 from ddiloco.tracking.channel import Channel
-from ddiloco.tracking.config import TrackingConfig
 from ddiloco.tracking.info import tracking_info
+from ddiloco.tracking.metrics import TrackingMetrics
 from ddiloco.tracking.tensorboard import EventFiles
 from ddiloco.tracking.tracker import Tracker, open_tracker
 

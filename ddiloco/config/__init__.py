@@ -1,0 +1,1 @@
+"""The run configuration: every section, its checks, overrides, recipes and the JSON schema."""

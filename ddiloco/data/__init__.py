@@ -1,0 +1,1 @@
+"""Data: corpora, tokenizers, shards, token streams, and tokenizing text corpora."""

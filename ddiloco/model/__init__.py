@@ -1,0 +1,1 @@
+"""The models learners train: the built-in GPT and Hugging Face causal LMs."""
