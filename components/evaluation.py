@@ -1,22 +1,13 @@
 """The evaluate step: the built-in evaluator, then lm-evaluation-harness on this package's tasks and on a
 team's own task YAMLs from the store, offline.
 
-Design choices:
-- `lm_eval_tasks` is a store prefix (`s3://bucket/prefix`, `file:///dir`) of lm-eval task YAMLs with their
-  data files and `!function` modules, laid out as lm-eval's own `lm_eval/tasks/<task>/` folders (a standard
-  benchmark's folder copied as it is works). It is copied into a local directory and given to
-  `ddiloco evaluate --harness lm-eval --tasks DIR`, which hands it to lm-eval's
-  `TaskManager(include_path=DIR)` and runs every task the YAMLs define (`ddiloco.posttrain.lmeval`); a
-  relative `data_files` path in a YAML is read from that directory.
-- `lm_eval_datasets` is a store prefix holding a Hugging Face datasets cache (a copy of a machine's
-  `~/.cache/huggingface/datasets` after the benchmarks were loaded once): copied locally and set as
-  `HF_DATASETS_CACHE` with `HF_DATASETS_OFFLINE=1`, so a task whose `dataset_path` is a Hub dataset
-  (hellaswag, arc_easy, ...) loads from the cache. Nothing is downloaded from the Hub: the pods may have
-  no internet, and `ddiloco evaluate` sets `HF_HUB_OFFLINE` too.
-- Results: the user's tasks are written as `eval/lm-{checkpoint}-tasks.json` (beside `lm-{checkpoint}`
-  of the package's tasks), so the report lists both; their numbers join the step's KFP metrics as
-  `lm_eval.TASK.METRIC`.
-- Imports neither kfp nor torch (the Metrics artifact is duck-typed).
+`lm_eval_tasks` is a store prefix of lm-eval task folders (YAMLs, data files, `!function` modules), copied
+locally and handed to `ddiloco evaluate --harness lm-eval --tasks DIR`. `lm_eval_datasets` is a store prefix
+holding a Hugging Face datasets cache, copied locally and read offline: nothing is downloaded from the Hub.
+The user's tasks are written as `eval/lm-{checkpoint}-tasks.json` and join the step's KFP metrics as
+`lm_eval.TASK.METRIC`. Imports neither kfp nor torch (the Metrics artifact is duck-typed).
+
+Design notes: docs/internals.md, "The evaluate step".
 """
 
 from __future__ import annotations

@@ -3,46 +3,14 @@ worker a (retried) keeper adopts. `keeper_loop` acts on them through the Kuberne
 
 A keeper is the KFP task of a learner or the syncer: a small CPU pod that creates the role's *worker* pod
 (the GPU learner, the syncer) through the Kubernetes API, watches it, and starts a new incarnation when the
-cluster takes it away. Stock KFP 2.17 (`retryPolicy: OnError`) retries only a pod whose object disappears
-(Argo "pod deleted"); every other infrastructure failure ends the pod `Failed` and the task with it
-(docs/cluster.md, "Retries"). The keeper moves those failures to a pod whose status it reads itself.
+cluster takes it away. Stock KFP 2.17 (`retryPolicy: OnError`) retries only a pod whose object disappears;
+every other infrastructure failure ends the pod `Failed` and the task with it (docs/cluster.md, "Retries").
+The keeper moves those failures to a pod whose status it reads itself. Workers have deterministic names and
+are owned by the keeper pod and the Workflow, so a retried keeper adopts its worker (`pick`) and a deleted run
+takes it away. `classify` tells infrastructure (a new incarnation) from a crash (counted against
+`crash_restarts`) and from a usage error (exit 2, never restarted).
 
-Design choices:
-- A worker's name is deterministic: `ddiloco-{role}[-{learner id}]-{10 hex of sha256(run id)}-{n}` for
-  incarnation n (at most ~40 characters: the pod's hostname is not truncated, and no two runs share names).
-  Labels carry role, run hash, learner id and incarnation, so a keeper lists the workers of its own slot.
-- A worker is owned by its keeper pod *and* by the keeper pod's own controller, the Argo Workflow (Argo
-  workflowpod.go createWorkflowPod sets it as the pod's controller reference). The Kubernetes garbage
-  collector deletes a dependent only when none of its owners is left (the "solid owner" rule of
-  pkg/controller/garbagecollector/garbagecollector.go attemptToDeleteItem): a keeper that goes away for a
-  retry leaves its worker running for the next keeper to adopt; a deleted run (KFP deletes the Workflow,
-  or its TTL does) takes its workers with it. No `blockOwnerDeletion`: setting it needs update on the
-  owner's finalizers (admission plugin OwnerReferencesPermissionEnforcement), which the keeper's Role lacks.
-- The worker carries the role label (`ddiloco.io/role`) and the run's `workflows.argoproj.io/workflow` label,
-  so the chaos step kills workers (where training happens); the keeper carries `ddiloco.io/keeper` instead.
-  It carries no `workflows.argoproj.io/completed` label: Argo's pod informer selects `completed=false`
-  (workflow/controller/pod/controller.go newWorkflowPodWatch), so Argo never reconciles a worker.
-- How a worker ended (`classify`), from its pod as the kubelet and the API server report it:
-  * Succeeded -> done.
-  * gone (404), a `deletionTimestamp`, or a `DisruptionTarget` condition -> infrastructure. The condition's
-    reasons (k8s.io/api core/v1 types.go: PreemptionByScheduler, DeletionByTaintManager,
-    EvictionByEvictionAPI, DeletionByPodGC, TerminationByKubelet) are set on every disruption the control
-    plane or the kubelet starts (KEP-3329, pod disruption conditions, GA in Kubernetes 1.31).
-  * Failed with `status.reason` Evicted (kubelet pkg/kubelet/eviction/helpers.go Reason), Terminated or
-    Shutdown (graceful node shutdown, pkg/kubelet/nodeshutdown nodeShutdownReason; "Shutdown" before 1.22),
-    UnexpectedAdmissionError (pkg/kubelet/lifecycle/predicate.go, e.g. kubernetes#130145 after a GPU
-    force-delete), an `OutOf<resource>` / NodeAffinity admission rejection (predicate.go), or NodeLost
-    -> infrastructure.
-  * Failed, main container terminated `OOMKilled` (exit 137) -> infrastructure (the kernel's cgroup OOM
-    killer; counted against the same generous limit).
-  * Failed without any container status (it never ran) -> infrastructure.
-  * Failed with exit code 2 -> a usage error the role's message explains: never restarted.
-  * any other Failed (a non-zero exit, no infrastructure reason) -> the role crashed: counted against
-    `crash_restarts`.
-- Adoption (`pick`): a keeper lists its slot's workers; the highest incarnation that is still live
-  (Pending/Running, no deletionTimestamp) is adopted instead of starting a second one; an ended one is
-  classified (a Succeeded worker means the slot is done: a keeper retried after its worker finished exits 0).
-  Crashes of earlier incarnations count against `crash_restarts` (they are read back from the pods).
+Design notes (names, owners, labels, each failure reason and its source): docs/internals.md, "Keepers".
 """
 
 from __future__ import annotations
@@ -164,8 +132,9 @@ def shm_volume(spec: WorkerSpec) -> tuple[list[dict[str, Any]], list[dict[str, A
     """(pod volumes, container volumeMounts) of the worker's /dev/shm: a memory-backed emptyDir of `spec.shm`
     (none when empty). NCCL keeps its proxy buffers (~33 MB per communicator) and, between GPUs without
     peer-to-peer access, its intra-node transport in /dev/shm; a pod gets 64 MiB there by default, which
-    multi-GPU ranks outgrow (kubeflow/trainer docs/user-guides/megatron.md, "Increasing /dev/shm for
-    NCCL"). Written pages count against the pod's memory; unwritten ones cost nothing."""
+    multi-GPU ranks outgrow (https://github.com/kubeflow/trainer/blob/master/docs/user-guides/megatron.md,
+    "Increasing /dev/shm for NCCL"). Written pages count against the pod's memory; unwritten ones cost
+    nothing."""
     if not spec.shm:
         return [], []
     volume = {"name": SHM_VOLUME, "emptyDir": {"medium": SHM_MEDIUM, "sizeLimit": spec.shm}}

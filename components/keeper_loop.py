@@ -1,29 +1,14 @@
 """The keeper at work: start or adopt the worker pod of its slot, watch it, start the next incarnation after an
 infrastructure failure, give up after too many crashes; leave for a retry when its own pod is taken away.
 
-Design choices (the decisions themselves are pure functions in `keeper.py`):
-- A multi-node learner's workers are TrainJobs (`KubeTrainJobs`, decisions in `trainjob.py`): served in the
-  shape of worker pods, so the loop below is the same; an ended one is deleted at once (`retire`).
-- The keeper polls its worker with a GET every `poll_s` (no watch: a GET a few seconds apart per learner is
-  nothing for the API server, and a poll survives API server restarts without resumption logic).
-- Before it starts incarnation n+1 it waits until no earlier worker of its slot is still being deleted (two
-  learners with one id must never run at once); one that stays Terminating past `stuck_s` (a lost node never
-  confirms the kill) is force-deleted, as `kubectl delete --force` would.
-- SIGTERM to the keeper: its node is drained, shut down or preempted, its pod is deleted, or KFP is stopping
-  the run. Argo v4.0.5 forwards the signal to the process group of the KFP launcher (cmd/argoexec/commands/
-  emissary.go, osspecific.Kill on the pgid); the launcher has no handler and dies at once, and the emissary
-  notices within a second (osspecific.Wait polls wait4 every second) and ends the container. In that window
-  the keeper force-deletes its own pod object (one DELETE, grace 0): Argo then records the node Error "pod
-  deleted" (workflow/controller/operator.go podReconciliation), which stock KFP 2.17's `retryPolicy: OnError`
-  retries, and the retried keeper adopts the worker, which its other owner (the Workflow) keeps alive. When
-  KFP stops the run, Argo has marked the node Failed before it signals (exec_control.go
-  applyExecutionControl: TerminateContainers, then handleExecutionControlError), so the self-delete changes
-  nothing there; the keeper then reads the Workflow and, if it is stopping, deletes its worker.
-- Residual exposure (docs/cluster.md): a keeper killed without SIGTERM - OOM-killed, hard-evicted (grace 0) -
-  or one that misses the window ends Failed, which stock KFP does not retry. The keeper's memory is bounded
-  (one pod's JSON at a time; limit 256 MiB against ~100 MiB used by the launcher, Python and the Kubernetes
-  client), its pod is Guaranteed where Argo's executor containers have requests == limits, and the kubelet
-  evicts a pod under its requests last (pkg/kubelet/eviction/helpers.go rankMemoryPressure).
+The decisions are pure functions in `keeper.py`; a multi-node learner's workers are TrainJobs
+(`KubeTrainJobs`, decisions in `trainjob.py`) served in the shape of worker pods, so the loop is the same.
+The keeper polls its worker with a GET every `poll_s`, and starts incarnation n+1 only once no earlier worker
+of its slot is still being deleted (force-deleted past `stuck_s`). On SIGTERM it force-deletes its own pod
+object, so Argo records "pod deleted", which stock KFP retries, and the retried keeper adopts the worker;
+when KFP is stopping the run it deletes its worker instead.
+
+Design notes (the SIGTERM window, what stays exposed): docs/internals.md, "The keeper at work".
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """The run's final and fine-tuned models as KFP `Model` artifacts: Hugging Face directories with a model card
 in the metadata.
 
-Design choices:
-- The artifact *is* the exported directory (`ddiloco export` into the artifact's local path): KFP's
-  launcher uploads it to the artifact's URI in the pipeline root, so the URI the UI shows is a directory
-  that `transformers.AutoModelForCausalLM.from_pretrained` loads once downloaded. The URI cannot be a
-  prefix of the run root instead: the KFP 2.17 launcher takes a URI the component reports
-  (launcher_v2.go mergeRuntimeArtifacts) but then uploads to it and refuses one outside the pipeline
-  root's bucket and prefix (uploadOutputArtifacts -> objectstore.Config.KeyFromURI: "does not have expected
-  bucket prefix"), failing the step; tests/twin/launcher.py follows that rule.
-- Metadata (the UI's model card, MLMD custom properties): format, framework, checkpoint, architecture,
-  parameters (of the exported model), tokens trained (the tokens the syncer merged into the final model;
-  an SFT model adds its steps and examples), validation loss and perplexity of the checkpoint's evaluation
-  (the export steps run after the evaluate steps), and the run root it came from. What the run has not
-  written is left out, never guessed.
-- A run whose SFT was skipped (a user corpus without `sft.data`) has no fine-tuned model: the `sft_model`
-  artifact is empty with `present: false`, and the step succeeds.
-- Imports neither kfp nor torch (artifacts are duck-typed: `.path`, `.metadata`).
+The artifact is the exported directory (`ddiloco export` into the artifact's local path), which KFP's
+launcher uploads into the pipeline root: a URI under the run root instead would be refused by the KFP 2.17
+launcher. The metadata holds format, architecture, parameters, tokens trained, validation loss and the run
+root; what the run has not written is left out, never guessed. A run whose SFT was skipped has an empty
+`sft_model` artifact with `present: false`. Imports neither kfp nor torch (artifacts are duck-typed).
+
+Design notes: docs/internals.md, "Models as KFP artifacts".
 """
 
 from __future__ import annotations

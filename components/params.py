@@ -1,18 +1,14 @@
 """The run-time parameters of the pipelines, each defined once: name, type, default, meaning, the steps that
 receive it (as which input) and the run-config key the prepare step sets from it.
 
-Read from here: the pipeline functions' signatures and their KFP descriptions (`pipeline_func`), the
-arguments each step gets (`arguments`), the prepare step's `--set` list (`ddiloco.components.runtime.
-prepare_settings`, in the step's pod: standard library only) and the tables of docs/cluster.md
-(`ddiloco.pipelines.params_doc`).
-
-Design choices:
-- A receiver is a component input: KFP runs a lightweight component's own source, so the input is in its
-  function's signature (components/roles.py, keepers.py); building a pipeline whose table names an input a
-  step lacks fails, naming it (`ddiloco.pipelines.pretrain.task`).
-- What is not one input of one step stays in the pipeline body: `store_bucket`/`store_prefix` make every
-  step's `store`; `store_secret` and the selectors and tolerations also set pods' Kubernetes settings.
-- A config key is set from a value that is not empty (0, blank): empty keeps the recipe's.
+Read from here: the pipeline functions' signatures and KFP descriptions (`pipeline_func`), each step's
+arguments (`arguments`), the prepare step's `--set` list (`ddiloco.components.runtime.prepare_settings`,
+standard library only) and the tables of docs/cluster.md (`ddiloco.pipelines.params_doc`). A receiver is a
+component input: KFP runs a lightweight component's own source, so the input is in its function's signature
+(components/roles.py, keepers.py), and a table naming an input a step lacks fails the build
+(`ddiloco.pipelines.pretrain.task`). What is not one input of one step (the store's bucket and prefix, the
+Secret, selectors, tolerations) stays in the pipeline body. A config key is set only from a value that is
+not empty (0, blank); empty keeps the recipe's.
 """
 
 import inspect

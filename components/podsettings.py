@@ -2,23 +2,14 @@
 cluster: the Istio opt-out, a Pod Security `restricted` securityContext, and the run's scheduling settings
 (Kueue queue, priority class, affinity, image pull secrets, extra labels and annotations, service account).
 
-Design choices:
-- Istio: the pods opt out of sidecar injection, as KFP 2.17 opts out its own workflow pods: the API server
-  sets the annotation `sidecar.istio.io/inject: "false"` on every template (backend/src/apiserver/template/
-  v2_template.go, `SetAnnotationsToAllTemplatesIfKeyNotExist(util.AnnotationKeyIstioSidecarInject, ...)`).
-  The package sets the annotation *and* the label of that name: Istio's injector reads both (pkg/kube/inject/
-  inject.go injectRequired: the label wins over the annotation), and since Istio 1.x's revision-based
-  webhooks match the label in their objectSelector. Without it, in a namespace labelled
-  `istio-injection=enabled` a worker gets an `istio-proxy` container that never exits, so a finished worker
-  stays Running (docs/cluster.md, "Your cluster").
-- Pod Security: the Pod Security Standards' `restricted` profile (k8s.io/pod-security-admission policy/
-  check_*.go): runAsNonRoot, a non-zero runAsUser, seccompProfile RuntimeDefault on the pod; on every
-  container allowPrivilegeEscalation false and capabilities drop ALL. The uid is the images' user
-  (images/*.Dockerfile `useradd --uid 1000`); fsGroup the same, so mounted volumes are writable by it.
-- Scheduling: `PodSettings` is the run-time parameter `pod_settings` (a JSON object) plus `kueue_queue`,
-  applied by `worker_manifest` and `trainjob_manifest`. A worker pod gets the Kueue queue label itself
-  (Kueue's plain-pod integration gates it, kueue pkg/controller/jobs/pod); a TrainJob gets it on the
-  TrainJob (Kueue's TrainJob integration suspends and admits the TrainJob, not its pods).
+The pods opt out of Istio sidecar injection by annotation and label, as KFP opts out its own pods: a sidecar
+that never exits would keep a finished worker Running. The securityContext is the `restricted` profile with
+the images' uid 1000. `PodSettings` is the run-time parameter `pod_settings` plus `kueue_queue`, applied by
+`worker_manifest` and `trainjob_manifest`; the Kueue queue label goes on a worker pod itself and on a
+TrainJob, not on its pods.
+
+Design notes (the Istio, Pod Security and Kueue code each choice follows): docs/internals.md, "Pods on a
+platform team's cluster".
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """What a component body calls: run one `ddiloco` role in a child process and hand its results to KFP.
 
-Design choices:
-- Every component body is one call here, so the bodies carry no logic (DESIGN §3) and this code has tests.
-- The role runs as `python -m ddiloco.cli ROLE ...` (the same command `ddiloco run` starts locally); its logs
-  go to stderr and stream through, its result is the JSON object it prints as the last line of stdout.
-- A failing role fails the component with the role's exit code in the message; the role has already said
-  why on stderr (one line for anything a user can fix).
-- Imports neither kfp nor torch: artifacts are duck-typed (`.path`, `.metadata`, `.log_metric`); key names
-  come from `ddiloco.keys` (no torch there).
-- The run root is built here, not in the pipeline: KFP 2.17's driver replaces `{{$.pipeline_job_uuid}}` only
-  when it is a parameter's *whole* value (backend/src/v2/driver/resolve.go, resolveInputParameter), so the
-  pipeline passes the run id on its own and `run_root` joins it to the store base. `{namespace}` in the base
-  is the pod's namespace (downward API): multi-user Kubeflow lets a profile's store identity write only
-  under `private/<namespace>/`.
-- Long-running roles (learner, syncer) compiled without keepers (`keeper=False`) are restarted in their pod
-  when they crash: KFP 2.17's stock Argo setting retries deleted pods (retryPolicy OnError) but no pod it
-  marks Failed, and a controller-wide `Always` would also retry every other team's failing steps and whole
-  DAGs. This brings back a crash, or an OOM kill of the role's process alone; a pod the cluster takes away
-  needs `manifests/argo-retry` then (docs/cluster.md). With keepers (the default) the keeper restarts the
-  role's worker pod instead (`ddiloco.components.keeper_loop`). Exit code 2 (a mistake the message
-  explains) is never retried.
+Every component body is one call here, so the bodies KFP embeds carry no logic and this code has tests. The
+role runs as `python -m ddiloco.cli ROLE ...` (the command `ddiloco run` starts locally); its logs stream
+through stderr, and its result is the JSON object it prints as the last line of stdout. A failing role fails
+the component with its exit code. The run root is joined here from the store base and the run id, because
+KFP 2.17 resolves `{{$.pipeline_job_uuid}}` only as a parameter's whole value. Without keepers
+(`keeper=False`) a crashed long-running role is restarted in its pod, exit code 2 never. Imports neither kfp
+nor torch: artifacts are duck-typed.
+
+Design notes: docs/internals.md, "Component bodies".
 """
 
 from __future__ import annotations

@@ -1,81 +1,16 @@
 """A multi-node learner as a Kubeflow Trainer `TrainJob`: its manifest, and how it stands, as pure functions of
 the JSON of the TrainJob and of its node pods. `keeper_loop.KubeTrainJobs` serves them to the keeper loop.
 
-With `ClusterOptions.learner_nodes` = N > 1 one learner is one torch job over N pods (nodes) of G =
-`gpus_per_learner` ranks each. Its keeper creates a TrainJob (`trainer.kubeflow.org/v1alpha1`) on the
-`torch-distributed` ClusterTrainingRuntime where it would create a worker pod; the Trainer controller makes a
-JobSet of it (same name, the TrainJob its controller owner: kubeflow/trainer pkg/runtime/framework/plugins/
-jobset/jobset.go Build), whose one replicated job `node` is an Indexed Job of N pods (parallelism = completions
-= numNodes: jobset.go syncParallelCount; Indexed: jobset pkg/webhooks/jobset_webhook.go Default).
+With `ClusterOptions.learner_nodes` = N > 1 a learner is one torchrun job over N node pods of
+`gpus_per_learner` ranks each, on the `torch-distributed` runtime. `trainjob_manifest` moves the worker pod's
+command, resources, env, labels and pod settings into the TrainJob's fields and `runtimePatches`. `as_worker`
+answers in the shape of a worker pod, so `keeper.classify` and `keeper.pick` decide for TrainJobs as for pods:
+a lost node fails the incarnation with that node pod's status, and a suspended TrainJob (Kueue) is Pending.
+A lost node restarts the whole learner as the keeper's next incarnation, a new TrainJob, since one node coming
+back alone cannot rejoin a static torchrun rendezvous; JobSet's own restarts are not used.
 
-Design choices:
-- The manifest (`trainjob_manifest`) is the worker pod's, moved into the TrainJob's fields:
-  * `spec.trainer.command` is `torchrun -m ddiloco.cli learner --store … --learner-id …`. The torch runtime
-    runs the command as given: it only sets PET_NNODES (numNodes), PET_NPROC_PER_NODE (numProcPerNode, else
-    "auto"), PET_NODE_RANK (downward API of the Job's completion-index annotation), PET_MASTER_ADDR
-    (`{name}-node-0-0.{name}`: node 0 behind the JobSet's headless service) and PET_MASTER_PORT (29500) on
-    the `node` container (pkg/runtime/framework/plugins/torch/torch.go EnforceMLPolicy; the names and the
-    port in pkg/constants/constants.go), and torchrun reads every option `--x-y` it is not given from
-    `PET_X_Y` (torch/distributed/argparse_util.py `env`). Rank = node rank × G + local rank, WORLD_SIZE =
-    N × G (`train.ranks` must allow it: ddiloco.learner.loop refuses more ranks than that).
-  * `numProcPerNode` = G always: left out, torch.go derives it from the CPU request on a node without GPUs
-    (getNumCPUPerNode: 4 ranks for learner_cpu 4). `resourcesPerNode` = the worker pod's requests and
-    limits (the GPUs of one node).
-  * `env` = the worker pod's env (store Secret, run key, downward API): a node pod reads it as a worker
-    pod does. The PET_* names are reserved: torch.go Validate rejects a TrainJob that sets them.
-  * Node pod labels, nodeSelector, tolerations, the service account and the memory-backed /dev/shm
-    (`keeper.shm_volume`: a volume and the `node` container's mount) go through `runtimePatches` (pkg/apis/
-    trainer/v1alpha1/trainjob_types.go PodSpecPatch; the manager is a domain-prefixed path: jobset.go
-    Validate): the node pods carry the worker labels (role, run, learner id, incarnation, the Workflow), so
-    the chaos step's kills hit learner nodes as they hit worker pods.
-  * The TrainJob carries the worker's name, labels and owners (keeper pod + Workflow,
-    `keeper.owner_references`): garbage-collected with the run, its JobSet, Jobs and pods with it.
-- How it stands (`as_worker`) is answered in the shape of a worker pod, so `keeper.classify` and `keeper.pick`
-  decide for TrainJobs as they do for pods:
-  * a deletionTimestamp -> Running and being deleted (a foreground delete: its pods are still going);
-  * condition Complete=True -> Succeeded; Failed=True -> Failed. jobset.go Status copies the JobSet's
-    Completed / Failed conditions under these names (reason AllJobsCompleted / FailedJobs: jobset
-    pkg/constants/constants.go, failure_policy.go executeFailurePolicy);
-  * a node lost (`lost_node`) -> Failed with that node pod's status: a DisruptionTarget condition or
-    deletionTimestamp, a Failed pod, a container the kubelet restarted in place (restartCount, lastState),
-    or a pod gone or replaced at its completion index (another uid than the one first seen) -> the keeper
-    classifies it as it classifies a worker pod; infrastructure evidence wins over a crash, since peers of a
-    lost node crash on their broken collectives right after;
-  * else Running once every node has a running pod, Pending before.
-  Under torchrun a rank's exit 2 (usage error) reaches the pod as torchrun's exit 1: a crash, restarted up
-  to crash_restarts, unlike a single-pod worker.
-- A lost node restarts the whole learner as the keeper's next incarnation, a new TrainJob; JobSet's
-  `failurePolicy.maxRestarts` is not used:
-  * the stock `torch-distributed` runtime has no failurePolicy (manifests/base/runtimes/torch_distributed.yaml)
-    and a TrainJob cannot add one (`runtimePatches` reach only the replicated jobs: trainjob_types.go
-    JobSetSpecPatch). Without one, a failed child Job fails the JobSet at once (jobset failure_policy.go
-    executeFailurePolicy, FailedJobs); maxRestarts would need a cluster-scoped runtime of our own, and its
-    restarts (failurePolicyRecreateAll) would be invisible to the keeper's budgets;
-  * below the JobSet the Job controller replaces a lost pod at its index and the kubelet restarts a crashed
-    container in place (jobset_webhook.go Default: restartPolicy OnFailure; the Job's default backoffLimit,
-    6, counts both): one node would come back alone into a static torchrun rendezvous the others have left;
-  * so the first lost node ends the incarnation: the keeper deletes the TrainJob (`retire`, propagationPolicy
-    Foreground: the TrainJob stays, with a deletionTimestamp, until the garbage collector removed its JobSet,
-    Jobs and pods), waits for it to go as for a terminating worker pod, and creates incarnation n+1, whose
-    ranks start together and rejoin from the learner's checkpoint. Crash and infrastructure restarts count
-    against the same limits as a worker pod's; a retried keeper cannot count its predecessor's (their
-    TrainJobs are deleted, where ended worker pods stay), so its budgets start again.
-- Cluster settings (`podsettings`): the node pods opt out of Istio injection (pod template labels and
-  annotations), run with the `restricted` securityContext (PodSpecPatch.securityContext for the pod,
-  ContainerPatch.securityContext for `node`), and get the run's affinity and imagePullSecrets
-  (PodSpecPatch.affinity, .imagePullSecrets). The Kueue queue label goes on the TrainJob itself: Kueue's
-  TrainJob integration suspends it (`spec.suspend`) until its queue admits the whole of it. PodSpecPatch has
-  no priorityClassName (trainjob_types.go): a TrainJob's node pods take the runtime's; under Kueue the
-  workload's priority is the label `kueue.x-k8s.io/priority-class` (a WorkloadPriorityClass), which
-  `pod_settings.labels` can carry.
-- A suspended TrainJob (`spec.suspend: true`, condition Suspended) reads as a Pending worker whose message
-  says it waits for admission: the keeper logs it and waits, it does not fail.
-- The node pods are listed by the JobSet's `jobset.sigs.k8s.io/jobset-name` label (jobset api
-  jobset_types.go JobSetNameKey, set on every pod by jobset_controller.go labelAndAnnotateObject) and told
-  apart by `batch.kubernetes.io/job-completion-index` (the Indexed Job's annotation, also the source of
-  PET_NODE_RANK).
-- Logs: rank 0 ships the learner's log to the run root itself (`ddiloco.tracking.logship`), as in a worker pod; the
-  other ranks' output stays in their pods' logs. The keeper ships nothing.
+Design notes (the Trainer and JobSet code each choice follows): docs/internals.md, "Multi-node learners as
+TrainJobs".
 """
 
 from __future__ import annotations

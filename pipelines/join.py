@@ -1,22 +1,13 @@
 """The `join` pipeline: N learners of this cluster join a run another cluster owns (cross-region training).
 
 Run it on a second Kubeflow install (another region, another cloud) while the owner's `pretrain` run is
-training: every exchange goes through the object store, so a learner only needs the run's bucket.
+training: every exchange goes through the object store, so a learner only needs the run's bucket. One CPU
+step checks that the run root holds a prepared run and returns the slots; a ParallelFor starts one
+`ddiloco learner --join RUN_ROOT --site SITE` per slot, placed and retried like the owner's learners. Each
+learner claims a free learner id above the owner's (ddiloco/run/join.py) under a join name an Argo retry
+takes back. `site` labels reports and metrics; `link_bandwidth` / `link_latency` emulate a slower link.
 
-Design choices:
-- One CPU step checks, with this cluster's endpoint and Secret, that the run root holds a prepared run (a
-  wrong root or key fails there, once, with a clear message) and returns the slots; a ParallelFor starts one
-  `ddiloco learner --join RUN_ROOT --site SITE` per slot, with the same GPU placement, retries and deadline
-  as the owner's learners.
-- Each learner claims a free learner id above the owner's (ddiloco/run/join.py); its join name is this KFP run's
-  id plus its slot, so an Argo retry of a slot takes its id back and resumes from its own checkpoint.
-- `site` labels the learners' reports and metrics; the owner's summary and report break merged tokens down by
-  site. `link_bandwidth` / `link_latency` (empty: none) emulate a slower link for this site's learners.
-- The store Secret is this cluster's own (keys accesskey / secretkey, as in `pretrain`); `s3_endpoint` is how
-  this cluster reaches the owner's store (e.g. its external S3 URL). When the owner signs its run, the
-  learner Secret here must hold the owner's learner share (`ClusterOptions.learner_key_secret`, `ddiloco keys`).
-- The images (learner, checker) are compile-time, like in every pipeline: `ddiloco pipeline compile
-  --pipeline join --registry REGISTRY`.
+Design notes (Secrets, keys, images): docs/internals.md, "The join pipeline".
 """
 
 import functools

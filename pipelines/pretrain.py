@@ -1,64 +1,16 @@
 """The `pretrain` pipeline: tokenize (plan → units ∥ → finish) → prepare → [learners ∥ syncer ∥ chaos] →
 evaluate → [sft → evaluate → export ∥ export] → report.
 
-Design choices:
-- Two kinds of settings. Run-time parameters are what a person turns in the KFP UI (recipe, overrides,
-  learners, quorum, token budget, chaos schedule, a Hugging Face model to train, lm-evaluation-harness in the
-  evaluate steps, store bucket/prefix/endpoint/secret, node pools: `ddiloco.components.params`); compile-time
-  `ClusterOptions` are what a platform engineer fixes once per cluster (registry, GPUs per learner, resources,
-  retries, timeouts, the ParallelFor cap). `ddiloco pipeline compile` exposes the latter as flags.
-- Learners are a ParallelFor over the ids `prepare` returns, with parallelism = `max_learners` (all of a
-  run's learners at once: a learner that waited for a slot would start after the run is done). Each learner
-  requests GPUs, lands on the GPU pool (node selector + tolerations, run-time JSON parameters), carries the
-  pod label the chaos step selects on, retries generously with backoff, and has a deadline.
-- The syncer is a sibling on CPU nodes (no GPU, no GPU toleration, optional CPU node selector); the chaos
-  step is a third sibling that deletes pods of this run only (it reads the run's Argo workflow label and its
-  namespace through the downward API). Evaluation waits for the syncer only: learners exit on `done`.
-- The run root is `s3://{bucket}/{prefix}/{KFP run id}`; the run id is also the ddiloco run id, so every run
-  of a recurring schedule gets its own prefix. The KFP 2.17 driver resolves `{{$.pipeline_job_uuid}}` only
-  as a parameter's whole value (backend/src/v2/driver/resolve.go, resolveInputParameter), so every step gets
-  `run_id` on its own and the store base `s3://{bucket}/{prefix}`, and joins them (ddiloco.components.runtime).
-  The default prefix `private/{namespace}/ddiloco` is one a profile namespace's store identity may write in
-  multi-user Kubeflow (pipelines-profile-controller/sync.py); `{namespace}` is the pod's namespace, from the
-  downward API. Store credentials come from a Secret as env (default KFP's `mlpipeline-minio-artifact`).
-- Data: the recipe's (the overrides' `data.source`), a pre-tokenized corpus read in place (`corpus`: a store
-  prefix of .npy token files), or a text corpus (`text_corpus`: a prefix of .txt/.jsonl/.parquet files)
-  tokenized into one under `{store}/corpora/corpus-KEY` (content-addressed: a rerun or a recurring schedule
-  on the same text reuses it) by three steps: tokenize-plan, a ParallelFor of tokenize-unit over the input
-  files (`tokenize_parallelism` pods at once), tokenize-finish (the manifest). Without text the loop has no
-  items (Argo v4.0.5 skips an empty withSequence, workflow/controller/dag.go executeDAGTask, and the loop's
-  DAG succeeds) and the other two steps pass `corpus` on.
-- The final and fine-tuned models leave the run as KFP Model artifacts `final_model` (`export-final`, a CPU
-  step beside SFT, after the final model's evaluation) and `sft_model` (`export-sft`, after the SFT model's):
-  Hugging Face directories that transformers' `from_pretrained` loads alone (`ddiloco export`), with
-  architecture, parameters, tokens trained and validation loss in their metadata
-  (`ddiloco.components.models`, which says why the URI is KFP's and not a run-root prefix).
-- The first step (tokenize-plan) checks the run parameters as prepare will use them: a run started from the
-  KFP UI, which no `ddiloco pipeline` command checked, fails there in seconds with the did-you-mean of
-  `ddiloco pipeline submit`.
-- Caching is off everywhere: every step has side effects in the store.
-- Retries: Argo counts a backoff's `maxDuration` from the first attempt's start and cuts retried attempts at
-  that deadline too (argo-workflows v4.0.5 workflow/controller/operator.go, processNodeRetries), so it is
-  the run timeout, not a few minutes; the factor is an integer (Argo parses it with intstr.Int32) and 1,
-  a constant backoff: with 100 retries any growth would leave a learner waiting for hours. KFP compiles no
-  retry policy, so the cluster's decides: stock KFP 2.17's (OnError) retries a deleted pod but no pod Argo
-  marks Failed - preempted, evicted, OOM-killed, rejected at admission, drained - and no KFP construct
-  changes that. Hence keepers (`ClusterOptions.keeper`, default): the learner and syncer tasks are small
-  CPU pods that run the role in a worker pod they create through the Kubernetes API and restart as a new
-  incarnation when the cluster takes it away, and that a retry (OnError) brings back with the worker
-  adopted when the keeper's own pod is taken (`ddiloco.components.keeper`, docs/cluster.md "Retries").
-  With `learner_nodes` > 1 a learner's keeper keeps a Kubeflow Trainer TrainJob of that many pods instead
-  of a worker pod (`ddiloco.components.trainjob`).
-  `keeper=False` runs the roles in the task pods; then only `manifests/argo-retry` (OnTransientError + a
-  pattern) brings those failures back, and a crash is restarted inside the pod (`crash_restarts`).
-- Learners and the syncer name themselves by their pod name (downward API `metadata.name`): the kubelet
-  truncates hostnames to 63 characters and Argo's pod names are longer.
-- No default node selector: the GPU resource request already puts learners on GPU nodes, and labels such
-  as `nvidia.com/gpu.present` exist only where NVIDIA's GPU operator runs. `gpu_node_selector` is opt-in.
-- The report is the exit handler: failed runs, the ones people review, get a report too (all but a run
-  whose group driver failed before any step started: docs/cluster.md says why KFP cannot hook that).
-- The stock `templateDefaults.retryStrategy` re-runs any DAG that ends Error, the whole run group included:
-  prepare only verifies a prepared root, learners and syncer exit on a done run, chaos fires nothing twice.
+Run-time parameters (`ddiloco.components.params`) are what a person turns in the KFP UI; compile-time
+`ClusterOptions` are what a platform engineer fixes once per cluster. Learners are a ParallelFor over the ids
+`prepare` returns, all at once, on the GPU pool; the syncer and the chaos step are siblings on CPU nodes. The
+run root is `s3://{bucket}/{prefix}/{KFP run id}`. A text corpus is tokenized into the store by a ParallelFor.
+The models leave the run as KFP Model artifacts, and the report is the exit handler, so failed runs get one
+too. Caching is off (every step writes the store). Stock KFP retries no pod Argo marks Failed, so learners and
+the syncer run under keepers that restart their worker pods (`ddiloco.components.keeper`), and every step is
+safe to re-run.
+
+Design notes (settings, data, retries, naming): docs/internals.md, "The pretrain pipeline".
 """
 
 import functools

@@ -1,21 +1,13 @@
 """Where and how the inner step runs: device, precision, fused AdamW, torch.compile, host snapshots.
 
-Design choices:
-- One inner step (`train_step`) shared by the learner, its data-parallel ranks, the baseline and the
-  benchmarks, so "plain loop vs learner" compares the same arithmetic. It returns the loss as a detached
-  device tensor and never synchronises (`float(...)` it where the number is wanted at once).
-- Precision: bf16 autocast around the forward pass only (`precision="bf16"`, or `auto` on a CUDA device
-  that supports it); parameters, gradients and AdamW state stay fp32, and the model computes its loss in
-  fp32. fp32 runs no TF32 matmuls: this module never changes global torch flags, so CPU and GPU fp32 runs
-  follow the same loss curve.
-- AdamW is fused on CUDA (`ddiloco.model.gpt.configure_optimizer` picks it when every parameter is on CUDA);
-  `place_optimizer_steps` moves restored `step` counters to the parameters' device, as fused AdamW needs.
-- `torch.compile` is opt-in (`train.compile`); the compiled module shares its parameters with the original,
-  which stays the one the learner names, snapshots and overwrites.
-- `HostCopier`: device→host snapshots (answers, checkpoints) into reusable pinned buffers on a side CUDA
-  stream, with an event the I/O thread waits on. The compute stream only waits for those copies (`fence`)
-  right before it next writes the snapshotted tensors in place, so the copies overlap forward and backward.
-  On CPU a snapshot is a plain clone.
+One inner step (`train_step`) is shared by the learner, its data-parallel ranks, the baseline and the
+benchmarks, and never synchronises (it returns the loss as a device tensor). Precision is bf16 autocast
+around the forward pass only (`precision="bf16"`, or `auto` on a CUDA device that supports it); everything
+else stays fp32, and no global torch flag is changed, so fp32 runs match on CPU and GPU. AdamW is fused on
+CUDA; `torch.compile` is opt-in (`train.compile`). `HostCopier` snapshots tensors to pinned host buffers on a
+side CUDA stream, and the compute stream waits for a copy only before it next overwrites the tensor.
+
+Design notes: docs/internals.md, "Devices, precision and host snapshots".
 """
 
 from __future__ import annotations

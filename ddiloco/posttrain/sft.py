@@ -1,28 +1,14 @@
 """`ddiloco sft`: supervised fine-tuning of a checkpoint on prompt/response pairs, loss on the response only.
 
-Instruction data:
-- Built-in (synthetic runs): the downstream tasks rephrased as instructions, a format pre-training never
-  showed, so the pretrained model has the knowledge but not the format:
-      instruction: what is the pet of zorvak?\\nresponse:  ->  " owl"
-      instruction: what is 17+25?\\nresponse:              ->  " 42"
-      instruction: reverse kqzte.\\nresponse:              ->  " etzqk"      (and copy)
-      instruction: is or are? the dogs near the cat\\nresponse: -> " are"
-      instruction: what comes after 3 4 5 6?\\nresponse:   ->  " 7"
-- A user JSONL file: one object per line with string fields `prompt` and `response`.
+Instruction data is built in for synthetic runs (the downstream tasks rephrased as instructions, a format
+pre-training never showed) or a user's JSONL file of `prompt` / `response` objects. Items are held out by a
+keyed hash of their split key; for facts the key is the (entity, attribute) pair, so answering a held-out
+fact after SFT shows the format transferred to pretrained knowledge. Every example is <eos> + prompt +
+response + <eos> with prompt targets -100, so only the response is learned; AdamW with warm-up and cosine
+decay, one process. The result is the signed payload `sft/model.safetensors` (kind "sft") and `sft/meta.json`;
+the base model and the replay shard are read through the `RunRoot`, so with the run key they must verify.
 
-Design choices:
-- Held-out split by item: an item is held out iff a keyed hash of its split key falls under
-  `heldout_fraction`. For facts the key is the (entity, attribute) pair, so a held-out fact never appears in
-  instruction form during SFT — it was only seen in pre-training, and answering it after SFT shows the
-  format transferred to pretrained knowledge rather than being memorised. Other kinds (and user data) use
-  the prompt as key, so no test prompt is ever trained on.
-- Every example is <eos> + prompt + response + <eos>; targets of the <eos> and prompt positions are -100
-  (ignored by `GPT.forward`), so only the response and its closing <eos> are learned.
-- AdamW with linear warm-up and cosine decay to 10%; batches of random examples padded to the batch's
-  longest, pad targets -100. One process, CUDA when present.
-- The result is a payload `sft/model.safetensors` (kind "sft", signed with the run key like every other
-  model of the run) and `sft/meta.json` with the metrics. The base model and the replay shard are read
-  through the `RunRoot`, so with the run key they must verify.
+Design notes (examples of each kind): docs/internals.md, "Supervised fine-tuning".
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """The run summary (summary.json, `ddiloco.protocol.summary.Summary`), read from the run's books in its store
-alone (DESIGN §6), so any run can be audited after the fact.
+alone, so any run can be audited after the fact.
 
-Design choices:
-- Two books are read and compared, not re-derived: the syncer's ledger (its state: merged tokens per fragment)
-  and the learners' reports (per incarnation and fragment: processed = merged + discarded + outstanding). An
-  answer still in flight in a report is settled as the learner settles it (`FragmentBooks.settled`), merged
-  when its round record credits it. `ledger_balanced`: both books agree on every fragment and they balance.
-- Goodput (`ddiloco.protocol.chiptime`): learner seconds in the training loop / provisioned learner seconds (M × the
-  wall time for an id that never reported); `merged_token_share` = merged / processed tokens: overlap steps
-  and late answers count against it, not against goodput.
-- Split brain, from the round records: `versions_by_multiple_epochs` counts the (fragment, version) pairs
-  records of more than one lease epoch name (must be 0); `syncer_epochs`, `versions_by_epoch`.
-- Data read (`ddiloco.data.shards.data_read`), efficiency (`ddiloco.posttrain.efficiency`) and the store's size
-  (`store_bytes`, by prefix; `global_versions_kept`: what retention bounds) come from their own modules.
+- Two books are compared, not re-derived: the syncer's ledger (merged tokens per fragment) and the learners'
+  reports (per incarnation and fragment: processed = merged + discarded + outstanding), an answer in flight
+  settled as the learner settles it (`FragmentBooks.settled`). `ledger_balanced`: they agree and balance.
+- Goodput (`ddiloco.protocol.chiptime`): learner seconds in the training loop / provisioned learner seconds;
+  `merged_token_share` = merged / processed tokens (overlap steps and late answers count against it).
+- Split brain, from the round records: `versions_by_multiple_epochs` counts (fragment, version) pairs named
+  by records of more than one lease epoch (must be 0); `syncer_epochs`, `versions_by_epoch`.
+- Data read (`ddiloco.data.shards.data_read`), efficiency (`ddiloco.posttrain.efficiency`) and the store's
+  size (`store_bytes` by prefix; `global_versions_kept`) come from their own modules.
 """
 
 from __future__ import annotations

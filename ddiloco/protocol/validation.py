@@ -1,54 +1,15 @@
 """What the syncer accepts from learners: checks on an update's header, counters and tensors, and the
 robust-mode clipping of outer gradients. Pure functions (no I/O), so every rule is unit-testable.
 
-Rejection reasons (counted by the syncer, in metrics, the status object and the summary):
+A rejected update is counted by reason (in metrics, the status object and the summary): not an intact
+payload, too large, another run's, unsigned or badly signed, the wrong kind or fragment, a replay, the wrong
+codec, impossible counters, a base that is unpublished, too stale or pruned, steps from the future, steps
+already credited, the wrong shapes, non-finite values. The steps-in-the-future bounds never trust the
+learner's wall clock. Robust mode (`diloco.robust_clip = c`) scales each outer gradient longer than c × the
+round's median norm down to that length and counts it under `clipped`.
 
-  truncated, malformed, wrong_dtype, checksum     the bytes are not an intact ddiloco payload (`wire`)
-  too_large                                       bigger than the fragment could ever be (never read)
-  foreign_run                                     header names another run
-  unsigned, bad_signature                         no valid HMAC under this run's key (`signing`)
-  mismatch                                        kind or fragment differ from the round's
-  replay                                          an authentic update out of place: filed under another
-                                                  learner's name, or under a round that is not its own
-                                                  (an old update copied into a new round), or re-uploaded
-                                                  after its round merged it. As the signed header must name
-                                                  the round it is filed under, and a round merges once, a
-                                                  (learner, incarnation, round) is merged at most once.
-  bad_codec                                       codec differs from the run's `diloco.codec`, or int4/int2
-                                                  codes packed otherwise than this version (`packing`)
-  bad_counters                                    c_steps < 1, c_tokens ≤ 0 or above c_steps × batch tokens,
-                                                  or not exactly c_steps × the learner's own tokens per
-                                                  step (`ddiloco.protocol.claims`)
-  bad_base                                        base version not published (or unreadable)
-  too_stale                                       base more than `diloco.max_staleness` versions behind
-                                                  (the honest answer of a learner that fell far behind)
-  pruned_base                                     base version older than the syncer keeps (`ddiloco.config.retention`:
-                                                  outside the newest `retention.keep_latest` and no curve
-                                                  moment): its staleness is past what the syncer accepts
-  future_steps                                    more steps than the learner could have made (below,
-                                                  and `ddiloco.protocol.claims`)
-  overlap                                         steps of a fragment already credited to the incarnation,
-                                                  or a second answer while one is in an open round
-                                                  (`ddiloco.protocol.claims.Coverage`)
-  wrong_shape                                     tensor names or sizes do not match the fragment layout
-  non_finite                                      NaN/Inf in the delta
-
-"Steps not in the future": three sound bounds here, none of which trusts the learner's wall clock (the
-bounds on steps at the fleet's and the learner's own pace, and the share cap, are `ddiloco.protocol.claims`):
-- `c_steps ≤ inner_step`: steps since the anchor cannot exceed the incarnation's step counter;
-- `c_steps × MIN_STEP_SECONDS ≤ c_seconds ≤ (now − base time) × (1 + 5%) + 1 s`: a learner cannot have
-  trained on a version for longer than that version has existed on the syncer's own (steady) clock, and no
-  optimizer step takes less than 10 µs (the base time: `claims`; every base has one);
-- per learner incarnation and fragment, successive accepted answers agree with its step counter: with the
-  same base, c_steps grew by exactly the inner steps in between; with a newer base, c_steps is at most
-  those inner steps (counters reset when a version is received). Answers of one fragment are validated in
-  round order, so this never rejects an honest learner; the history is in memory and starts afresh when the
-  syncer restarts.
-
-Robust mode (`diloco.robust_clip = c`): each outer gradient whose L2 norm exceeds c × the median norm of the
-round is scaled down to c × median before merging, and counted as `norm_outlier` under `clipped`. The median
-includes the outlier, so it takes ≥ 3 answers to bound one outlier; with c ≥ 2 two honest answers are never
-clipped (the larger norm is at most their sum, i.e. 2 × their median).
+Design notes (every reason, the bounds on steps, why clipping spares honest answers): docs/internals.md,
+"What the syncer accepts".
 """
 
 from __future__ import annotations

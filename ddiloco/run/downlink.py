@@ -1,33 +1,15 @@
 """Compressed downloads: each global version is also published as a quantized delta against the previous one.
 
-With int4 uploads a learner would otherwise download ~8x what it uploads (full fp32 fragments). Symbols:
-Θ_v is the syncer's fp32 master after version v's outer step; L_v are the values learners hold for v.
+With int4 uploads a learner would otherwise download ~8x what it uploads (full fp32 fragments). Θ_v is the
+syncer's fp32 master after version v's outer step, L_v the values learners hold for v:
+D_v = Q(Θ_v − L_{v−1}) (`ddiloco.codec.blockwise`) and L_v = round_dtype(L_{v−1} + deq(D_v)). The delta is
+taken against what learners hold, so the quantization error is carried into the next delta and never
+accumulates, and the full version published for v is L_v itself. Decoding (on the CPU) and the add are plain
+elementwise fp32, so CPU and CUDA learners agree with the syncer bit for bit. A delta names its base's
+version and digest and is applied only to exactly that. Pure tensor code: no store, no I/O
+(`ddiloco.run.globalmodel` reads and writes the payloads).
 
-    L_0 = the values prepare published (v0 is always full)
-    D_v = Q(Θ_v − L_{v−1})                  blockwise codes + fp32 scales (`ddiloco.codec.blockwise`)
-    L_v = round_dtype(L_{v−1} + deq(D_v))   one fp32 add per element, then bf16 rounding for bf16 globals
-
-Design choices:
-- Error feedback by construction: the delta is taken against L_{v−1}, what learners hold, not against
-  Θ_{v−1}, so the residual Θ_{v−1} − L_{v−1} is carried into the next delta and never accumulates. After
-  every version |Θ_v − L_v| ≤ half a quantization step of D_v per element (plus half a bf16 ulp of L_v with
-  bf16 globals); deltas of Θ_v − Θ_{v−1} instead would drift like a random walk (tests show both).
-- The published *full* version v is L_v itself (`encode_step` returns it): a learner that applies D_v to
-  L_{v−1} and a learner that fetches version v hold bit-identical values, and the bases the syncer takes
-  answers against (`GlobalFragment.recent`) are L_v. The fp32 master stays on the syncer (persisted per
-  version by `ddiloco.syncer.state`), as with bf16 globals.
-- Deterministic elementwise: `deq` is decoded on the CPU by the codec's `decode` (int -> fp32 cast, one fp32
-  multiply by the block scale), shipped as fp32, and `apply_delta` does a plain IEEE fp32 add (correctly
-  rounded on CPU and CUDA alike, no FMA, no reduction) followed by round-to-nearest-even to bf16 when the
-  globals are bf16. The syncer computes L_v with the same two functions, so CPU and CUDA learners agree
-  bit for bit with it.
-- Identity of a base: a delta names its base version and the SHA-256 of L_{v−1} exactly as the full payload
-  of v−1 stores it (`wire.data_sha256`: the data region `wire.pack` checksums), and the SHA-256 of L_v. A
-  learner applies a delta only to the version *and digest* it holds; anything else is refused and the full
-  version fetched instead.
-- Codec `none` (`diloco.download_codec`, `ddiloco.codec.registry.NONE`) publishes full versions only:
-  L_v = round_dtype(Θ_v).
-- Pure tensor code: no store, no I/O (`ddiloco.run.globalmodel` reads and writes the payloads).
+Design notes (the error bound, determinism, codec `none`): docs/internals.md, "Compressed downloads".
 """
 
 from __future__ import annotations

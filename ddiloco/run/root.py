@@ -1,17 +1,14 @@
 """The run root: every object a run keeps in its store, read and written through one class.
 
-Design choices:
 - `RunRoot(store, run_id, key)` is one run as its store holds it: config, data, layout, global versions, the
-  final and fine-tuned models and the JSON documents (done, status and summary typed: `Done`, `Status`,
-  `Summary`). Key names come from `ddiloco.keys`; the global-version primitives from `ddiloco.run.globalmodel`.
+  final and fine-tuned models and the JSON documents (done, status and summary typed). Key names come from
+  `ddiloco.keys`; the global-version primitives from `ddiloco.run.globalmodel`.
 - Every role opens one root (`RunRoot.open`, or `keyed` with the config in hand), the only place the run key
   is derived from the master key; learner and syncer hand the root (or its `signer`) to their parts.
-- Verification is the default: every payload read through a root or its `signer` (`wire.RunSigner`) is
-  checked against the run's key (`signing.for_run`) and every payload written is signed with it, with no
-  per-call way to skip that; `key=None` is an unsigned run (`RunRoot.open` warns once per role).
-- Post-training refuses a model or token payload that does not verify (unsigned, or another key's) with a
-  one-line `ConfigError` naming `DDILOCO_RUN_KEY`, which only the user can fix; other payload problems stay
-  `wire.PayloadError` (the syncer counts them by reason).
+- Verification is the default: every payload read through a root or its `signer` is checked against the
+  run's key and every payload written is signed with it, with no per-call way to skip that; `key=None` is an
+  unsigned run (`RunRoot.open` warns once per role). Post-training refuses a payload that does not verify
+  with a one-line `ConfigError` naming `DDILOCO_RUN_KEY`; other problems stay `wire.PayloadError`.
 - JSON documents are unsigned but for what the syncer signs (status, done); reads are size-capped.
 """
 

@@ -1,37 +1,14 @@
 """The inner learning-rate schedule: warm-up on the caller's own steps, decay on the run's global progress.
 
-Design choices:
-- lr = train.lr · warmup(step) · decay(progress), a pure function (`inner_lr`: `lr_at` with the train config)
-  shared by learners, their data-parallel ranks (`ddiloco.learner.ddp`) and the baseline (`ddiloco.baseline`).
-- Warm-up is linear over the first `train.warmup_steps` inner steps *of the caller* (a learner's
-  `inner_step`, restored from its checkpoint on a restart). A learner that joins late starts AdamW from
-  fresh moments, so it ramps up again over its own first steps, then runs at the run's current rate.
-- Decay (`train.lr_schedule`) follows the run's global progress, the fraction of `diloco.token_budget`
-  merged, clamped to [0, 1]: `cosine` from train.lr down to `train.lr_min_ratio`·train.lr at the budget,
-  `linear` between the same two points, `wsd` (peak, then a 1 − sqrt cool-down over the last
-  `lr_decay_fraction`), or `constant` (no decay: warm-up only).
-- `auto` (the default) is resolved for Decoupled DiLoCo's learners and the syncer (`resolve`,
-  `learner_train`): the decay reaches the global model only through outer steps, so it is cosine when it
-  spans at least the outer momentum's horizon 1/(1 − μ) outer steps per fragment, as the config plans them,
-  and constant otherwise (over ~6 outer steps per fragment the decay cost 35% vs 23% in loss against
-  data-parallel; over ~150 it is at parity: docs/results.md §11, §12.5). Data-parallel reads `auto` as
-  cosine: it has no outer step. Resolved from the config alone, so every learner, rank and the syncer agree.
-  Beyond the budget it stays at the floor. The progress is global, not per learner, so a learner that joined
-  late runs at the same rate as one that was there from the start once both are past their warm-up.
-- How a learner reads progress (`GlobalSchedule`): `tokens_merged` of the newest syncer status it polled,
-  the same number every learner reads. It is monotone: a stale or older status (a slow poll, a syncer
-  restarted from older state) never moves it back. Between two statuses it holds; it is never extrapolated
-  from the learner's own tokens, which may still be discarded and would make the learners' rates differ.
-  A round merges every H/P inner steps, a small step of the budget, so the staircase is fine-grained.
-  Before the first status (or with no syncer) progress is 0: warm-up only.
-- Progress is kept in whole tokens so rank 0 of a data-parallel learner can hand the exact number to its
-  other ranks (`ddiloco.learner.ddp` STEP messages), and every rank computes the identical learning rate.
-- The baseline's progress is the tokens all its ranks processed before the step, over the token budget it
-  trains for: at equal compute the same axis as tokens merged.
-- The syncer's outer momentum follows the same decay (`diloco.momentum_follows_lr`, `MergeRule.lr_scale`):
-  an outer gradient carries the inner rate it was trained at, and a buffer filled at the peak rate would
-  keep the global model moving at the peak rate's pace after the learners have slowed down
-  (`ddiloco.syncer.merge.outer.OuterNesterov`).
+lr = train.lr · warmup(step) · decay(progress), a pure function (`inner_lr`: `lr_at` with the train config)
+shared by learners, their data-parallel ranks and the baseline. Warm-up is linear over the caller's own first
+`train.warmup_steps` inner steps, so a late joiner ramps up too. Decay (`train.lr_schedule`: cosine, linear,
+wsd, constant, or `auto`, resolved from the config alone) follows the fraction of `diloco.token_budget`
+merged, which a learner reads from the newest syncer status (`GlobalSchedule`): the same monotone number for
+every learner, held between statuses, kept in whole tokens so every rank computes the identical rate. The
+syncer's outer momentum follows the same decay (`diloco.momentum_follows_lr`).
+
+Design notes (what `auto` resolves to and why): docs/internals.md, "The inner learning rate".
 """
 
 from __future__ import annotations

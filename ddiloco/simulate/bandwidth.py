@@ -1,20 +1,14 @@
 """WAN bandwidth each site needs: data-parallel vs Decoupled DiLoCo (closed forms, no simulation needed).
 
-Design choices:
-- Sites exchange through a ring (equivalently hierarchical) all-reduce: each site sends, and receives,
-  2(k-1)/k of the payload over its WAN link and pays 2(k-1) latency hops. Decoupled DiLoCo's sharded
-  syncer moves the same traffic for one fragment (upload of the outer gradient, download of the merge).
-- Data-parallel all-reduces its gradients every step, overlapped with the backward pass (a fraction β of
-  the step: 2/3, backward ≈ 2 × forward). A target utilization U leaves T·(1/U - 1) of exposed
-  communication per step, so  B = bits·f / (β·T + T·(1/U - 1) - 2(k-1)·ℓ).
-- Decoupled DiLoCo learners never wait for the syncer (K = 1): utilization stays ~1 whatever the link,
-  so the target does not relax anything. What the link must do is (a) deliver each fragment's round
-  within τ inner steps, deadline  B ≥ frag_bits·f / (τ·T - 2(k-1)·ℓ), and (b) keep up with the pacing
-  of P fragments every H steps, sustained  B ≥ Σ frag_bits·f / (H·T). The requirement is the larger.
-  The paper's figures match (a) alone; with P = H one fragment leaves every step and (b) binds.
-- A payload's dtype is a codec (`ddiloco.codec.registry`): its bits per value, plus for a codec with block
-  scales (int8 / int4 / int2) one scale per block of 128 values: bf16 scales by default (int4: 4.125 bits a
-  value), fp32 for a real run of this package (its codecs store fp32 scales).
+Sites exchange through a ring all-reduce: each sends and receives 2(k-1)/k of the payload over its WAN link
+and pays 2(k-1) latency hops. Data-parallel all-reduces its gradients every step, overlapped with the
+backward pass (β = 2/3 of the step), so a target utilization U needs B = bits·f / (β·T + T·(1/U - 1) -
+2(k-1)·ℓ). Decoupled DiLoCo's learners never wait, so the link must instead (a) deliver each fragment's round
+within τ inner steps, B ≥ frag_bits·f / (τ·T - 2(k-1)·ℓ), and (b) sustain P fragments every H steps,
+B ≥ Σ frag_bits·f / (H·T); the requirement is the larger. A payload's bits per value come from its codec
+(`ddiloco.codec.registry`), block scales included: bf16 scales by default, fp32 for a run of this package.
+
+The figures against the paper's: docs/simulate.md, "Bandwidth model".
 """
 
 from __future__ import annotations

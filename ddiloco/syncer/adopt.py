@@ -1,28 +1,15 @@
 """What the syncer finds at a global version key: a version to adopt, its own retried write, a newer
 writer's (fenced), or an object that does not verify (moved aside).
 
-Design choices:
-- A publish is a sequence of writes (`ddiloco.syncer.state`); the global version is its commit point and
-  names its writer in its signed header (`round`, `epoch`). A syncer that dies between two writes leaves a
-  prefix of them, and neither the latest pointer nor syncer/state.json may have caught up. So a starting
-  syncer does not trust them: it probes v + 1, v + 2, … of every fragment from its state's version and adopts
-  each contiguous version that verifies under the run key and was written by an older epoch (its round
-  record credited once, its momentum and master as usual), then points `latest` at the newest. One more
-  request per fragment per start when nothing is there (P = 24: 24 requests).
-- `VersionSlots.inspect` classifies the object at a version key: None (nothing there), `Written` (verifies:
-  run id, kind, fragment, version, names, shapes, finite values and, with the run key, the signature), or the
-  `PayloadError` of one that does not. A version written by this syncer's epoch for the very round it is
-  publishing is its own earlier attempt (a store error between two writes, the merge retried with the same
-  proposal): the publish goes on. One written by a newer epoch, or by this epoch for another round, is
-  another live writer's: `Fenced`. One written by an older epoch that appears while this syncer runs (the
-  old holder was still publishing when the lease changed hands) is `Superseded` (a `Fenced` to a caller that
-  does not know better): the loop adopts it and abandons its own round instead of exiting.
-- An object that does not verify (garbage, another run's, another fragment's, a wrong signature: anyone who
-  can write the run prefix can plant one) is logged at ERROR, counted by reason (`VersionSlots.quarantined`,
-  kept in syncer/state.json and exported as `ddiloco_syncer_quarantined_objects_total`), copied to
-  `syncer/quarantine/<key>.<tag>` (only if it is no larger than the fragment's largest legitimate payload)
-  and deleted; the syncer then publishes that version itself. Learners verify every version they read
-  (`ddiloco.learner.versions`), so such an object is never applied either way.
+The global version is a publish's commit point and names its writer (`round`, `epoch`) in its signed header.
+A starting syncer trusts neither the latest pointer nor its state: it probes past its state's version and
+adopts each contiguous version that verifies and was written by an older epoch. `VersionSlots.inspect`
+classifies what a publish finds: its own earlier attempt goes on, a newer epoch's (or this epoch's for another
+round) is `Fenced`, an older epoch's that appears meanwhile is `Superseded` (adopted). An object that does
+not verify is logged, counted, copied to `syncer/quarantine/` and deleted, and the syncer publishes that
+version itself.
+
+Design notes: docs/internals.md, "What a version key holds".
 """
 
 from __future__ import annotations

@@ -1,43 +1,15 @@
 """The end of a run: every fragment gets one last round on what the learners trained since its last merge.
 
-Design choices:
-- Why: a fragment is merged every H steps, so when the budget is reached the learners hold, on each fragment,
-  what they trained since its last round (on average H/2 steps of every learner). Finishing there threw that
-  compute away: at 2.5M tokens on the tiny preset (H = 48, P = 4, M = 4) only ~90% of the processed tokens
-  were ever merged, and the comparison with data-parallel is at equal *processed* tokens. The loss is a fixed
-  number of steps per learner, so it costs the most at small budgets and little at large ones; a rule that
-  depends on what it should depend on is one that wastes none of it.
-- When the budget is reached (or the deadline passed) the syncer *closes*: its status says `closing`, it
-  opens no round by the pacing rule, and learners stop stepping at their next step boundary while they keep
-  answering rounds and applying versions (`Learner.tick`). A stopped learner's answers are final: nothing
-  it does afterwards is lost.
-- Every fragment without a round open at that moment gets one closing round, at most τ in flight (each
-  holds two fragment-sized buffers: memory stays as in training), no pacing. A fragment whose round is open
-  then needs none: the version that round publishes restarts every learner's counters on that fragment
-  (`FragmentLedger.applied`), so no learner would have steps to answer a second one.
-- While closing, every open round (a closing one or one opened before) merges as soon as every live
-  learner answered; after its quorum it waits at least
-  `wait_s` (answers of stopped learners arrive within a status poll and an upload: two transport times
-  ξ_link plus four polls, at least a second). One with no answer by then is closed without a merge (no
-  learner had steps on that fragment); one below the quorum K then is abandoned (the learners that did
-  not answer had just applied a version: their counters restarted, they will never answer it), rather
-  than held until `round_timeout_s`.
-- A round merged while closing is its fragment's last move: by default (`diloco.closing_step: mean`) it
-  moves the fragment to the learners' weighted mean, Θ_p − Δ with Δ the plain weighted mean of the answers
-  (`RoundSums.finalize(plain=True)`, RDA tensors too), not by the outer Nesterov step
-  (`OuterNesterov.step_to(final=True)`). The outer step's look-ahead (m²·buf, the momentum of earlier full
-  rounds) pays off only when the learners train on from the moved point; at the end it overshoots, most on
-  a round of few steps, where the look-ahead outweighs the round's own progress: at 40M tokens the closing
-  rounds took three runs' validation loss up by 1.4%, 1.6% and 2.9% (docs/results.md §12.10). RDA's
-  length (the answers' mean norm, 1/cos of their spread longer than their mean) overshoots the same way
-  with nothing after it: without the momentum but with RDA, a run still lost 0.65%, and half that step
-  did better than the whole.
-- Closing rounds are left out of the pace figures (`ddiloco.syncer.pace`): the learners do not step while
-  closing, so their overlap and sync period in steps mean nothing.
-- Closing ends when every closing round closed and every publish was committed, or `round_timeout_s` after
-  it began (what is still open is then closed unmerged, as at any finish). A syncer restarted while closing
-  closes again from its books: learners that already answered have nothing left, and those rounds close
-  empty after `wait_s`.
+When the budget is reached the learners hold, on each fragment, what they trained since its last round (on
+average H/2 steps each); finishing there would throw that compute away. So the syncer *closes*: its status
+says `closing`, learners stop stepping but keep answering and applying versions, and every fragment without
+an open round gets one closing round (at most τ in flight, no pacing). While closing, a round merges as soon
+as every live learner answered, or `wait_s` after its quorum; a round merged while closing moves its
+fragment to the learners' weighted mean (`diloco.closing_step: mean`), not by the outer Nesterov step, whose
+look-ahead overshoots at the end. Closing ends when every closing round closed and its publish committed, or
+`round_timeout_s` after it began; a syncer restarted while closing closes again from its books.
+
+Design notes (the measurements behind each rule): docs/internals.md, "The end of a run".
 """
 
 from __future__ import annotations

@@ -1,41 +1,14 @@
 """One fragment of the global model as the syncer holds it: Θ_p, its version, its outer momentum, its ledger.
 
-Design choices:
-- A merge is two steps. `propose` does the arithmetic on copies (it finalises the round's running sums of
-  `ddiloco.syncer.merge.accumulate`, to which the syncer added each answer as it arrived, with robust clipping and, with
-  `diloco.robust_merge`, the trimmed mean of `ddiloco.syncer.merge.robust`, then one outer Nesterov step; called
-  without sums it adds the answers itself, one merge path for both) and returns a `Proposal`; `commit`
-  adopts it once it is persisted. If persisting fails (store outage) the
-  round stays open and is merged again later, and the fragment has not moved.
-- Outer gradients are taken against each answer's own base: Δ_m = Θ_base − θ_m = −δ_m, where δ_m is the
-  learner's upload (its parameters minus the values of version `base_version` it received). The merged Δ is
-  applied to the *current* Θ_p. The former Δ_m = Θ_current − θ_m charged a stale learner with undoing every
-  outer step published since its base (a zero-progress answer 3 versions old moved Θ back by 2.1× the last
-  step); against its own base it contributes exactly the progress it made. As RDA and the mean are odd
-  functions, the deltas are merged as they are and the result negated once (a sign flip is exact).
-- Staleness rule (s = versions published since the answer's base; `cfg.diloco.staleness_exponent` a,
-  default 0.5, and `max_staleness`): an answer's merge weight is its token weight × (1 + s)^-a (FedAsync's
-  polynomial staleness function, `ddiloco.syncer.merge.outer.staleness_discount`), so older information has less say in
-  the direction and length of the step; and the merged outer gradient is scaled by the discount of the
-  round's *freshest* answer, so a round with one fresh answer takes a full step while a round of stale
-  answers only takes a damped one (a delayed gradient under momentum overshoots: asynchronous SGD scales its
-  step down with the delay). A round of fresh answers is bit-for-bit unaffected. Answers more than
-  `max_staleness` versions behind never get here: the intake rejects them as `too_stale`. The round record
-  keeps each answer's staleness, token weight and discount.
-- fp32 master: `theta` is the syncer's own fp32 Θ_p and is never rounded. With bf16 globals only what is
-  published is rounded (`globalmodel.published_values`); updates below half a bf16 ulp accumulate in the
-  master until they show. The master of each version is persisted by `ddiloco.syncer.state` so a restart
-  does not fall back to the rounded values.
-- Memory: a fragment holds Θ_p and its momentum, nothing else between merges. A proposal writes the new
-  ones into pooled buffers (`ddiloco.syncer.merge.bufferpool`) in one pass, and the commit gives the replaced ones back:
-  only the fragment reads its own Θ_p and momentum, and a fragment has one round in flight at a time. The merge no longer needs the
-  base an answer names (Δ_m = −δ_m), so no published version is kept in memory; the intake decides from the
-  version numbers whether a base is acceptable. The one published version a merge needs, L_{v−1} for the
-  download delta, is read back from the store when the delta is made (one fragment read per merge), so the
-  syncer's resident state stays 2× the model whatever the download codec.
-- Compressed downloads (`diloco.download_codec`, `ddiloco.run.downlink`): what is published for version v is
-  L_v = L_{v−1} + deq(Q(Θ_v − L_{v−1})), not Θ_v rounded; the publisher reads L_{v−1}
-  back from the store (`ddiloco.syncer.state.SyncerFiles.publish`).
+A merge is two steps: `propose` finalises the round's running sums (`ddiloco.syncer.merge.accumulate`, with
+robust clipping or the trimmed mean) and takes one outer Nesterov step on copies, and `commit` adopts the
+`Proposal` once it is persisted; a failed persist leaves the fragment unmoved and the round open. Outer
+gradients are taken against each answer's own base (Δ_m = −δ_m), so a stale answer contributes exactly the
+progress it made; its weight is discounted by (1 + s)^-a, and the round's step by its freshest answer's
+discount. `theta` is the fp32 master, never rounded. Between merges a fragment holds Θ_p and its momentum
+only, in pooled buffers (`ddiloco.syncer.merge.bufferpool`); no published version is kept in memory.
+
+Design notes (the staleness rule, the master, memory): docs/internals.md, "A fragment on the syncer".
 """
 
 from __future__ import annotations

@@ -1,33 +1,15 @@
 """The syncer's intake: reading learner updates from the store, validating them and counting rejections.
 
-Design choices:
-- `Intake.collect` reads each new object of an open round once; what `UpdateValidator` accepts is checked
-  whole and kept encoded (`ddiloco.codec.encoded`): the syncer decodes it chunk by chunk into the round's running
-  sums. Readers (`split_threads`) fetch, verify and check the next answers (and from three threads on
-  measure their norms, `MEASURE_IN_READERS_FROM`) while the loop adds the previous one to the sums; on one
-  thread reads run inline; where readers do not measure, the merge's pass measures the norms itself
-  (against the learner's claim, `ddiloco.codec.encoded`). The rules and reasons live in
-  `ddiloco.protocol.validation`; the validator adds the checks that need the syncer's fragments (the
-  newest version, how far behind it a base is, when a base was published). A too-stale answer is
-  rejected before anything else is checked. The base itself is never read: the merge takes the learner's δ
-  as it is (Δ = −δ), so a base only has to be a version that was published and is still accepted.
-- What an answer claims is bounded by the run's config and this syncer's steady clock
-  (`ddiloco.protocol.claims`): exact tokens per step, no more steps than the time since the later of its
-  base and the incarnation's first report allows at the model's FLOPs floor and at the learner's own
-  reported cadence, and each step credited once per fragment (`claims.Coverage`, checked on the loop's
-  thread in `Intake._file`, so two answers read at once cannot both pass). The cadences come from the
-  roster as a snapshot (`UpdateValidator.pace`) the syncer replaces after each refresh, so reader threads
-  never read the roster while it changes.
-- An answer whose base the retention rules no longer keep is `pruned_base` (`ddiloco.syncer.retention`), decided
-  from the rule, not from whether the object is still there, so the verdict never races the pruning.
-- A name whose object was rejected is re-read at most once a second, and only counted again if its bytes
-  changed, so junk written first under a learner's key cannot block that learner's real answer.
-- A rejection whose header authentically names a learner incarnation and this round is told to that
-  learner through a bounded `rejections` list in the status object (it then knows its tokens stay
-  outstanding): the intake keeps the list and calls `on_notice` so the syncer publishes it. Objects that
-  cannot be attributed are only counted.
-- An update filed under a round that has already merged that learner incarnation is a replay; whatever is
-  left under a closed round is deleted after the next merge of its fragment (`sweep_late`).
+`Intake.collect` reads each new object of an open round once; reader threads fetch, verify and check the next
+answers while the loop adds the previous one to the round's sums, and an accepted answer is kept encoded
+(`ddiloco.codec.encoded`). The rules and reasons are `ddiloco.protocol.validation`'s; the validator adds what
+needs the syncer's fragments (staleness, base times, retention's `pruned_base`) and the claim bounds of
+`ddiloco.protocol.claims`, each step credited once per fragment on the loop's thread. A rejected name is
+re-read at most once a second and counted again only if its bytes changed. A rejection that authentically
+names a learner incarnation and this round is told to that learner through the status object's bounded
+`rejections` list; leftovers under a closed round are deleted after its fragment's next merge.
+
+Design notes: docs/internals.md, "The intake".
 """
 
 from __future__ import annotations

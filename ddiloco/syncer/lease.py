@@ -2,46 +2,14 @@
 
 On a cluster the syncer is a pod Argo retries, and a retried pod can start while the old one still runs; two
 syncers would then publish the same version numbers with different contents. The lease makes the second
-stand by, take over once the first stops renewing, and fences the first.
+stand by, take over once the first stops renewing, and fences the first. An epoch is a write-once claim
+(`Store.create`: of racing claimers exactly one wins); its holder rewrites its renewal from a thread while
+the loop makes progress, and a standby takes over when a renewal has not changed for `lease_s` on its own
+monotonic clock, never comparing two hosts' wall clocks. Before each publish `check` raises `Fenced` if a
+newer epoch exists, and write-once objects back that up. A fenced syncer exits with `FENCED_EXIT` (3).
 
-Design choices:
-- Keys (`ddiloco.keys`): `syncer/lease/claims/{epoch}.json` is the write-once claim of one epoch
-  (`Store.create`: of racing claimers exactly one wins); `syncer/lease/renewals/{epoch}.json` is rewritten by
-  that epoch's holder alone (a plain put: nobody else writes it); `syncer/lease/standby/{nonce}.json` is a
-  standby's announcement, which the holder lists into the status object.
-- Epochs start at 1 and only grow: a claimer lists the claims and creates max + 1, so a claim of n + 1 exists
-  only after n's, and a holder of n learns that it was superseded from one `exists(claim n + 1)`.
-- Expiry is measured on the standby's own monotonic clock, never by comparing the wall clocks of two hosts:
-  the standby remembers the renewal it last read (epoch, seq) and when it first read it, and takes over when
-  that has not changed for the `lease_s` the holder wrote into it. A poll that fails restarts that count (a
-  store outage silences the holder too: no takeover right after every outage longer than the lease). A
-  renewal marked `released` (the holder exited cleanly) is taken over at once.
-- The holder counts its validity from the *start* of its last successful renewal (the claim is the first):
-  valid until start + lease_s. No standby can have read that renewal before it started, so none takes over
-  before then (S3 and file stores read their own writes). Renewals come from a thread every
-  `renew_every_s`, so a long merge or a slow resume does not starve them; but a thread would renew for a
-  hung syncer too, so it renews only while the loop made a pass within `stuck_s` (300 s by default, longer
-  than any merge or store retry at the largest preset; counted from the first pass, so a resume is exempt),
-  then lets the lease lapse and logs why. Before each publish `check` makes
-  sure that one publish's time (the caller's ξ_sync) is left and that no newer claim exists: too little
-  left → renew first; a newer epoch (or one the renewal thread saw) → `Fenced`. A lapsed holder that renews
-  again re-checks for a newer claim after its renewal landed.
-- Backstop for what timing cannot promise (a paused VM, a publish slower than its guard, a renewal that lands
-  just as a standby decides): every write-once object of a merge (momentum, round record, global version) is
-  created with `Store.create` (`ddiloco.syncer.state`), so each version is written by exactly one epoch, and
-  a create that finds a published version taken is `Fenced` too.
-- Lease length: `lease_s = max(min_s, factor × (renew_every_s + latency_s + publish_s))`, `latency_s` an EMA
-  of this syncer's renewal (or, standing by, poll) round trips and `publish_s` its ξ_sync (merge + publish);
-  recomputed at every renewal and written into it; standbys use what they read (shrinking is safe too: a
-  renewal that landed before the previous one expired is the one any later poll reads). A renewal must land
-  before the previous one expires, so the interval, the write's latency and the guard `check` keeps for a
-  publish all come out of the lease. The trade-off: a standby takes over about lease_s + one poll after the
-  holder dies (or after the standby started, whichever is later), so a longer lease is a longer gap in
-  merging after a crash; a shorter one risks false takeovers when the store slows down (a renewal slower
-  than lease_s − renew_every_s lets a standby take over a live holder, which is then fenced and exits: no
-  split brain, but a restart's cost). factor 3 rides out about two missed renewals; `min_s` keeps a fast
-  store from giving a lease shorter than a scheduler hiccup.
-- A fenced syncer exits with `FENCED_EXIT` (3), distinct from a user error (2) or a crash (1).
+Design notes (keys, expiry, the lease's length and its trade-off): docs/internals.md, "The lease: one
+publishing syncer".
 """
 
 from __future__ import annotations

@@ -1,53 +1,16 @@
 """The syncer: a CPU-only loop that opens rounds, collects learner answers, merges and publishes fragments.
 
-Design choices:
-- Syncer-clocked rounds go round-robin over fragments (p = s mod P). A round opens every (H/P)·ξ_step
-  seconds, at most τ rounds in flight, never two for the same fragment, and a fragment's round no sooner than
-  H·ξ_step after its previous version was published, so an answer covers about H learner steps (the merge's
-  latency is not taken out of them). ξ_step is the median of the live learners' *wall* seconds per step, the
-  loop's overhead included, each measured on the learner's own clock (`ddiloco.protocol.chiptime`): compute time alone
-  would open rounds faster than every H/P real steps.
-- When a round has its quorum, waits out its grace window, merges or is abandoned is decided by
-  `ddiloco.syncer.rounds` (pure); the round owner (`ddiloco.syncer.lifecycle`) applies the verdicts.
-- Answers are parsed and validated as they arrive (`ddiloco.syncer.intake`; every rule and reason is listed in
-  `ddiloco.protocol.validation`) and added to their round's running sums at once (`ddiloco.syncer.merge.accumulate`), so
-  an open round holds two fragment-sized buffers whatever the number of answers, and a merge finalises the
-  sums and takes the outer step (`GlobalFragment.propose`, the outer optimizer of `ddiloco.syncer.merge.outer`). A merge
-  that must read an answer again (robust clipping, a single answer) and finds other bytes or none abandons
-  the round. A rejected object never touches the global model; it is counted by reason
-  (state, metrics, summary), and the learner it authentically came from is told through a bounded
-  `rejections` list in the status object.
-- A signature proves only that an update comes from a learner of the run (every learner pod holds the run
-  key): what it claims is bounded by the config and this syncer's clocks (`ddiloco.protocol.claims`), and
-  the numbers of the unsigned learner reports are checked before they steer pacing
-  (`ddiloco.protocol.reports`).
-- With the run key every update must carry a valid signature, and everything the syncer publishes (global
-  versions, outer momentum, the final model) is signed.
-- Robust mode (`robust_clip`) clips outer gradients above robust_clip × the round's median norm; clipped
-  answers are still merged and counted under `clipped` (state, status, metrics, round record).
-- Rounds of different fragments are in flight at once: a merge's publish runs on the publisher's thread
-  (`ddiloco.syncer.publisher`) while this loop collects and merges other rounds, and is committed once it
-  returned; a round stays open until then. One object owns every round from its opening to its commit or
-  abandon (`ddiloco.syncer.lifecycle`). Persist order per merge:
-  outer momentum → fp32 master (bf16 globals, download deltas) → round record → download delta → global
-  payload + latest pointer → status → state; a restart adopts what a crash left between them
-  (`ddiloco.syncer.state`, `ddiloco.syncer.adopt`). A store error inside a publish leaves the round open
-  with its proposal and record kept: a later pass publishes exactly those again (no second outer step),
-  and the writes that landed are recognised as its own. A version an older epoch published meanwhile
-  (`Superseded`) is adopted and the round abandoned. Then the round's updates are deleted and the
-  fragment's old versions pruned (`ddiloco.syncer.retention`) on the cleaner's thread. The steps of a
-  publish are failpoints (`ddiloco.platform.failpoints`). How closely the rounds keep H and τ is measured per
-  merge (`ddiloco.syncer.pace`: overlap, sync period, `syncer_lag`).
-- The end of a run: when the budget is reached (or the deadline passed) the syncer closes it, every
-  fragment gets one last round on what the learners trained since its last merge and the learners stop
-  stepping (`ddiloco.syncer.drain`); then it writes the final model.
-- An abandoned round (and one still open when the run finishes) has no round record: a record there is
-  what a publish that died before its global version left, and is deleted before the status says the round
-  closed, so no learner reads it as a merge (its ledger would credit tokens the syncer never merged).
-- One publishing syncer at a time (`ddiloco.syncer.lease`): the syncer publishes only while it holds the
-  lease's newest epoch, checks it before each merge is persisted (and the renewal thread's finding before
-  every status and state write), and names its epoch in everything it publishes. `Fenced` is not caught
-  here: it ends `run_until_done`, and `ddiloco syncer` exits with `FENCED_EXIT`.
+Rounds go round-robin over fragments, one every (H/P)·ξ_step seconds, at most τ in flight, and a fragment's
+no sooner than H·ξ_step after its last version (ξ_step: the live learners' median wall seconds per step).
+Answers are validated as they arrive (`ddiloco.syncer.intake`) and added to their round's running sums; when
+a round merges or is abandoned is decided by `ddiloco.syncer.rounds`, and `ddiloco.syncer.lifecycle` owns
+each round until its commit. A merge's publish runs on the publisher's thread (`ddiloco.syncer.publisher`)
+while the loop goes on; its writes follow a fixed order that a restart adopts from (`ddiloco.syncer.state`).
+At the budget the syncer closes the run (`ddiloco.syncer.drain`) and writes the final model. It publishes
+only while it holds the lease's newest epoch (`ddiloco.syncer.lease`); `Fenced` ends `run_until_done`, and
+`ddiloco syncer` exits with `FENCED_EXIT`.
+
+Design notes (pacing, trust, persist order, store errors): docs/internals.md, "The syncer's loop".
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Whether the syncer keeps the paper's pace: per merged round, the overlap it had and its fragment's sync
 period, in learner steps, and what a syncer that falls behind would need.
 
-Design choices:
-- Measured when a version is published (its publish returned), on the syncer's clock, in steps of ξ_step
-  (the live learners' median wall seconds per step at that moment). The overlap of a round is the time
-  from its opening (learners answer at their next step boundary and go on training) until its version is
-  readable: the paper's τ, which is what learners spend training on a fragment that is about to be
-  overwritten. The sync period of a fragment is the time between two of its published versions: H when the
-  syncer keeps up (rounds of one fragment open no sooner than H·ξ_step after its last version).
-- `syncer_lag` = max(0, mean sync period / H − 1): how much less often than every H steps fragments are
-  synced. A lag can come from learners (a quorum that is slow to form) or from the syncer; the syncer's
-  `busy_share` (merging and publishing seconds over wall seconds; publishing runs beside the loop, so it can
-  exceed 1 with overlapping rounds) says which. Behind (lag > 25% while busy ≥ 80% of the time), the syncer
-  logs a warning with the threads it would need: today's × (mean period / H), assuming the round work
-  scales with threads (it does up to the number of rounds in flight: merges of different fragments are
-  independent; `docs/cluster.md` has the measured scaling).
-- Aggregates, not a list per round: the state stays small at any run length; `syncer/pace.json` (the
-  aggregates and the figures) is written beside the state, and the summary reports its figures.
+Measured when a version is published, on the syncer's clock, in steps of ξ_step. The overlap of a round (the
+paper's τ) runs from its opening until its version is readable; a fragment's sync period is the time between
+two of its versions, H when the syncer keeps up. `syncer_lag` = max(0, mean sync period / H − 1); with the
+syncer's `busy_share` it tells a slow quorum from a slow syncer, and a syncer behind logs the threads it
+would need. Aggregates only, written to `syncer/pace.json` beside the state and reported by the summary.
+
+Design notes: docs/internals.md, "Keeping the paper's pace".
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """Publishing beside the loop: a merge's writes run on one publisher thread while the syncer's loop goes on
 collecting and merging the rounds of other fragments.
 
-Design choices:
-- One thread, publishes in the order they were handed over: each fragment's state still has one writer
-  (a fragment has at most one round open, so at most one publish in flight), and a publish writes its
-  objects in the persist order of `ddiloco.syncer.state.SyncerFiles.publish`, whatever the loop does
-  meanwhile. The loop commits a publish (books, ledger, status, state, retention) only once it returned:
-  until then the round is still open in the status and state, exactly as while a publish ran inline, so
-  every crash point is what it was (a restart adopts a version whose state write never came).
-- At most `depth` publishes handed over and not yet committed (one by default): each holds its proposal
-  (Θ_p and momentum of one fragment), so memory grows by a bounded number of fragments. A round that may
-  merge while the publisher is full waits, collecting, and proposes once it is free. Measured at the 1b
-  preset (docs/results.md §14): a second one waiting bought nothing on two cores (0.37 against 0.35
-  rounds/s, within the noise) and took peak RSS over 2.5× the model.
-- Deleting what a committed round left (its updates, the versions retention prunes) runs on a second
-  thread, in order: it is page-cache work the loop need not wait for, and nothing reads those objects.
-- Whatever the publish raised is re-raised in the loop when it is committed: `Superseded` is adopted,
-  a `StoreError` leaves the proposal to be published again, `Fenced` and crashes end the loop as before.
+One thread publishes in the order publishes were handed over, each in the persist order of
+`ddiloco.syncer.state.SyncerFiles.publish`; the loop commits a publish only once it returned, so every crash
+point is one a restart handles. At most `depth` publishes (one by default) wait uncommitted, each holding one
+fragment's proposal. A second thread deletes what committed rounds left. Whatever a publish raised is
+re-raised in the loop at its commit: `Superseded` is adopted, a `StoreError` leaves the proposal to be
+published again, and `Fenced` or any other exception ends the loop.
+
+Design notes (the measured depth): docs/internals.md, "Publishing beside the loop".
 """
 
 from __future__ import annotations

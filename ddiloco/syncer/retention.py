@@ -1,21 +1,13 @@
 """The syncer's pruning of the run store: after each merge, the fragment's global and momentum versions that
 the retention rules (`ddiloco.config.retention`) no longer keep are deleted.
 
-Design choices:
-- Called once per merge, after the merge is fully persisted (momentum, round record, global + pointer,
-  status, state) and the round's updates are deleted: nothing a restart adopts is ever pruned, and the latest
-  pointer's target is always in the kept window.
-- The curve's moments (merge count -> the version of every fragment right after that merge) are a small JSON
-  document (`keys.RETENTION`), written *before* anything they stop pinning is deleted; a restarted syncer
-  reads it back, so moments survive restarts. A crash between a merge and this document only loses that one
-  moment (a gap in the curve), never a version still pinned.
-- Pruning lists the fragment's prefixes (`global/{p}/`, `syncer/momentum/{p}/`, `syncer/master/{p}/`) and
-  deletes what is not kept (global versions: the window and the curve's moments; download deltas, momentum
-  and fp32 masters: the window only), so it heals itself: whatever a failed delete or an earlier crash left
-  is removed at the next merge of that fragment. A listing holds at most the kept versions plus the few just dropped, so it stays cheap.
-- Pruning is best effort: a store error is logged and the next merge of the fragment tries again; it never
-  stops the syncer.
-- `keeps` is the rule the intake applies to an answer's base (`pruned_base`), from the same sets.
+Called once per merge, after the merge is fully persisted, so nothing a restart adopts is ever pruned. The
+curve's moments are a small JSON document (`keys.RETENTION`) written before anything they stop pinning is
+deleted, so they survive restarts. Pruning lists the fragment's prefixes and deletes what is not kept, so
+whatever a failed delete or a crash left goes at the next merge; a store error is logged, never fatal.
+`keeps` is the rule the intake applies to an answer's base (`pruned_base`).
+
+Design notes: docs/internals.md, "Pruning the store".
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The syncer's view of the learners: their reports, who is live, their cadence and the run's goodput.
 
-Design choices:
-- Liveness is judged on this syncer's own clock only: when it *saw* a report change, never the report's
-  `time`, which the learner's host wrote with its own clock (a host whose clock runs 30 s behind would
-  never look live, and with every learner behind no round would ever open). Five missed heartbeats
-  (at least 3 s) mean dead; a final report is not live.
-- The newest report of each learner is re-read on every refresh; an incarnation that is no longer its
-  learner's newest is read once, and only the books goodput needs are kept.
-- Joins and losses of live learner incarnations are recorded as events (saved in the syncer state, read
-  by the summary).
-- Reports are unsigned: every number read from one is checked first (`ddiloco.protocol.reports`), and the
-  roster keeps what it read as a `CheckedReport`. An unusable number is treated as missing, logged at
-  WARNING once per learner incarnation and field, and counted once per report (`ignored`, and
-  `on_ignored` for the metric); a report whose times are not finite is ignored whole.
-- The fastest cadence each live incarnation reported is kept for the claim bounds (`pace`,
-  `ddiloco.protocol.claims`).
+Liveness is judged on this syncer's own clock only, by when it saw a report change, never by the time the
+learner's host wrote into it: five missed heartbeats (at least 3 s) mean dead, and a final report is not live.
+Joins and losses of learner incarnations are recorded as events for the summary. Reports are unsigned, so
+every number is checked first (`ddiloco.protocol.reports`) and an unusable one treated as missing, logged and
+counted. The fastest cadence each live incarnation reported feeds the claim bounds (`pace`).
+
+Design notes: docs/internals.md, "The learners as the syncer sees them".
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """One round's life as pure decisions: when it has a quorum, how long it waits for more, when it closes.
 
-Design choices:
-- No store, no torch, no clock of its own: every function is given the answers present, the time and the
-  config, so the rules are unit-tested without a run (`tests/unit/test_rounds.py`).
-- A round merges once K answers arrived and the adaptive grace window has passed, or as soon as every live
-  learner answered; it is abandoned when it has no quorum `round_timeout_s` after it opened.
-- Reaching the quorum and merging are two separate verdicts, on two passes of the loop: the grace window
-  is fixed at the moment of the quorum (from the timings known then) and the merge comes at the earliest
-  on the next pass.
-- The grace window is max(γ·(τ·ξ_step + min(ξ_link, cap) − ξ_quorum − ξ_sync), 0). Why: a learner keeps
-  training on a fragment after answering, and when the merged version arrives it overwrites (α = 0) what the
-  learner did since its answer. In the paper (H = P, one round per step, lock-step transfers) that is τ
-  steps of compute per sync of the fragment, a share τ/H; the transfer itself is hidden behind those steps.
-  Here learners answer at their own step boundaries and their transfers take what their links take, so the
-  wait after the quorum is split in two. (1) Compute: an answer whose *learner* is late (a slower chip, a
-  long step, an answer of its own still in flight) is waited for at most τ steps, τ·ξ_step, so a fast
-  learner loses at most τ of its H steps per fragment sync to waiting on a straggler: the paper's τ/H
-  (previously τ·(H/P)·ξ_step, a share τ/P: 48% at the tiny-cpu defaults). (2) Transport: ξ_link is how
-  long answers spend getting noticed and delivered: per answer, the time from the round's opening to this
-  syncer seeing it (its clock) minus the learner's own `wait_s` (its clock, a duration: no cross-machine
-  time comparison), the round's largest such value smoothed by an EMA. Waiting out the links is what the
-  paper's all-reduce does too (it finishes with its slowest participant); it is what kept ~72% of tokens
-  merged behind 10 Mbit/s + 50 ms links, where answers take tens of steps to arrive, instead of ~35% with
-  DESIGN's τ·ξ_step. `cap` bounds only this transport allowance (a learner behind a terrible link cannot
-  hold every round open for long); the compute bound is never capped, so it means τ steps whatever the
-  step speed. γ < 1 (0.8 by default) leaves room for the merge's own jitter, as the paper's γ does.
+No store, no torch, no clock of its own: every function is given the answers present, the time and the
+config, so the rules are unit-tested without a run. A round merges once K answers arrived and the adaptive
+grace window has passed, or as soon as every live learner answered; it is abandoned when it has no quorum
+`round_timeout_s` after it opened. The grace window, fixed when the quorum is reached, is
+max(γ·(τ·ξ_step + min(ξ_link, cap) − ξ_quorum − ξ_sync), 0): a late learner is waited for at most τ steps of
+compute (the paper's share τ/H), plus what its answers spend in transport (ξ_link, capped by `cap`).
+
+Design notes (why each term, what it kept merged behind slow links): docs/internals.md, "A round's
+decisions".
 """
 
 from __future__ import annotations

@@ -1,36 +1,16 @@
 """The syncer's own objects in the run store, and its restart from them.
 
-Design choices:
-- `SyncerFiles` is the syncer's view of its `ddiloco.run.root.RunRoot` (store, run id, key), and the only code
-  that reads or writes what the syncer owns: syncer/state.json, the status,
-  round records, outer momentum, global versions and the final model, each through its typed message
-  (`ddiloco.protocol.messages`) or the signed payload format (`ddiloco.protocol.wire`).
-- Persist order per merge: outer momentum → fp32 master (bf16 globals or download deltas) → round record
-  → download delta → global payload + latest pointer (`publish`), then the caller writes the status and the
-  state. All but the pointer are write-once (`Store.create`) and name the writer's lease epoch
-  (`ddiloco.syncer.lease`): a version is published by exactly one syncer. What a publish finds at its keys
-  is judged by the global version (`ddiloco.syncer.adopt`): none yet → the other objects are what a publish
-  that died before its global version left, and are overwritten; this publish's own earlier attempt (a
-  store error, the merge retried) → it goes on; a newer epoch's (or this one's for another round) →
-  `Fenced`; an older epoch's → `Superseded`; one that does not verify → moved aside and counted
-  (`quarantined`). A starting syncer probes past its state for versions a crash left unrecorded and adopts
-  every contiguous one that verifies and was written by an older epoch, with its round record (`resume`):
-  it never publishes a version twice and never loses a merged one. The latest pointer is unsigned and only
-  repaired from what verifies.
-- With bf16 globals the published version is the master rounded, so a restart takes Θ_p from the signed
-  fp32 master of that version (`syncer/master/`, kind "master"), written before the version itself. A
-  master that does not verify (or does not fit the layout) falls back to the published values, logged:
-  the run goes on, having lost only the sub-ulp part of Θ_p. Version 0 has no master: `prepare` published
-  the init, and learners start from exactly those values. With fp32 globals the published version is the
-  master.
-- Outer momentum that does not verify (or does not fit the layout) restarts from zero rather than
-  stopping the run: it only smooths the outer steps.
-- Compressed downloads (`diloco.download_codec` other than none, `ddiloco.run.downlink`): `publish` writes the
-  signed delta of version v against v − 1 before the full version, and the full version is L_v (what a
-  learner applying the delta holds), not the master rounded; the master is then persisted as with bf16.
-- The final model is the fp32 master of every fragment.
-- `Books` are the run-long counters of rounds; they are saved in the state with the fragments' versions
-  and ledgers, the intake's rejections and the roster's learner events.
+`SyncerFiles` is the only code that reads or writes what the syncer owns: syncer/state.json, the status,
+round records, outer momentum, fp32 masters, global versions and the final model. Per merge `publish` writes
+momentum → master → round record → download delta → global version + latest pointer, and the caller then
+writes the status and the state. All but the pointer are write-once and name the writer's lease epoch, so a
+version is published by exactly one syncer; what a publish finds at its keys is judged by
+`ddiloco.syncer.adopt`. A starting syncer adopts every contiguous version a crash left unrecorded (`resume`),
+so it never publishes a version twice and never loses a merged one. A restart takes Θ_p from the signed fp32
+master; a master or momentum that does not verify falls back (published values, zero momentum) rather than
+stopping the run. The final model is the fp32 master of every fragment.
+
+Design notes: docs/internals.md, "The syncer's objects and its restart".
 """
 
 from __future__ import annotations
