@@ -12,6 +12,7 @@ from concurrent.futures import wait
 import pytest
 
 from ddiloco import keys
+from ddiloco.codec import registry
 from ddiloco.learner.loop import Learner, Opened
 from ddiloco.run.prepare import prepare
 from ddiloco.store.base import Store
@@ -54,11 +55,17 @@ def _raise(*args, **kwargs):
     raise ValueError(BUG)
 
 
+def _break_uploads(monkeypatch) -> None:
+    """Every upload codec's `encode` raises (a codec bug on the learners' upload threads; nothing else encodes)."""
+    for name in registry.names("upload"):
+        monkeypatch.setattr(registry.get(name), "encode", _raise)
+
+
 def test_an_upload_thread_raising_a_bug_is_logged_at_error_and_counted(monkeypatch, caplog):
     store = _prepared("health-upload")
     syncer = Syncer.open(store, poll_s=0)
     learner = _started(store)
-    monkeypatch.setattr("ddiloco.learner.io.encode", _raise)  # a codec bug on the upload thread
+    _break_uploads(monkeypatch)
     for _ in range(500):
         syncer.step()
         learner.poller.poll_once()
@@ -185,7 +192,7 @@ def _broken_learner(name: str, monkeypatch, store_of=lambda s: s):
     syncer = Syncer.open(store, poll_s=0)
     clock = Clock()
     learner = _started(store_of(store), clock=clock)
-    monkeypatch.setattr("ddiloco.learner.io.encode", _raise)
+    _break_uploads(monkeypatch)
     return store, syncer, learner, clock
 
 
@@ -248,7 +255,7 @@ def test_ddiloco_learner_exits_4_when_its_answers_never_merge(monkeypatch, caplo
             time.sleep(0.005)
 
     thread = threading.Thread(target=syncer_passes, daemon=True)
-    monkeypatch.setattr("ddiloco.learner.io.encode", _raise)
+    _break_uploads(monkeypatch)
     thread.start()
     try:
         # Steps enough to outlast the 1 s bound (600 took ~1 s once rounds came H steps apart): the bound ends it.

@@ -51,4 +51,4 @@ def test_a_done_marker_counts_only_when_the_syncer_signed_it():
         store.put_json(keys.DONE, doc)
         assert not learner_root.is_done() and learner_root.done() is None
     RunRoot(store, "run-s", SYNCER).write_signed_document(keys.DONE, done)
-    assert learner_root.is_done() and learner_root.done()["reason"] == "budget"
+    assert learner_root.is_done() and learner_root.done().reason == "budget"
