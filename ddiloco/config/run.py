@@ -28,10 +28,10 @@ from ddiloco.config.chaos import ChaosConfig  # the `chaos` section lives next t
 from ddiloco.config.chaos_schedule import schedule_from_config
 from ddiloco.config.data import DataConfig
 from ddiloco.config.lease import LeaseConfig
+from ddiloco.config.link import LinkConfig
 from ddiloco.config.overrides import apply_dict
 from ddiloco.config.retention import RetentionConfig  # the `retention` section lives next to its rules
 from ddiloco.config.tracking import TrackingConfig  # the `tracking` section lives next to the tracker
-from ddiloco.store.shaped import LinkConfig  # the `link` section lives next to the link model
 
 MERGES = ("rda", "mean")
 PRECISIONS = ("auto", "fp32", "bf16")

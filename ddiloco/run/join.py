@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable, Mapping
 
 from ddiloco import keys
+from ddiloco.config.link import LinkConfig
 from ddiloco.errors import ConfigError
 from ddiloco.platform.hostname import host_name
 from ddiloco.store.base import Store, StoreConfigError
-from ddiloco.store.shaped import Link, LinkConfig, shape
+from ddiloco.store.shaped import Link, shape
 
 log = logging.getLogger(__name__)
 

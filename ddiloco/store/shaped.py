@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddiloco.errors import ConfigError
 from ddiloco.store.base import Store
 from ddiloco.store.blob import Data
 from ddiloco.store.wrapped import DelegatingStore
@@ -32,7 +31,6 @@ __all__ = [
     "BANDWIDTH_FORMS",
     "LATENCY_FORMS",
     "Link",
-    "LinkConfig",
     "LinkStats",
     "ShapedStore",
     "TokenBucket",
@@ -127,22 +125,6 @@ class Link:
     def describe(self) -> str:
         bw = "unlimited" if self.bandwidth is None else f"{self.bandwidth * 8 / 1e6:g} Mbit/s"
         return f"{bw}, {self.latency * 1e3:g} ms one-way"
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class LinkConfig:
-    """The run config's `link` section (`RunConfig.link`): on when present, like every optional feature."""
-
-    bandwidth: str | None = None
-    """Each learner's link to the store, per direction: 10Mbit, 100Mbit, 1Gbit (bits/s) or 5MB/s; null: unlimited."""
-    latency: str | None = None
-    """Added one-way latency, e.g. 50ms (each store request pays a round trip); null: none."""
-
-    def validate(self) -> None:
-        try:
-            Link.parse(self.bandwidth, self.latency)
-        except ValueError as e:
-            raise ConfigError(f"link: {e}") from None
 
 
 def link_delay_seconds(
