@@ -111,7 +111,10 @@ def run_learner(args: argparse.Namespace, group: Any) -> int:
 
     secret = signing.key_from_env()
     url, site = resolve_args(args)  # --store URL --learner-id N, or --join URL [--learner-id N]
-    store = shape_learner_store(role_store(url, "learner"), args.link_bandwidth, args.link_latency)
+    wrapped = role_store(url, "learner")  # reads through the run's outage windows from here on
+    store = until_store_answers(
+        lambda: shape_learner_store(wrapped, args.link_bandwidth, args.link_latency), "learner"
+    )
     if until_store_answers(lambda: _signed_done(store, secret), "learner"):
         log.info("run at %s is already done; learner %s exits", url, args.learner_id)
         return 0
@@ -141,7 +144,7 @@ def cmd_syncer(args: argparse.Namespace) -> int:
     failpoints.load_env()  # tests and the soak benchmark crash a syncer inside a publish
     secret = signing.key_from_env()
     store = role_store(args.store, "syncer")
-    cfg = RunRoot.read_config(store)
+    cfg = until_store_answers(lambda: RunRoot.read_config(store), "syncer")
     return run_syncer(store, Lease(store, cfg.run_id, cfg.lease), args, secret)
 
 
