@@ -46,7 +46,7 @@ weighting on/off with learner 0 at half batch), `fragments` (P = 1, 2, 4, 8), `s
 Small-budget preset (`--preset small`): quality as a tracked property. Data-parallel and Decoupled DiLoCo,
 3 seeds, equal compute, 2.5M merged tokens (~2.7M processed), H = 48, int4 uploads and the default int8
 download deltas, M = 4, no downstream tasks: each fragment is merged only ~6-7 times, which is where a change to
-pacing, the grace window, the schedule or the staleness rule shows (~12 minutes on 2 cores with nothing else
+pacing, the grace window, the schedule or the staleness rule shows (3.3 minutes on 2 cores with nothing else
 running). Any option given explicitly wins over the preset's. Besides the tables and the full JSON, it prints
 one line `{"small_budget": ...}`: the gap to data-parallel (mean, sd, min, max, by seed) and the mean losses;
 `docs/results.md` §12 keeps one row per release. Not a CI test (asynchronous runs are not deterministic), but
