@@ -17,7 +17,6 @@ import argparse
 import logging
 import os
 import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ddiloco import keys
@@ -25,7 +24,8 @@ from ddiloco.cli.args import add_config_args, add_metrics_args, config_for_store
 from ddiloco.platform import failpoints
 from ddiloco.protocol import signing
 from ddiloco.run.join import add_learner_args, learner_id_for, resolve_args, shape_learner_store
-from ddiloco.store.base import Store, StoreUnavailable
+from ddiloco.store.base import Store
+from ddiloco.store.retry import until_store_answers
 from ddiloco.store.url import open_store
 from ddiloco.syncer.lease import FENCED_EXIT, Fenced, Lease
 from ddiloco.tracking import logship
@@ -34,20 +34,6 @@ from ddiloco.tracking.tracker import OFF, open_tracker
 
 log = logging.getLogger("ddiloco")
 T = TypeVar("T")
-
-
-def until_store_answers(make: Callable[[], T], role: str, max_wait_s: float = 600.0) -> T:
-    """Start-up reads retried while the store is unavailable: a role started during an outage waits."""
-    delay, deadline = 1.0, time.monotonic() + max_wait_s
-    while True:
-        try:
-            return make()
-        except StoreUnavailable as e:
-            if time.monotonic() > deadline:
-                raise
-            log.warning("%s: store unavailable at start-up (%s); retrying in %.0fs", role, e, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 30.0)
 
 
 def role_store(url: str, role: str) -> Store:

@@ -75,6 +75,7 @@ from ddiloco.run.globalmodel import Layout, build_model
 from ddiloco.run.root import RunRoot, prepared_at_of
 from ddiloco.run.schedule import GlobalSchedule, learner_train
 from ddiloco.store.base import Store, StoreError
+from ddiloco.store.retry import until_store_answers
 from ddiloco.tracking.metrics import LearnerMetrics
 from ddiloco.tracking.tracker import OFF, Tracker
 
@@ -255,18 +256,11 @@ class Learner:
     def start(self, wait_timeout: float | None = None) -> None:
         if self.group is not None:
             self._join_ranks(self.group)
-        ckpt = restore_learner(
-            self.root, self.learner_id, self.model, self.opt, self.loader, group=self.group
-        )
-        self.inner_step = 0 if ckpt is None else int(ckpt["inner_step"])
-        if self.group is None:  # DDP ranks resume from the cursors their checkpoint gathered
-            resume_from_reports(self.loader, self.store, self.learner_id, self.incarnation)
-        self._started_epochs = self.loader.epochs_read
-        versions = self.exchange.join(self.feed.wait_for_latest(wait_timeout))
+        # Every read below is retried through a store outage: a learner that starts inside one waits for it.
+        ckpt, versions = until_store_answers(lambda: self._resume(wait_timeout), "learner")
         if self.group is not None:  # every rank starts from rank 0's parameters, AdamW state and cursors
             self.group.lead_start(self.model, self.opt, self.inner_step, (ckpt or {}).get("cursors"))
-        if self.store.exists(keys.STATUS):
-            self.poller.poll_once()
+        until_store_answers(lambda: self.store.exists(keys.STATUS) and self.poller.poll_once(), "learner")
         self.poller.start()
         self.joined_at = time.time()
         self.cadence.begin()
@@ -275,6 +269,18 @@ class Learner:
         self._put_report()
         self.io_schedule.begin()
         self.bound.begin()
+
+    def _resume(self, wait_timeout: float | None) -> tuple[dict[str, Any] | None, list[int]]:
+        """Restore this learner's checkpoint and data cursor and join the newest globals (store reads only:
+        safe to repeat); the checkpoint's header and the versions joined."""
+        ckpt = restore_learner(
+            self.root, self.learner_id, self.model, self.opt, self.loader, group=self.group
+        )
+        self.inner_step = 0 if ckpt is None else int(ckpt["inner_step"])
+        if self.group is None:  # DDP ranks resume from the cursors their checkpoint gathered
+            resume_from_reports(self.loader, self.store, self.learner_id, self.incarnation)
+        self._started_epochs = self.loader.epochs_read
+        return ckpt, self.exchange.join(self.feed.wait_for_latest(wait_timeout))
 
     # --- reports and checkpoints ------------------------------------------------------------------------------
     def _report(self, final: bool = False, reason: str | None = None) -> LearnerReport:

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = ["RetryPolicy", "call_with_retry"]
+__all__ = ["RetryPolicy", "call_with_retry", "until_store_answers"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,3 +89,18 @@ def call_with_retry(
             if on_retry is not None:
                 on_retry(attempt, exc, delay)
             sleep(delay)
+
+
+def until_store_answers(make: Callable[[], T], role: str, max_wait_s: float = 600.0) -> T:
+    """`make()` retried while the store is unavailable, for a role's start-up reads: a role started during an
+    outage waits for the store (backoff 1 s doubling to 30 s, up to `max_wait_s`) instead of exiting."""
+    delay, deadline = 1.0, time.monotonic() + max_wait_s
+    while True:
+        try:
+            return make()
+        except StoreUnavailable as e:
+            if time.monotonic() > deadline:
+                raise
+            logger.warning("%s: store unavailable at start-up (%s); retrying in %.0fs", role, e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)

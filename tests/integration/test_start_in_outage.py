@@ -1,9 +1,12 @@
-"""A learner and a syncer started while the store is out wait for it and then train (through `ddiloco ...`).
+"""A learner and a syncer started while the store is out wait for it and then train (through `ddiloco ...`),
+and a learner whose start (checkpoint, data cursor, globals) falls into an outage waits too.
 
 Found by the soak benchmark: a learner restarted inside a store outage exited with 2 (`error: store unavailable
 ... get config.json`) and was restarted 10 s later by the launcher (a pod: by its keeper, from its restart
 budget). The role's start-up reads that went through the run's outage wrapper (the learner's link section,
-the syncer's config) were not retried; the others already were (`until_store_answers`).
+the syncer's config) were not retried; the others already were (`until_store_answers`). The combined chaos test
+then found the same for the reads of `Learner.start` (a learner stalled through its start-up met the outage
+at `learners/002/ckpt/latest.json`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ import time
 
 import pytest
 
+import ddiloco.learner.loop as loop
+from ddiloco.learner.loop import Learner
+from ddiloco.run.prepare import prepare
+from ddiloco.store.base import StoreUnavailable
+from ddiloco.store.url import open_store
 from tests._cli import TINY_RUN_SETS, cli_env, ddiloco, entry_point
+from tests._harness import tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +66,24 @@ def test_roles_started_during_a_store_outage_wait_for_the_store_and_finish_the_r
     assert time.monotonic() - t0 > OUTAGE_S * 0.5
     summary = json.loads(ddiloco("summary", "--store", url).stdout)
     assert summary["status"] == "done" and summary["ledger_balanced"], summary
+
+
+def test_a_learner_whose_start_meets_an_outage_waits_for_the_store(monkeypatch, caplog):
+    store = open_store("memory://start-outage")
+    prepare(store, tiny_config("start-outage"))
+    learner = Learner.open(store, 0)
+    real, calls = loop.restore_learner, []
+
+    def out_once(*args, **kwargs):  # the checkpoint pointer's read during an outage, then the store is back
+        calls.append(1)
+        if len(calls) == 1:
+            raise StoreUnavailable("injected outage: get learners/000/ckpt/latest.json")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "restore_learner", out_once)
+    try:
+        learner.start()  # before: StoreUnavailable escaped, and `ddiloco learner` exited 2
+        assert learner.tick() is True
+    finally:
+        learner.close("max_steps")
+    assert len(calls) == 2 and "learner: store unavailable at start-up" in caplog.text
