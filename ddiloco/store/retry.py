@@ -93,14 +93,12 @@ def call_with_retry(
 
 def until_store_answers(make: Callable[[], T], role: str, max_wait_s: float = 600.0) -> T:
     """`make()` retried while the store is unavailable, for a role's start-up reads: a role started during an
-    outage waits for the store (backoff 1 s doubling to 30 s, up to `max_wait_s`) instead of exiting."""
-    delay, deadline = 1.0, time.monotonic() + max_wait_s
-    while True:
-        try:
-            return make()
-        except StoreUnavailable as e:
-            if time.monotonic() > deadline:
-                raise
-            logger.warning("%s: store unavailable at start-up (%s); retrying in %.0fs", role, e, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 30.0)
+    outage waits for the store (`call_with_retry`, backoff bound 1 s doubling to 30 s, up to `max_wait_s`)
+    instead of exiting."""
+
+    def said(_: int, e: BaseException, delay: float) -> None:
+        logger.warning("%s: store unavailable at start-up (%s); retrying in %.1fs", role, e, delay)
+
+    policy = RetryPolicy(max_attempts=1 << 30, base_delay=1.0, max_delay=30.0, deadline=max_wait_s)
+    transient = lambda e: isinstance(e, StoreUnavailable)  # noqa: E731
+    return call_with_retry(make, policy, is_transient=transient, on_retry=said, what=f"{role} start-up")
