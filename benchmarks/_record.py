@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddiloco.cli.version import commit
+from ddiloco.cli.version import commit as checkout_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -26,7 +26,7 @@ KEPT = ("headline", "order", "section", "title", "figure")
 """What the renderer reads that a measurement does not make: kept from the claim file it replaces."""
 
 
-def machine() -> dict[str, Any]:
+def this_machine() -> dict[str, Any]:
     cpu = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -38,17 +38,32 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "cpu": cpu, "loadavg": [round(x, 2) for x in os.getloadavg()]}
 
 
-def record(claim: str, figures: dict[str, Any], output: Any = None, *, folder: Path = RESULTS) -> Path:
-    """Write docs/results/CLAIM.json for this run (module docstring); returns its path."""
+def command_line() -> str:
+    """This process's command line, as a user would type it from the checkout's root."""
+    return shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+
+
+def record(
+    claim: str,
+    figures: dict[str, Any],
+    output: Any = None,
+    *,
+    folder: Path = RESULTS,
+    command: str | None = None,
+    commit: str | None = None,
+    machine: dict[str, Any] | None = None,
+) -> Path:
+    """Write docs/results/CLAIM.json for this run (module docstring); returns its path. `command`, `commit`
+    and `machine` default to this process's; a claim made from earlier runs' results passes theirs."""
     path = folder / f"{claim}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     doc = {k: old[k] for k in KEPT if k in old}
     doc |= {
         "claim": claim,
-        "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        "commit": commit(ROOT),
+        "command": command or command_line(),
+        "commit": commit or checkout_commit(ROOT),
         "measured_at": dt.date.today().isoformat(),
-        "machine": machine(),
+        "machine": machine or this_machine(),
         "figures": figures,
     }
     if output is not None:

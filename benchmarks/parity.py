@@ -83,8 +83,10 @@ from typing import Any
 import torch
 from _parity_runs import Runner, Spec, merged, setting
 from _parity_stats import AGGREGATE_COLUMNS, aggregate, checks, table, total_x_vs_dp, vs_dp
+from _record import ROOT, command_line
 
 from ddiloco.baseline import ring_factor
+from ddiloco.cli.version import commit
 from ddiloco.config.recipes import load_config
 from ddiloco.config.run import EvalConfig, RunConfig, TrainConfig
 from ddiloco.data.corpora import read_meta, write_python_docs
@@ -232,8 +234,8 @@ def analytic_dp(spec: Spec, tokens: int, params: int) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    """`_record.machine()` (cores, CPU model, load) and the software the run used."""
-    from _record import machine as cores_and_load
+    """`_record.this_machine()` (cores, CPU model, load) and the software the run used."""
+    from _record import this_machine as cores_and_load
 
     return cores_and_load() | {
         "platform": platform.platform(),
@@ -420,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         runner.resume(args.resume)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     out: dict[str, Any] = {
+        "argv": command_line(),
+        "commit": commit(ROOT),
         "machine": machine(),
         "args": vars(args),
         "seeds": seeds,

@@ -87,3 +87,53 @@ def test_a_claim_naming_a_figure_it_lacks_says_which():
     doc = {"claim": "c", "figures": {"a": 1}}
     with pytest.raises(ValueError, match="claim c: its text names 'b'"):
         render.fill(doc, "{a} {b}")
+
+
+def _parity_out(commit: str, gaps: list[float], updown: list[float]) -> dict:
+    """What `parity.py --json` writes, reduced to what `parity_claim.py` reads."""
+    rows = [
+        {"method": "decoupled", "seed": s, "loss_vs_dp_pct": g, "bytes_x_vs_dp": 400.0 + s,
+         "total_bytes_x_vs_dp": u, "tokens_processed": 43.5e6}
+        for s, (g, u) in enumerate(zip(gaps, updown, strict=True))
+    ]  # fmt: skip
+    agg = {"method": "decoupled", "loss_vs_dp_pct": sum(gaps) / len(gaps), "loss_vs_dp_pct_std": 0.18}
+    return {
+        "argv": "benchmarks/parity.py --tokens 40000000",
+        "commit": commit,
+        "machine": {"cpus": 2, "cpu": "X", "loadavg": [3.0, 4.0, 5.0], "loadavg_end": [9.5, 8.0, 7.0]},
+        "methods": rows,
+        "aggregate": {"methods": [{"method": "dp"}, agg]},
+    }
+
+
+def test_a_claim_is_made_from_parity_results_with_their_command_commit_and_load(tmp_path: Path):
+    (tmp_path / "quality.json").write_text(json.dumps({"headline": "gap {syn} and {doc}", "order": 3}))
+    paths = []
+    for name, gaps in (("syn", [0.29, 0.44, 0.08]), ("doc", [-0.30, -0.28, -0.64])):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(_parity_out("abc123", gaps, [518.4, 522.2, 520.0])))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "parity_claim.py"), "quality", "--folder", str(tmp_path)]
+    runs = ["--run", f"syn={paths[0]}", "--run", f"doc={paths[1]}"]
+    out = subprocess.run([*cmd, *runs], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "quality.json").read_text())
+    assert doc["headline"] == "gap {syn} and {doc}"  # kept
+    f = doc["figures"]
+    assert (f["syn"], f["doc"]) == ("+0.27% ± 0.18", "\u22120.41% ± 0.18")
+    assert (f["syn_seeds"], f["syn_updown_x"], f["syn_up_x"], f["syn_tokens"]) == (
+        3,
+        "518\u2013522×",
+        401.0,
+        "43.5M",
+    )
+    assert doc["commit"] == "abc123" and doc["machine"]["loadavg"] == "3.0\u20139.5"
+    assert doc["command"].count("benchmarks/parity.py") == 2
+    # Runs of two different commits are not one claim; a result without its argv is refused.
+    paths[1].write_text(json.dumps(_parity_out("def456", [0.1], [500.0])))
+    out = subprocess.run([*cmd, *runs], capture_output=True, text=True)
+    assert out.returncode == 2 and "different commits" in out.stderr
+    old = _parity_out("abc123", [0.1], [500.0])
+    del old["argv"]
+    paths[1].write_text(json.dumps(old))
+    out = subprocess.run([*cmd, *runs], capture_output=True, text=True)
+    assert out.returncode == 2 and "from before it wrote them" in out.stderr
