@@ -96,6 +96,11 @@ class RoundLifecycle:
         """Fragment -> the syncer's clock when its last round opened (`diloco.sync_from: open`)."""
         self.closing: Closing | None = None
         """Set once the budget is reached or the deadline passed: the run's last rounds (`ddiloco.syncer.drain`)."""
+        self.uncleaned: dict[int, set[int]] = {p: set() for p in range(len(fragments))}
+        """Fragment -> merged rounds whose updates the cleaner has not deleted yet (after a restart: every
+        recent merge, as nobody knows): what is under them is the merged answers, neither late nor replays."""
+        for m in books.merged_recent:
+            self.uncleaned.setdefault(m.fragment_id, set()).add(m.round)
 
     # --- opening ----------------------------------------------------------------------------------------------
     def _open(self, p: int, now: float) -> Round:
@@ -274,12 +279,15 @@ class RoundLifecycle:
         failpoints.hit("publish", "after_status")
         self.save_state()
         failpoints.hit("publish", "after_state")
-        self.sweep_late(frag.fragment_id, cleaning=rnd.round)  # the round's own updates are the cleaner's
         p, versions, merges = frag.fragment_id, [f.version for f in self.fragments], books.rounds_merged
-        store, retention = self.store, self.retention
+        store, retention, uncleaned = self.store, self.retention, self.uncleaned.setdefault(p, set())
+        uncleaned.add(rnd.round)  # the round's own updates are the cleaner's
+        self.sweep_late(p)
 
-        def clean() -> None:
-            store.delete_prefix(keys.update_prefix(p, rnd.round))
+        def clean() -> None:  # on the cleaner's thread, in commit order
+            for r in sorted(uncleaned.copy()):  # this round's, and any a failed cleaning left
+                store.delete_prefix(keys.update_prefix(p, r))
+                uncleaned.discard(r)
             retention.after_merge(p, versions, merges)
 
         self.publisher.clean(clean)
@@ -330,11 +338,9 @@ class RoundLifecycle:
             self.close(rnd)
         self.unpublished.clear()
 
-    def sweep_late(self, p: int, cleaning: int | None = None) -> None:
-        """Sweep late answers of fragment p's closed rounds; `cleaning`: a round whose updates the cleaner
-        deletes (left alone here: its merged answers are not late)."""
-        open_rounds = {r.round for r in self.open.values() if r.fragment_id == p}
-        if cleaning is not None:
-            open_rounds.add(cleaning)
+    def sweep_late(self, p: int) -> None:
+        """Sweep late answers of fragment p's closed rounds, leaving the open ones and the merged ones the
+        cleaner has not reached yet to their owners (under load the cleaner runs rounds behind the loop)."""
+        open_rounds = {r.round for r in self.open.values() if r.fragment_id == p} | self.uncleaned[p].copy()
         merged = {m.round: m.contributors.keys() for m in self.books.merged_recent if m.fragment_id == p}
         self.intake.sweep_late(p, open_rounds, merged)
