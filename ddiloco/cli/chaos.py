@@ -31,7 +31,6 @@ from ddiloco.chaos.record import markdown_table
 from ddiloco.chaos.runner import Backend, ChaosRunner
 from ddiloco.config.chaos_schedule import schedule_from_config
 from ddiloco.config.run import RunConfig
-from ddiloco.run.root import MAX_DOC_BYTES, prepared_at_of
 from ddiloco.store.url import open_store
 
 log = logging.getLogger(__name__)
@@ -48,6 +47,8 @@ def namespace(arg: str | None) -> str:
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
+    from ddiloco.run.root import MAX_DOC_BYTES, prepared_at_of  # torch: only for this command
+
     store = open_store(args.store)
     cfg = RunConfig.from_dict(store.get_json(keys.CONFIG))
     t0 = prepared_at_of(store.get_json_or_none(keys.DATA_META, max_bytes=MAX_DOC_BYTES)) or time.time()

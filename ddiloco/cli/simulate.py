@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddiloco.codec import registry as codecs
 from ddiloco.simulate import bandwidth as bw
 from ddiloco.simulate import goodput as gp
 from ddiloco.simulate import tables
@@ -181,8 +180,9 @@ def add_bandwidth_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sync-every", type=int, default=None, help="H, steps per round of a fragment (default 24)"
     )
-    p.add_argument("--dtype", nargs="+", choices=bw.DTYPES, default=None, help="decoupled payload dtypes")
-    p.add_argument("--dp-dtype", choices=bw.DTYPES, default="bf16", help="data-parallel gradient dtype")
+    codec = {"choices": bw.DTYPES, "metavar": "CODEC"}  # the choices are looked up when given or in --help
+    p.add_argument("--dtype", nargs="+", default=None, help="decoupled payload codecs: %(choices)s", **codec)
+    p.add_argument("--dp-dtype", default="bf16", help="data-parallel gradient codec: %(choices)s", **codec)
     p.add_argument("--latency-ms", type=float, default=n.latency_ms, help="one-way latency per ring hop")
     p.add_argument("--backward-fraction", type=float, default=n.backward_fraction, help="DP overlap window")
     p.add_argument(
@@ -215,7 +215,7 @@ def run_bandwidth(args: argparse.Namespace) -> int:
     dtypes = args.dtype
     if s is not None:
         codec = str(s["codec"]).lower()
-        if codec not in codecs.names("upload"):
+        if codec not in bw.DTYPES:
             raise tables.SummaryError(f"{args.from_summary}: unknown codec {s['codec']!r}")
         dtypes = dtypes or [codec]
         fragment_values = tuple(float(b) / 4 for b in s["fragment_bytes"])  # fp32 bytes → values

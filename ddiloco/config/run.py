@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddiloco import errors
-from ddiloco.codec import registry as codecs
 from ddiloco.config.chaos import ChaosConfig  # the `chaos` section lives next to its events
 from ddiloco.config.chaos_schedule import schedule_from_config
 from ddiloco.config.data import DataConfig
@@ -254,6 +253,8 @@ class DilocoConfig:
     """Reject (`too_stale`) answers whose base is more than this many versions behind; null accepts any."""
 
     def validate(self) -> None:
+        from ddiloco.codec import registry as codecs  # here: importing a config does not import torch
+
         _check(self.learners >= 1, "diloco.learners must be ≥ 1")
         _check(
             self.max_learners is None or self.max_learners >= self.learners,

@@ -21,8 +21,9 @@ from ddiloco.codec import registry
 
 logger = logging.getLogger(__name__)
 
-DTYPES = registry.CODECS
-"""The built-in codecs' names (command-line choices); `Network.bits_per_value` takes any registered one."""
+DTYPES = registry.Names("upload")
+"""The upload codecs' names (command-line choices, looked up when asked); `Network.bits_per_value` takes any
+registered one."""
 # Paper (5B parameters, 1 s step, 90% utilization), Gbit/s; key: (method, sites, dtype).
 PAPER_BANDWIDTH: dict[tuple[str, int, str], float] = {
     ("dp", 2, "bf16"): 104.0,
