@@ -9,7 +9,7 @@ it gives the figures `NAME` (the gap to data-parallel's validation loss, mean ±
 DiLoCo's, mean over seeds), `NAME_updown_x` (up + down, the range over seeds, as "518–522×") and
 `NAME_tokens` (tokens processed per run, in millions). The claim's command lines are the runs' own
 (`parity.py` writes its argv and commit into its result); the machine is the first run's, its load the range
-over all runs. The claim file keeps its headline texts (`_record.KEPT`), so the texts may name any of these.
+of the load averages at the runs' starts and ends. The claim file keeps its headline texts (`_record.KEPT`), so the texts may name any of these.
 """
 
 from __future__ import annotations
@@ -49,8 +49,13 @@ def figures_of(name: str, out: dict[str, Any]) -> dict[str, Any]:
 
 
 def machine_of(outs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first result's machine; the load: the 1-minute load average at each run's start and end (the
+    result's own, taken when it was written, for a result whose rows lack them)."""
     first = outs[0]["machine"]
-    loads = [x for o in outs for x in (*o["machine"]["loadavg"], *o["machine"].get("loadavg_end", ()))]
+    rows = [r for o in outs for r in o["methods"]]
+    loads = [r[k] for r in rows for k in ("loadavg_start", "loadavg_end") if r.get(k) is not None]
+    if not loads:
+        loads = [x for o in outs for x in (*o["machine"]["loadavg"], *o["machine"].get("loadavg_end", ()))]
     return {"cpus": first["cpus"], "cpu": first["cpu"], "loadavg": f"{min(loads):.1f}\u2013{max(loads):.1f}"}
 
 
