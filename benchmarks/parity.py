@@ -83,10 +83,9 @@ from typing import Any
 import torch
 from _parity_runs import Runner, Spec, merged, setting
 from _parity_stats import AGGREGATE_COLUMNS, aggregate, checks, table, total_x_vs_dp, vs_dp
-from _record import ROOT, command_line
+from _record import ROOT, checkout_commit, command_line
 
 from ddiloco.baseline import ring_factor
-from ddiloco.cli.version import commit
 from ddiloco.config.recipes import load_config
 from ddiloco.config.run import EvalConfig, RunConfig, TrainConfig
 from ddiloco.data.corpora import read_meta, write_python_docs
@@ -423,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     out: dict[str, Any] = {
         "argv": command_line(),
-        "commit": commit(ROOT),
+        "commit": checkout_commit(ROOT),
         "machine": machine(),
         "args": vars(args),
         "seeds": seeds,

@@ -29,7 +29,8 @@ _BUILTIN: tuple[str, ...] = ()
 
 
 def _table() -> dict[str, Codec]:
-    """The registered codecs, the built-in families first (imported here, on first use)."""
+    """The registered codecs, the built-in families first (imported here, on first use: every function that
+    reads or changes the table comes through here, so nothing is registered before them)."""
     global _BUILTIN
     if not _BUILTIN:
         from ddiloco.codec import blockwise
@@ -37,9 +38,7 @@ def _table() -> dict[str, Codec]:
 
         family = (*floats.FAMILY, *blockwise.FAMILY)
         _BUILTIN = tuple(c.name for c in family)
-        later = dict(_CODECS)
-        _CODECS.clear()
-        _CODECS.update({c.name: c for c in family} | later)
+        _CODECS.update((c.name, c) for c in family)
     return _CODECS
 
 

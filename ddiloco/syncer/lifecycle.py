@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from functools import partial
 
@@ -96,11 +97,11 @@ class RoundLifecycle:
         """Fragment -> the syncer's clock when its last round opened (`diloco.sync_from: open`)."""
         self.closing: Closing | None = None
         """Set once the budget is reached or the deadline passed: the run's last rounds (`ddiloco.syncer.drain`)."""
-        self.uncleaned: dict[int, set[int]] = {p: set() for p in range(len(fragments))}
+        self.uncleaned: defaultdict[int, set[int]] = defaultdict(set)
         """Fragment -> merged rounds whose updates the cleaner has not deleted yet (after a restart: every
         recent merge, as nobody knows): what is under them is the merged answers, neither late nor replays."""
         for m in books.merged_recent:
-            self.uncleaned.setdefault(m.fragment_id, set()).add(m.round)
+            self.uncleaned[m.fragment_id].add(m.round)
 
     # --- opening ----------------------------------------------------------------------------------------------
     def _open(self, p: int, now: float) -> Round:
@@ -280,7 +281,7 @@ class RoundLifecycle:
         self.save_state()
         failpoints.hit("publish", "after_state")
         p, versions, merges = frag.fragment_id, [f.version for f in self.fragments], books.rounds_merged
-        store, retention, uncleaned = self.store, self.retention, self.uncleaned.setdefault(p, set())
+        store, retention, uncleaned = self.store, self.retention, self.uncleaned[p]
         uncleaned.add(rnd.round)  # the round's own updates are the cleaner's
         self.sweep_late(p)
 
