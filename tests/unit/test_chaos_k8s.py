@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -290,6 +291,13 @@ def test_cli_reads_the_run_schedule_from_the_store(tmp_path):
     assert "| k0 | kill_learner |" in md.read_text()
 
 
+def _wait_for_cmdline(pid: int, part: bytes, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while part not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, f"process {pid} never showed {part!r} in its command line"
+        time.sleep(0.01)
+
+
 def test_local_backend_kills_only_the_role_process_on_its_store(store, tmp_path):
     sleeper = "import time; time.sleep(60)"
     mine = subprocess.Popen(
@@ -299,6 +307,8 @@ def test_local_backend_kills_only_the_role_process_on_its_store(store, tmp_path)
         [sys.executable, "-c", sleeper, "ddiloco", "learner", "--store", "file:///runs/b"]
     )
     try:
+        for p in (mine, other):  # exec'd: on a loaded machine /proc still shows the parent's command a while
+            _wait_for_cmdline(p.pid, b"file:///runs/")
         backend = LocalPids("file:///runs/a")
         assert backend.kill("learner", backend.hostname, other.pid) is None
         assert backend.kill("syncer", backend.hostname, mine.pid) is None
